@@ -1,0 +1,107 @@
+"""Constraints mapping an unconstrained variable to a constrained parameter.
+
+Unlike Keras constraints (projections applied after each optimizer step), these are
+*parameterizations*, applied every time the parameter is used: a trainable initializer stores an
+unconstrained variable `rho` and builds its distribution with `scale = constraint(rho)`, so the
+optimizer works in an unconstrained space (Blundell et al., 2015, use `softplus`).
+
+`get` also accepts Keras constraint names and objects, which the deterministic path of a layer
+(`kernel_initializer` not a distribution) passes to `add_weight` as usual.
+"""
+
+import keras
+import tensorflow as tf
+
+from blayers.config import configurable
+
+__all__ = ["Softplus", "Positive", "Exp", "get", "serialize", "deserialize"]
+
+_PACKAGE = "blayers.constraints"
+
+
+def _register(gin_name):
+    def decorator(cls):
+        return configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
+
+    return decorator
+
+
+@_register("softplus")
+class Softplus(keras.constraints.Constraint):
+    """`softplus(w) = log(1 + exp(w))`: smooth, positive, linear for large `w`."""
+
+    def __call__(self, w):
+        return tf.nn.softplus(w)
+
+    def inverse(self, y):
+        """`softplus^{-1}(y) = log(expm1(y))`, computed stably for small and large `y`."""
+        y = tf.convert_to_tensor(y)
+        return y + tf.math.log(-tf.math.expm1(-y))
+
+    def get_config(self):
+        return {}
+
+
+@_register("positive")
+class Positive(keras.constraints.Constraint):
+    """`max(w, epsilon)`: positive by clipping (gradients vanish below `epsilon`)."""
+
+    def __init__(self, epsilon=1e-7):
+        self.epsilon = epsilon
+
+    def __call__(self, w):
+        return tf.maximum(w, tf.cast(self.epsilon, w.dtype))
+
+    def inverse(self, y):
+        return tf.convert_to_tensor(y)
+
+    def get_config(self):
+        return {"epsilon": self.epsilon}
+
+
+@_register("exp")
+class Exp(keras.constraints.Constraint):
+    """`exp(w)`: positive; the log-parameterization of scales."""
+
+    def __call__(self, w):
+        return tf.exp(w)
+
+    def inverse(self, y):
+        return tf.math.log(tf.convert_to_tensor(y))
+
+    def get_config(self):
+        return {}
+
+
+_ALIASES = {"softplus": Softplus, "positive": Positive, "exp": Exp}
+
+
+def serialize(constraint):
+    return keras.saving.serialize_keras_object(constraint)
+
+
+def deserialize(config):
+    return keras.saving.deserialize_keras_object(config)
+
+
+def get(identifier):
+    """A constraint from None, a name (`'softplus'`, `'positive'`, `'exp'`, or a Keras
+    constraint name such as `'non_neg'`), a serialized dict, or a callable."""
+    if identifier is None:
+        return None
+    if isinstance(identifier, str):
+        key = identifier.lower()
+        if key in _ALIASES:
+            return _ALIASES[key]()
+        try:
+            return keras.constraints.get(identifier)
+        except ValueError:
+            raise ValueError(
+                f"Unknown constraint {identifier!r}. blayers constraints: {sorted(_ALIASES)}; "
+                "Keras constraints: 'max_norm', 'min_max_norm', 'non_neg', 'unit_norm'."
+            ) from None
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    if callable(identifier):
+        return identifier
+    raise ValueError(f"Could not interpret constraint identifier: {identifier!r}.")

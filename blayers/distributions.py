@@ -1,0 +1,59 @@
+"""One traceable random-variable constructor per TFP distribution, generated at import.
+
+`blayers.Normal(loc=0., scale=1.)` returns a `RandomVariable` over `tfp.distributions.Normal`.
+Each constructor takes the distribution's own arguments plus
+
+* `sample_shape`: leading sample dimensions of the value (default scalar);
+* `value`: an explicit value instead of a draw;
+* `seed`: a stateless seed for the (lazy) draw.
+
+Constructions pass through `blayers.trace` interceptors. Joint distributions (whose value is a
+structure, not a tensor) and TFP's abstract base classes are left out.
+"""
+
+import inspect
+
+import tensorflow_probability as tfp
+
+from blayers.random_variable import RandomVariable
+from blayers.tracing import traceable
+
+tfd = tfp.distributions
+
+_EXCLUDED = {"Distribution", "AutoCompositeTensorDistribution"}
+
+
+def _make_constructor(cls):
+    def constructor(*args, sample_shape=(), value=None, seed=None, **kwargs):
+        return RandomVariable(
+            cls(*args, **kwargs), sample_shape=sample_shape, value=value, seed=seed
+        )
+
+    constructor.__name__ = cls.__name__
+    constructor.__qualname__ = cls.__name__
+    constructor.__module__ = __name__
+    constructor.__doc__ = (
+        f"Random variable over `tfp.distributions.{cls.__name__}`.\n\n"
+        "Takes the distribution's arguments plus `sample_shape`, `value` and `seed` (see\n"
+        "`blayers.RandomVariable`). Traceable by `blayers.trace`.\n\n"
+        f"{cls.__name__} arguments:\n{inspect.getdoc(cls.__init__) or ''}"
+    )
+    return traceable(constructor)
+
+
+def _is_generated(name, obj):
+    return (
+        inspect.isclass(obj)
+        and issubclass(obj, tfd.Distribution)
+        and name not in _EXCLUDED
+        and not name.startswith("_")
+        and not issubclass(obj, tfd.JointDistribution)
+    )
+
+
+__all__ = []
+for _name in sorted(dir(tfd)):
+    _obj = getattr(tfd, _name)
+    if _is_generated(_name, _obj):
+        globals()[_name] = _make_constructor(_obj)
+        __all__.append(_name)

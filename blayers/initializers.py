@@ -1,0 +1,370 @@
+"""Distribution initializers: Keras layers whose variables parameterize a weight's distribution.
+
+Bayesian Layers (Tran et al., 2019, Sec. 2.1) overload `kernel_initializer`: an initializer is
+a callable taking the weight's shape and returning a *distribution over the weight*. Here each
+trainable initializer is a `keras.layers.Layer`:
+
+* `init(shape, dtype)` builds the variables on first use (shape `shape`), then returns a new
+  `RandomVariable` over `Independent(dist, reinterpreted_batch_ndims=len(shape))` every call;
+* the variables are ordinary Keras weights of the layer that owns the initializer, so they train,
+  save and load with it.
+
+Defaults (all documented below) follow Blundell et al. (2015) and Edward2: means start small,
+standard deviations are `softplus` of an unconstrained variable initialized so that the initial
+stddev lies between 1e-3 and 5e-2 (uniform in the unconstrained space, i.e. `rho ~ U(-6.907,
+-2.971)`): narrow enough that the network starts near its mean, wide enough to learn.
+
+`get(identifier)` accepts these names (snake_case, as in gin), CamelCase class names, Keras
+initializer names (deterministic weights), dicts from `serialize`, and instances.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import constraints as constraints_lib
+from blayers import distributions as rv_lib
+from blayers import seeds
+from blayers.config import configurable
+
+tfd = tfp.distributions
+
+__all__ = [
+    "TrainableInitializer",
+    "TrainableNormal",
+    "TrainableHeNormal",
+    "TrainableGlorotNormal",
+    "TrainableNormalSharedStddev",
+    "TrainableNormalFixedStddev",
+    "TrainableLogNormal",
+    "TrainableHalfCauchy",
+    "TrainableDeterministic",
+    "get",
+    "serialize",
+    "deserialize",
+    "is_distribution_initializer",
+]
+
+_PACKAGE = "blayers.initializers"
+# softplus^{-1}(1e-3) and softplus^{-1}(5e-2): the initial stddev range of the Normal family.
+_RHO_MIN = math.log(math.expm1(1e-3))
+_RHO_MAX = math.log(math.expm1(5e-2))
+_REGISTRY = {}
+
+
+def _register(gin_name):
+    def decorator(cls):
+        cls = configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
+        _REGISTRY[gin_name] = cls
+        return cls
+
+    return decorator
+
+
+def _default_stddev_initializer():
+    return keras.initializers.RandomUniform(minval=_RHO_MIN, maxval=_RHO_MAX)
+
+
+def _serialize_any(obj):
+    return None if obj is None else keras.saving.serialize_keras_object(obj)
+
+
+class _Parameter:
+    """(initializer, regularizer, constraint) of one distribution parameter."""
+
+    def __init__(self, initializer, regularizer, constraint):
+        from blayers import regularizers  # regularizers import initializers' users lazily
+
+        self.initializer = keras.initializers.get(initializer)
+        self.regularizer = regularizers.get(regularizer)
+        self.constraint = constraints_lib.get(constraint)
+
+    def config(self, name):
+        return {
+            f"{name}_initializer": _serialize_any(self.initializer),
+            f"{name}_regularizer": _serialize_any(self.regularizer),
+            f"{name}_constraint": _serialize_any(self.constraint),
+        }
+
+
+class TrainableInitializer(keras.layers.Layer):
+    """Base class: a layer holding the variational parameters of one weight.
+
+    Subclasses declare their parameters with `_parameter(name, ...)` in `__init__`, and implement
+    `_distribution(params, shape)` returning the elementwise distribution (batch shape `shape`)
+    from the constrained parameter tensors. Everything else (building, shape checks, the random
+    variable, seeds, config) lives here once.
+    """
+
+    def __init__(self, seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.seed = seed
+        self._parameters = {}
+        self._param_shapes = {}
+        self.seed_generator = keras.random.SeedGenerator(seed)
+        self.weight_shape = None
+
+    def _parameter(self, name, initializer, regularizer, constraint, shape_fn=None):
+        self._parameters[name] = _Parameter(initializer, regularizer, constraint)
+        self._param_shapes[name] = shape_fn
+
+    def build(self, input_shape):
+        """Creates the parameter variables for a weight of shape `input_shape`."""
+        shape = tuple(int(d) for d in input_shape)
+        self.weight_shape = shape
+        for name, param in self._parameters.items():
+            shape_fn = self._param_shapes[name]
+            variable = self.add_weight(
+                name=name,
+                shape=shape_fn(shape) if shape_fn else shape,
+                initializer=param.initializer,
+                regularizer=param.regularizer,
+            )
+            setattr(self, name, variable)
+        self.built = True
+
+    def __call__(self, shape, dtype=None):
+        shape = tuple(int(d) for d in shape)
+        if not self.built:
+            self.build(shape)
+        elif shape != self.weight_shape:
+            raise ValueError(
+                f"Initializer {self.name!r} holds the variables of a weight of shape "
+                f"{self.weight_shape} and cannot serve shape {shape}: pass a new instance (or a "
+                "name) to each layer."
+            )
+        return self.random_variable()
+
+    def parameters(self):
+        """The distribution's parameters: variables passed through their constraints."""
+        out = {}
+        for name, param in self._parameters.items():
+            value = getattr(self, name)
+            out[name] = param.constraint(value) if param.constraint else tf.identity(value)
+        return out
+
+    def random_variable(self):
+        """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""
+        distribution = self._distribution(self.parameters(), self.weight_shape)
+        return rv_lib.Independent(
+            distribution,
+            reinterpreted_batch_ndims=len(self.weight_shape),
+            seed=seeds.next_seed(self.seed_generator),
+            name=self.name,
+        )
+
+    def _distribution(self, params, shape):
+        raise NotImplementedError  # abstract; intentional
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("trainable", None)
+        config.pop("dtype", None)
+        config["seed"] = self.seed
+        for name, param in self._parameters.items():
+            config.update(param.config(name))
+        return config
+
+
+@_register("trainable_normal")
+class TrainableNormal(TrainableInitializer):
+    """Trainable mean-field Normal: `w ~ N(mean, softplus(rho)^2)` elementwise.
+
+    Defaults: `mean ~ TruncatedNormal(stddev=1e-5)` (tiny, so the initial network is dominated by
+    its prior-like noise, as in Edward2), `rho ~ U(-6.907, -2.971)` so that the initial stddev
+    lies in [1e-3, 5e-2].
+    """
+
+    _mean_default = staticmethod(lambda: keras.initializers.TruncatedNormal(stddev=1e-5))
+
+    def __init__(
+        self,
+        mean_initializer=None,
+        stddev_initializer=None,
+        mean_regularizer=None,
+        stddev_regularizer=None,
+        mean_constraint=None,
+        stddev_constraint="softplus",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self._parameter(
+            "mean", mean_initializer or self._mean_default(), mean_regularizer, mean_constraint
+        )
+        self._parameter(
+            "stddev",
+            stddev_initializer or _default_stddev_initializer(),
+            stddev_regularizer,
+            stddev_constraint,
+            self._stddev_shape,
+        )
+
+    _stddev_shape = None
+
+    def _distribution(self, params, shape):
+        return tfd.Normal(loc=params["mean"], scale=params["stddev"])
+
+
+@_register("trainable_he_normal")
+class TrainableHeNormal(TrainableNormal):
+    """Trainable Normal whose mean starts He-normal (`sqrt(2 / fan_in)`, for ReLU nets)."""
+
+    _mean_default = staticmethod(keras.initializers.HeNormal)
+
+
+@_register("trainable_glorot_normal")
+class TrainableGlorotNormal(TrainableNormal):
+    """Trainable Normal whose mean starts Glorot-normal (`sqrt(2 / (fan_in + fan_out))`)."""
+
+    _mean_default = staticmethod(keras.initializers.GlorotNormal)
+
+
+@_register("trainable_normal_shared_stddev")
+class TrainableNormalSharedStddev(TrainableNormal):
+    """Trainable Normal with one scalar stddev shared by all entries of the weight."""
+
+    _stddev_shape = staticmethod(lambda shape: ())
+
+
+@_register("trainable_normal_fixed_stddev")
+class TrainableNormalFixedStddev(TrainableInitializer):
+    """Normal with a trainable mean and a fixed, non-trainable stddev (default 1e-2)."""
+
+    def __init__(
+        self,
+        stddev=1e-2,
+        mean_initializer=None,
+        mean_regularizer=None,
+        mean_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        if not stddev > 0:
+            raise ValueError(f"TrainableNormalFixedStddev needs stddev > 0, got {stddev}.")
+        self.stddev = float(stddev)
+        self._parameter(
+            "mean",
+            mean_initializer or TrainableNormal._mean_default(),
+            mean_regularizer,
+            mean_constraint,
+        )
+
+    def _distribution(self, params, shape):
+        return tfd.Normal(loc=params["mean"], scale=tf.cast(self.stddev, params["mean"].dtype))
+
+    def get_config(self):
+        return {**super().get_config(), "stddev": self.stddev}
+
+
+@_register("trainable_log_normal")
+class TrainableLogNormal(TrainableInitializer):
+    """Trainable LogNormal for positive weights: `log w ~ N(loc, softplus(rho)^2)`."""
+
+    def __init__(
+        self,
+        loc_initializer=None,
+        scale_initializer=None,
+        loc_regularizer=None,
+        scale_regularizer=None,
+        loc_constraint=None,
+        scale_constraint="softplus",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self._parameter(
+            "loc",
+            loc_initializer or keras.initializers.TruncatedNormal(stddev=1e-5),
+            loc_regularizer,
+            loc_constraint,
+        )
+        self._parameter(
+            "scale",
+            scale_initializer or _default_stddev_initializer(),
+            scale_regularizer,
+            scale_constraint,
+        )
+
+    def _distribution(self, params, shape):
+        return tfd.LogNormal(loc=params["loc"], scale=params["scale"])
+
+
+@_register("trainable_half_cauchy")
+class TrainableHalfCauchy(TrainableLogNormal):
+    """Trainable HalfCauchy(loc, softplus(rho)): heavy-tailed positive weights (horseshoe)."""
+
+    def _distribution(self, params, shape):
+        return tfd.HalfCauchy(loc=params["loc"], scale=params["scale"])
+
+
+@_register("trainable_deterministic")
+class TrainableDeterministic(TrainableInitializer):
+    """Point mass at a trainable `loc` (default Glorot-uniform). KL regularizers then reduce to
+    the negative log prior, i.e. MAP estimation."""
+
+    def __init__(
+        self,
+        loc_initializer="glorot_uniform",
+        loc_regularizer=None,
+        loc_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self._parameter("loc", loc_initializer, loc_regularizer, loc_constraint)
+
+    def _distribution(self, params, shape):
+        return tfd.Deterministic(loc=params["loc"])
+
+
+def is_distribution_initializer(initializer):
+    """True if `initializer` returns a distribution over the weight (a `TrainableInitializer`)."""
+    return isinstance(initializer, TrainableInitializer)
+
+
+def serialize(initializer):
+    return _serialize_any(initializer)
+
+
+def deserialize(config):
+    return keras.saving.deserialize_keras_object(config)
+
+
+def _camel_to_snake(name):
+    import re
+
+    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+
+
+def get(identifier):
+    """An initializer from None, a name, a config dict, or an instance.
+
+    Names: `trainable_normal`, `trainable_he_normal`, ... (or `TrainableNormal`, ...) give a new
+    distribution initializer; any other name is looked up among Keras initializers
+    (`'glorot_uniform'`, `'zeros'`), giving a deterministic weight.
+    """
+    if identifier is None:
+        return None
+    if isinstance(identifier, str):
+        key = identifier if identifier in _REGISTRY else _camel_to_snake(identifier)
+        if key in _REGISTRY:
+            return _REGISTRY[key]()
+        try:
+            return keras.initializers.get(identifier)
+        except ValueError:
+            raise ValueError(
+                f"Unknown initializer {identifier!r}. Distribution initializers: "
+                f"{sorted(_REGISTRY)}; or a Keras initializer name such as 'glorot_uniform', "
+                "'he_normal', 'zeros'."
+            ) from None
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    if isinstance(identifier, (TrainableInitializer, keras.initializers.Initializer)):
+        return identifier
+    if callable(identifier):
+        return identifier
+    raise ValueError(f"Could not interpret initializer identifier: {identifier!r}.")

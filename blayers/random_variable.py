@@ -1,0 +1,238 @@
+"""RandomVariable: a TFP distribution paired with one value, usable as a tensor.
+
+Bayesian Layers (Tran et al., 2019, Sec. 2.1) represent weights, activations and outputs as
+random variables: "Tensors augmented with distribution methods such as `sample` and `log_prob`;
+by default, numerical ops operate on its sample Tensor". A `RandomVariable` holds
+
+* `distribution`: a `tfp.distributions.Distribution`;
+* `value`: one draw of shape `sample_shape + batch_shape + event_shape`. It is drawn lazily, on
+  first use, so that an estimator which never needs the draw (Flipout, local reparameterization,
+  deterministic VI) never pays for it.
+
+It is tensor-like: `tf.is_tensor(rv)` is true, `tf.convert_to_tensor(rv)` returns its value, and
+TF operators apply to the value. Keras 3 layers therefore accept it as an input, a functional
+model can return it, and a loss can read `y_pred.distribution` (Keras passes a tensor-like
+`y_pred` of the loss dtype through unchanged).
+"""
+
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+tfd = tfp.distributions
+
+__all__ = ["RandomVariable"]
+
+
+class RandomVariable:
+    """A distribution and one value of it, behaving like the value in TF and Keras.
+
+    Args:
+      distribution: a `tfp.distributions.Distribution`.
+      sample_shape: shape of the value's leading sample dimensions (default scalar).
+      value: an explicit value. If None, `distribution.sample(sample_shape, seed=seed)` is drawn
+        on first access and cached, so every use of the variable sees the same draw.
+      seed: optional stateless seed (shape [2] integer tensor) or int for the lazy draw. Layers
+        pass one from a `keras.random.SeedGenerator`, which keeps runs reproducible and
+        XLA-compatible.
+    """
+
+    is_tensor_like = True  # tf.is_tensor(rv) -> True; Keras leaves tensor-likes unconverted.
+
+    def __init__(self, distribution, sample_shape=(), value=None, seed=None):
+        if not isinstance(distribution, tfd.Distribution):
+            raise TypeError(
+                f"RandomVariable needs a tfp.distributions.Distribution, got {type(distribution)!r}."
+            )
+        self._distribution = distribution
+        self._sample_shape = tf.TensorShape(sample_shape)
+        self._seed = seed
+        if value is not None:
+            value = tf.convert_to_tensor(value, dtype=distribution.dtype)
+            expected = self._static_shape()
+            if not expected.is_compatible_with(value.shape):
+                raise ValueError(
+                    f"RandomVariable value of shape {value.shape} does not match sample_shape + "
+                    f"batch_shape + event_shape = {expected} of {distribution.name}."
+                )
+        self._value = value
+
+    # -- the two halves --------------------------------------------------------------------------
+    @property
+    def distribution(self):
+        """The `tfp.distributions.Distribution` of this random variable."""
+        return self._distribution
+
+    @property
+    def sample_shape(self):
+        """`tf.TensorShape` of the value's leading sample dimensions."""
+        return self._sample_shape
+
+    @property
+    def has_value(self):
+        """True once a value is fixed: given explicitly (e.g. by an interceptor) or already drawn."""
+        return self._value is not None
+
+    @property
+    def value(self):
+        """The variable's value; drawn from the distribution on first access, then fixed."""
+        if self._value is None:
+            self._value = self._distribution.sample(self._sample_shape, seed=self._seed)
+        return self._value
+
+    # -- tensor-like surface -----------------------------------------------------------------------
+    def _static_shape(self):
+        d = self._distribution
+        return self._sample_shape.concatenate(d.batch_shape).concatenate(d.event_shape)
+
+    @property
+    def shape(self):
+        if self._value is not None:
+            return self._value.shape
+        return self._static_shape()
+
+    @property
+    def dtype(self):
+        return tf.as_dtype(self._distribution.dtype)
+
+    @property
+    def ndim(self):
+        return self.shape.rank
+
+    def get_shape(self):
+        return self.shape
+
+    def numpy(self):
+        """Value as a NumPy array (eager only)."""
+        return self.value.numpy()
+
+    def __array__(self, dtype=None, copy=None):
+        array = np.asarray(self.value)
+        return array.astype(dtype) if dtype is not None else array
+
+    def sample(self, sample_shape=(), seed=None):
+        """A fresh draw from the distribution (does not change `value`)."""
+        return self._distribution.sample(sample_shape, seed=seed)
+
+    def __repr__(self):
+        value = ""
+        if self._value is not None and tf.executing_eagerly():
+            value = " numpy=" + np.array2string(self._value.numpy(), threshold=8, edgeitems=2)
+        return (
+            f"<blayers.RandomVariable '{self._distribution.name}' shape={self.shape} "
+            f"dtype={self.dtype.name}{value}>"
+        )
+
+    __str__ = __repr__
+
+    # Identity semantics, like Python objects: Keras and tf.nest store layers' outputs in sets
+    # and dicts. Elementwise comparison is available through tf.equal(rv, other).
+    def __hash__(self):
+        return id(self)
+
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __bool__(self):
+        return bool(self.value)
+
+    def __float__(self):
+        return float(self.value)
+
+    def __int__(self):
+        return int(self.value)
+
+    def __len__(self):
+        return len(self.value)
+
+    def __iter__(self):
+        if not tf.executing_eagerly():
+            raise TypeError("Iterating over a symbolic RandomVariable is not allowed; index it.")
+        return iter(self.value)
+
+    def __getitem__(self, slices):
+        """Slices the value and, where TFP can, the distribution too.
+
+        The distribution is sliced when the variable has no sample dimensions and `slices` touch
+        only batch dimensions (TFP's `Distribution.__getitem__`); then a `RandomVariable` comes back.
+        Otherwise (event dimensions or sample dimensions sliced) the result is the sliced value, a
+        plain tensor, since no TFP distribution describes it.
+        """
+        value = self.value[slices]
+        indices = slices if isinstance(slices, tuple) else (slices,)
+        used = sum(1 for i in indices if i is not Ellipsis and i is not None)
+        batch_rank = self._distribution.batch_shape.rank
+        if self._sample_shape.rank == 0 and batch_rank is not None and used <= batch_rank:
+            try:
+                distribution = self._distribution[slices]
+            except (NotImplementedError, ValueError, TypeError, IndexError, tf.errors.OpError):
+                distribution = None
+            if (
+                distribution is not None
+                and distribution.event_shape == self._distribution.event_shape
+            ):
+                expected = distribution.batch_shape.concatenate(distribution.event_shape)
+                if expected.is_compatible_with(value.shape):
+                    return RandomVariable(distribution, value=value)
+        return value
+
+
+def _convert(rv, dtype=None, name=None, as_ref=False):
+    del as_ref
+    return tf.convert_to_tensor(rv.value, dtype=dtype, name=name)
+
+
+tf.register_tensor_conversion_function(RandomVariable, _convert)
+
+
+def _overload_operator(name):
+    tensor_op = getattr(tf.Tensor, name)
+
+    def operator(self, *args):
+        return tensor_op(self.value, *args)
+
+    operator.__name__ = name
+    operator.__doc__ = f"`tf.Tensor.{name}` applied to the value."
+    setattr(RandomVariable, name, operator)
+
+
+for _name in (
+    "__abs__",
+    "__neg__",
+    "__invert__",
+    "__pos__",
+    "__add__",
+    "__radd__",
+    "__sub__",
+    "__rsub__",
+    "__mul__",
+    "__rmul__",
+    "__truediv__",
+    "__rtruediv__",
+    "__floordiv__",
+    "__rfloordiv__",
+    "__mod__",
+    "__rmod__",
+    "__pow__",
+    "__rpow__",
+    "__matmul__",
+    "__rmatmul__",
+    "__lt__",
+    "__le__",
+    "__gt__",
+    "__ge__",
+    "__and__",
+    "__rand__",
+    "__or__",
+    "__ror__",
+    "__xor__",
+    "__rxor__",
+):
+    if hasattr(tf.Tensor, _name):
+        _overload_operator(_name)
+
+# NumPy must defer to our reflected operators (np.ones(3) + rv -> rv.__radd__).
+RandomVariable.__array_priority__ = 100

@@ -1,0 +1,231 @@
+"""Distribution regularizers: callables taking a weight's `RandomVariable`, returning a scalar.
+
+The variational objective penalizes `KL[q(w) || p(w)]` (Tran et al., 2019, Sec. 2.1). Bayesian
+layers call their `kernel_regularizer` on the kernel random variable every forward pass and add
+the result to `layer.losses`. Every regularizer multiplies its divergence by `scale_factor`, so
+`scale_factor = 1 / num_train_examples` gives the per-example ELBO's KL term.
+
+The divergence is analytic where a closed form exists and Monte Carlo otherwise,
+`log q(w) - log p(w)` at the variable's current value (its single draw: unbiased, and shared
+with the forward pass for the reparameterization estimator). For a point mass q
+(`trainable_deterministic`) the Monte Carlo form is `-log p(w)`: MAP with prior p.
+"""
+
+import math
+
+import keras
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers.config import configurable
+from blayers.random_variable import RandomVariable
+
+tfd = tfp.distributions
+
+__all__ = [
+    "DistributionRegularizer",
+    "NormalKLDivergence",
+    "ScaleMixtureKLDivergence",
+    "LogUniformKLDivergence",
+    "HalfCauchyKLDivergence",
+    "normal_parameters",
+    "get",
+    "serialize",
+    "deserialize",
+]
+
+_PACKAGE = "blayers.regularizers"
+_REGISTRY = {}
+
+
+def _register(gin_name):
+    def decorator(cls):
+        cls = configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
+        _REGISTRY[gin_name] = cls
+        return cls
+
+    return decorator
+
+
+def normal_parameters(distribution):
+    """`(loc, scale)` if `distribution` is a Normal or an `Independent` Normal, else None.
+
+    Estimators and regularizers use it to work on the parameters directly (one stddev tensor per
+    call, shared by the sample and the KL) instead of TFP's generic `mean()`/`stddev()`, which
+    broadcast and copy.
+    """
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    if type(distribution) is tfd.Normal:  # noqa: E721 - subclasses may redefine the moments
+        return distribution.loc, distribution.scale
+    return None
+
+
+class DistributionRegularizer(keras.regularizers.Regularizer):
+    """Base: `scale_factor * divergence(rv)` for a weight random variable `rv`."""
+
+    def __init__(self, scale_factor=1.0):
+        self.scale_factor = scale_factor
+
+    def __call__(self, x):
+        if not isinstance(x, RandomVariable):
+            raise TypeError(
+                f"{type(self).__name__} takes the weight's RandomVariable (a distribution "
+                f"initializer's output), got {type(x).__name__}. Deterministic weights take Keras "
+                "regularizers such as 'l2'."
+            )
+        divergence = self.divergence(x)
+        return tf.cast(self.scale_factor, divergence.dtype) * divergence
+
+    def divergence(self, rv):
+        raise NotImplementedError  # abstract; intentional
+
+    def _monte_carlo(self, rv, prior_log_prob):
+        """`log q(w) - log p(w)` summed over all entries, at the variable's value."""
+        value = rv.value
+        log_q = rv.distribution.log_prob(value)
+        return tf.reduce_sum(log_q) - tf.reduce_sum(prior_log_prob(value))
+
+    def get_config(self):
+        return {"scale_factor": self.scale_factor}
+
+
+@_register("normal_kl_divergence")
+class NormalKLDivergence(DistributionRegularizer):
+    """`KL[q || N(mean, stddev^2)]` summed over entries; analytic for a Normal q,
+
+    `sum log(s_p / s_q) + (s_q^2 + (m_q - m_p)^2) / (2 s_p^2) - 1/2`,
+    and Monte Carlo for any other q. The default prior N(0, 1) is the paper's default.
+    """
+
+    def __init__(self, mean=0.0, stddev=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not stddev > 0:
+            raise ValueError(f"normal_kl_divergence needs stddev > 0, got {stddev}.")
+        self.mean = float(mean)
+        self.stddev = float(stddev)
+
+    def divergence(self, rv):
+        params = normal_parameters(rv.distribution)
+        if params is None:
+            prior = tfd.Normal(tf.cast(self.mean, rv.dtype), tf.cast(self.stddev, rv.dtype))
+            return self._monte_carlo(rv, prior.log_prob)
+        loc, scale = params
+        shape = rv.distribution.batch_shape.concatenate(rv.distribution.event_shape)
+        if scale.shape != shape:
+            scale = tf.broadcast_to(scale, shape)
+        prior_var = self.stddev**2
+        centred = loc - self.mean if self.mean else loc
+        return (
+            float(shape.num_elements()) * (math.log(self.stddev) - 0.5)
+            - tf.reduce_sum(tf.math.log(scale))
+            + (tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(centred)))
+            / (2.0 * prior_var)
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}
+
+
+@_register("scale_mixture_kl_divergence")
+class ScaleMixtureKLDivergence(DistributionRegularizer):
+    """Monte Carlo `KL[q || p]` with Blundell et al.'s (2015) scale-mixture prior
+
+    `p(w) = pi N(w; 0, stddev1^2) + (1 - pi) N(w; 0, stddev2^2)`, defaults pi=0.5,
+    stddev1=1, stddev2=exp(-6) (their grid: stddev1 in e^{0,-1,-2}, stddev2 in e^{-6,-7,-8}).
+    """
+
+    def __init__(self, pi=0.5, stddev1=1.0, stddev2=math.exp(-6.0), scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not 0.0 <= pi <= 1.0:
+            raise ValueError(f"scale_mixture_kl_divergence needs 0 <= pi <= 1, got {pi}.")
+        self.pi, self.stddev1, self.stddev2 = float(pi), float(stddev1), float(stddev2)
+
+    def prior(self, dtype=tf.float32):
+        return tfd.MixtureSameFamily(
+            tfd.Categorical(probs=tf.constant([self.pi, 1.0 - self.pi], dtype)),
+            tfd.Normal(
+                loc=tf.zeros([2], dtype), scale=tf.constant([self.stddev1, self.stddev2], dtype)
+            ),
+        )
+
+    def divergence(self, rv):
+        return self._monte_carlo(rv, self.prior(rv.dtype).log_prob)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "pi": self.pi,
+            "stddev1": self.stddev1,
+            "stddev2": self.stddev2,
+        }
+
+
+@_register("log_uniform_kl_divergence")
+class LogUniformKLDivergence(DistributionRegularizer):
+    """`KL[N(m, s^2) || log-uniform]` of variational dropout, in Molchanov et al.'s (2017)
+    approximation with `alpha = s^2 / m^2`:
+
+    `-KL ~ k1 sigmoid(k2 + k3 log alpha) - 0.5 log1p(1 / alpha) - k1`,
+    k1 = 0.63576, k2 = 1.87320, k3 = 1.48695. Requires a Normal q.
+    """
+
+    def divergence(self, rv):
+        params = normal_parameters(rv.distribution)
+        if params is None:
+            raise ValueError(
+                "log_uniform_kl_divergence needs a Normal weight distribution, got "
+                f"{rv.distribution.name}."
+            )
+        loc, scale = params
+        log_alpha = 2.0 * tf.math.log(scale) - tf.math.log(tf.square(loc) + 1e-16)
+        log_alpha = tf.broadcast_to(log_alpha, rv.shape)
+        k1, k2, k3 = 0.63576, 1.87320, 1.48695
+        neg_kl = k1 * tf.sigmoid(k2 + k3 * log_alpha) - 0.5 * tf.math.softplus(-log_alpha) - k1
+        return -tf.reduce_sum(neg_kl)
+
+
+@_register("half_cauchy_kl_divergence")
+class HalfCauchyKLDivergence(DistributionRegularizer):
+    """Monte Carlo `KL[q || HalfCauchy(loc, scale)]`, for positive weights (horseshoe scales)."""
+
+    def __init__(self, loc=0.0, scale=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        self.loc, self.scale = float(loc), float(scale)
+
+    def divergence(self, rv):
+        prior = tfd.HalfCauchy(tf.cast(self.loc, rv.dtype), tf.cast(self.scale, rv.dtype))
+        return self._monte_carlo(rv, prior.log_prob)
+
+    def get_config(self):
+        return {**super().get_config(), "loc": self.loc, "scale": self.scale}
+
+
+def serialize(regularizer):
+    return None if regularizer is None else keras.saving.serialize_keras_object(regularizer)
+
+
+def deserialize(config):
+    return keras.saving.deserialize_keras_object(config)
+
+
+def get(identifier):
+    """A regularizer from None, a name (ours, e.g. `'normal_kl_divergence'`, or a Keras one such
+    as `'l2'`), a config dict, or a callable."""
+    if identifier is None:
+        return None
+    if isinstance(identifier, str):
+        if identifier in _REGISTRY:
+            return _REGISTRY[identifier]()
+        try:
+            return keras.regularizers.get(identifier)
+        except ValueError:
+            raise ValueError(
+                f"Unknown regularizer {identifier!r}. Distribution regularizers: "
+                f"{sorted(_REGISTRY)}; or a Keras regularizer name such as 'l2'."
+            ) from None
+    if isinstance(identifier, dict):
+        return deserialize(identifier)
+    if callable(identifier):
+        return identifier
+    raise ValueError(f"Could not interpret regularizer identifier: {identifier!r}.")

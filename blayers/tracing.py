@@ -1,0 +1,136 @@
+"""Tracing: intercept the construction of random variables.
+
+Every random-variable constructor in `blayers` (`blayers.Normal`, ..., and the distributions the
+trainable initializers build) is *traceable*. Inside `with blayers.trace(interceptor):` each
+construction `f(*args, **kwargs)` is routed through `interceptor(f, *args, **kwargs)`, which may
+build the variable differently or record it. While an interceptor runs it is removed from the
+stack, so interceptors nest: the inner one sees constructions made by the outer one.
+
+This is Edward2's interception mechanism (Tran et al., 2018), used here for test-time behaviour
+(`take_mean`: weights fixed at their posterior mean) and, later, for probabilistic programs
+(`condition`, `tape`).
+"""
+
+import collections
+import contextlib
+import functools
+import threading
+
+import tensorflow as tf
+
+__all__ = ["trace", "traceable", "take_mean", "posterior_mean", "condition", "tape"]
+
+
+class _Stack(threading.local):
+    def __init__(self):
+        self.interceptors = []
+
+
+_STACK = _Stack()
+
+
+@contextlib.contextmanager
+def trace(interceptor):
+    """Routes random-variable constructions through `interceptor(f, *args, **kwargs)`.
+
+    Args:
+      interceptor: callable taking the raw constructor `f` and its arguments and returning a
+        `RandomVariable` (usually by calling `f`, possibly with other arguments).
+
+    Example:
+      ```python
+      with blayers.trace(blayers.take_mean):
+          y = model(x)   # every weight at its posterior mean
+      ```
+    """
+    if not callable(interceptor):
+        raise TypeError(f"trace() needs a callable interceptor, got {interceptor!r}.")
+    _STACK.interceptors.append(interceptor)
+    try:
+        yield
+    finally:
+        _STACK.interceptors.pop()
+
+
+def traceable(func):
+    """Decorates a random-variable constructor so that `trace` can intercept it."""
+
+    @functools.wraps(func)
+    def wrapped(*args, **kwargs):
+        if not _STACK.interceptors:
+            return func(*args, **kwargs)
+        interceptor = _STACK.interceptors.pop()
+        try:
+            return interceptor(func, *args, **kwargs)
+        finally:
+            _STACK.interceptors.append(interceptor)
+
+    wrapped.__wrapped__ = func
+    return wrapped
+
+
+def take_mean(f, *args, **kwargs):
+    """Interceptor fixing each random variable's value at its distribution's mean.
+
+    Estimators that see a fixed kernel value compute the ordinary deterministic layer with it,
+    so a network of Bayesian layers under `take_mean` is the network at its posterior mean.
+    Distributions without an analytic mean (TFP raises `NotImplementedError`) keep a sample.
+    """
+    from blayers.random_variable import RandomVariable
+
+    rv = f(*args, **kwargs)
+    try:
+        mean = rv.distribution.mean()
+    except NotImplementedError:
+        return rv
+    mean = (
+        tf.broadcast_to(tf.cast(mean, rv.dtype), rv.shape) if rv.shape.is_fully_defined() else mean
+    )
+    return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=mean)
+
+
+def posterior_mean():
+    """Context manager: predictions with every weight at its (variational) posterior mean.
+
+    Equivalent to `trace(take_mean)`. Python-level, so it applies to eager calls `model(x)` and to
+    functions traced inside it; a `tf.function` (or `model.predict`) traced earlier outside keeps
+    its sampled behaviour. `blayers.predict(..., posterior_mean=True)` handles this for you.
+    """
+    return trace(take_mean)
+
+
+def condition(**values):
+    """Interceptor factory fixing named random variables at given values.
+
+    `with trace(condition(w=w0)):` sets the value of every variable constructed with
+    `name='w'` (its distribution keeps its name) to `w0`.
+    """
+
+    def interceptor(f, *args, **kwargs):
+        name = kwargs.get("name")
+        if name in values and kwargs.get("value") is None:
+            kwargs["value"] = values[name]
+        return f(*args, **kwargs)
+
+    return interceptor
+
+
+@contextlib.contextmanager
+def tape():
+    """Records every random variable constructed inside, in order, keyed by distribution name.
+
+    Yields an `OrderedDict` `name -> RandomVariable`; a repeated name gets a numeric suffix.
+    """
+    recorded = collections.OrderedDict()
+
+    def record(f, *args, **kwargs):
+        rv = f(*args, **kwargs)
+        name = rv.distribution.name
+        key, i = name, 1
+        while key in recorded:
+            key, i = f"{name}_{i}", i + 1
+        recorded[key] = rv
+        return rv
+
+    with trace(record):
+        yield recorded

@@ -1,0 +1,137 @@
+"""RandomVariable, generated constructors and tracing."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+import blayers
+
+tfd = tfp.distributions
+
+
+def test_holds_distribution_and_lazy_value():
+    rv = blayers.Normal(loc=tf.zeros([3]), scale=1.0, seed=tf.constant([1, 2]))
+    assert isinstance(rv.distribution, tfd.Normal)
+    assert not rv.has_value
+    assert rv.shape == (3,) and rv.dtype == tf.float32
+    value = rv.value
+    assert rv.has_value and rv.value is value  # drawn once, then fixed
+    np.testing.assert_allclose(rv.numpy(), value.numpy())
+    assert tf.is_tensor(rv)
+    np.testing.assert_allclose(tf.convert_to_tensor(rv).numpy(), value.numpy())
+
+
+def test_sample_shape_and_explicit_value():
+    rv = blayers.Normal(loc=[0.0, 1.0], scale=1.0, sample_shape=[4])
+    assert rv.sample_shape == (4,) and rv.shape == (4, 2)
+    assert rv.value.shape == (4, 2)
+    fixed = blayers.Normal(0.0, 1.0, value=2.5)
+    assert fixed.has_value and float(fixed) == 2.5
+    with pytest.raises(ValueError, match="does not match"):
+        blayers.Normal(loc=tf.zeros([3]), scale=1.0, value=tf.zeros([2]))
+
+
+def test_operators_act_on_value():
+    rv = blayers.Normal(0.0, 1.0, value=2.0)
+    assert float(rv + 1.0) == 3.0 and float(1.0 + rv) == 3.0
+    assert float(rv * 3.0) == 6.0 and float(-rv) == -2.0 and float(rv**2) == 4.0
+    assert bool(rv > 1.0) and float(tf.exp(rv)) == pytest.approx(np.exp(2.0))
+    m = blayers.Normal(tf.zeros([2, 2]), 1.0, value=tf.eye(2))
+    np.testing.assert_allclose((m @ tf.ones([2, 1])).numpy(), np.ones([2, 1]))
+    np.testing.assert_allclose(
+        (np.ones(2) + blayers.Normal([0.0, 0.0], 1.0, value=[1.0, 2.0])), [2.0, 3.0]
+    )
+
+
+def test_slicing_slices_value_and_distribution():
+    rv = blayers.Normal(loc=tf.reshape(tf.range(6.0), [3, 2]), scale=1.0)
+    part = rv[1:]
+    assert isinstance(part, blayers.RandomVariable)
+    np.testing.assert_allclose(part.distribution.mean().numpy(), [[2.0, 3.0], [4.0, 5.0]])
+    np.testing.assert_allclose(part.value.numpy(), rv.value.numpy()[1:])
+    mvn = blayers.MultivariateNormalDiag(loc=tf.zeros([4, 3]))
+    column = mvn[:, 0]  # an event dimension: TFP cannot slice it, so the value comes back
+    assert not isinstance(column, blayers.RandomVariable) and column.shape == (4,)
+
+
+def test_constructors_cover_tfp_distributions():
+    for name in (
+        "Normal",
+        "Bernoulli",
+        "Categorical",
+        "Independent",
+        "MultivariateNormalTriL",
+        "Poisson",
+        "MixtureSameFamily",
+        "LogNormal",
+        "HalfCauchy",
+        "Deterministic",
+    ):
+        assert callable(getattr(blayers, name))
+    rv = blayers.Categorical(logits=tf.zeros([5, 3]))
+    assert rv.dtype == tf.int32 and rv.shape == (5,)
+    assert "tfp.distributions.Normal" in blayers.Normal.__doc__
+
+
+def test_trace_take_mean_condition_and_tape():
+    with blayers.trace(blayers.take_mean):
+        rv = blayers.Normal(loc=3.0, scale=2.0, sample_shape=[2])
+    np.testing.assert_allclose(rv.numpy(), [3.0, 3.0])
+    with blayers.trace(blayers.condition(w=-1.0)):
+        w = blayers.Normal(0.0, 1.0, name="w")
+        z = blayers.Normal(5.0, 1e-6, name="z")
+    assert float(w) == -1.0 and abs(float(z) - 5.0) < 1e-3
+    with blayers.tape() as recorded:
+        blayers.Normal(0.0, 1.0, name="a")
+        blayers.Normal(0.0, 1.0, name="a")
+    assert list(recorded) == ["a", "a_1"]
+
+    calls = []
+
+    def outer(f, *args, **kwargs):
+        calls.append("outer")
+        return f(*args, **kwargs)
+
+    def inner(f, *args, **kwargs):
+        calls.append("inner")
+        return blayers.Normal(*args, **kwargs)  # constructed again: the outer one sees it
+
+    with blayers.trace(outer), blayers.trace(inner):
+        blayers.Normal(0.0, 1.0)
+    assert calls == ["inner", "outer"]
+
+
+class _NormalOutput(keras.layers.Layer):
+    def call(self, x):
+        return blayers.Normal(loc=x[..., :1], scale=tf.nn.softplus(x[..., 1:]) + 1e-3)
+
+    def compute_output_shape(self, shape):
+        return shape[:-1] + (1,)
+
+
+def _nll(y, rv):
+    return -rv.distribution.log_prob(y)
+
+
+def test_flows_through_sequential_functional_tf_function_and_fit():
+    x = np.random.RandomState(0).randn(512, 3).astype("float32")
+    y = (x @ np.array([[1.0], [-2.0], [0.5]]) + 0.1).astype("float32")
+    inputs = keras.Input((3,))
+    outputs = _NormalOutput()(keras.layers.Dense(2)(inputs))
+    model = keras.Model(inputs, outputs)
+    out = model(x[:4])
+    assert isinstance(out, blayers.RandomVariable) and out.shape == (4, 1)
+
+    sequential = keras.Sequential(
+        [keras.Input((3,)), keras.layers.Dense(2), _NormalOutput(), keras.layers.Dense(1)]
+    )  # an RV feeds an ordinary layer
+    assert sequential(x[:4]).shape == (4, 1)
+
+    mean_fn = tf.function(lambda a: model(a).distribution.mean())
+    np.testing.assert_allclose(mean_fn(x[:4]).numpy(), out.distribution.mean().numpy(), rtol=1e-5)
+
+    model.compile(keras.optimizers.Adam(0.05), loss=_nll)
+    history = model.fit(x, y, epochs=15, batch_size=64, verbose=0)
+    assert history.history["loss"][-1] < history.history["loss"][0] - 1.0
