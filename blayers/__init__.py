@@ -16,16 +16,16 @@ import os as _os
 
 _os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from blayers import constraints, initializers, layers, regularizers  # noqa: E402
-from blayers.distributions import *  # noqa: E402,F401,F403
-from blayers.distributions import __all__ as _distribution_names  # noqa: E402
-from blayers.predict import Prediction, predict  # noqa: E402
-from blayers.random_variable import RandomVariable  # noqa: E402
-from blayers.seeds import set_seed  # noqa: E402
-from blayers.tracing import condition, posterior_mean, take_mean, tape, trace, traceable  # noqa: E402
+from blayers import constraints, initializers, layers, regularizers
+from blayers.distributions import *
+from blayers.distributions import __all__ as _distribution_names
+from blayers.predict import Prediction, predict
+from blayers.random_variable import RandomVariable
+from blayers.seeds import set_seed
+from blayers.tracing import condition, posterior_mean, take_mean, tape, trace, traceable
 
 __version__ = "0.1.0"
-__all__ = [
+__all__ = [  # noqa: PLE0604
     "RandomVariable",
     "trace",
     "traceable",

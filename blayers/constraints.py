@@ -14,7 +14,7 @@ import tensorflow as tf
 
 from blayers.config import configurable
 
-__all__ = ["Softplus", "Positive", "Exp", "get", "serialize", "deserialize"]
+__all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize"]
 
 _PACKAGE = "blayers.constraints"
 

@@ -32,19 +32,19 @@ from blayers.config import configurable
 tfd = tfp.distributions
 
 __all__ = [
-    "TrainableInitializer",
-    "TrainableNormal",
-    "TrainableHeNormal",
-    "TrainableGlorotNormal",
-    "TrainableNormalSharedStddev",
-    "TrainableNormalFixedStddev",
-    "TrainableLogNormal",
-    "TrainableHalfCauchy",
     "TrainableDeterministic",
-    "get",
-    "serialize",
+    "TrainableGlorotNormal",
+    "TrainableHalfCauchy",
+    "TrainableHeNormal",
+    "TrainableInitializer",
+    "TrainableLogNormal",
+    "TrainableNormal",
+    "TrainableNormalFixedStddev",
+    "TrainableNormalSharedStddev",
     "deserialize",
+    "get",
     "is_distribution_initializer",
+    "serialize",
 ]
 
 _PACKAGE = "blayers.initializers"

@@ -19,6 +19,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from blayers import sampling
+
 tfd = tfp.distributions
 
 __all__ = ["RandomVariable"]
@@ -77,7 +79,7 @@ class RandomVariable:
     def value(self):
         """The variable's value; drawn from the distribution on first access, then fixed."""
         if self._value is None:
-            self._value = self._distribution.sample(self._sample_shape, seed=self._seed)
+            self._value = sampling.sample(self._distribution, self._sample_shape, self._seed)
         return self._value
 
     # -- tensor-like surface -----------------------------------------------------------------------

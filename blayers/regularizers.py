@@ -19,23 +19,25 @@ import tensorflow_probability as tfp
 
 from blayers.config import configurable
 from blayers.random_variable import RandomVariable
+from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
 
 __all__ = [
     "DistributionRegularizer",
+    "HalfCauchyKLDivergence",
+    "LogUniformKLDivergence",
     "NormalKLDivergence",
     "ScaleMixtureKLDivergence",
-    "LogUniformKLDivergence",
-    "HalfCauchyKLDivergence",
-    "normal_parameters",
-    "get",
-    "serialize",
     "deserialize",
+    "get",
+    "normal_parameters",
+    "serialize",
 ]
 
 _PACKAGE = "blayers.regularizers"
 _REGISTRY = {}
+_EXP_MINUS_6 = math.exp(-6.0)  # Blundell et al.'s narrow mixture component
 
 
 def _register(gin_name):
@@ -45,20 +47,6 @@ def _register(gin_name):
         return cls
 
     return decorator
-
-
-def normal_parameters(distribution):
-    """`(loc, scale)` if `distribution` is a Normal or an `Independent` Normal, else None.
-
-    Estimators and regularizers use it to work on the parameters directly (one stddev tensor per
-    call, shared by the sample and the KL) instead of TFP's generic `mean()`/`stddev()`, which
-    broadcast and copy.
-    """
-    while isinstance(distribution, tfd.Independent):
-        distribution = distribution.distribution
-    if type(distribution) is tfd.Normal:  # noqa: E721 - subclasses may redefine the moments
-        return distribution.loc, distribution.scale
-    return None
 
 
 class DistributionRegularizer(keras.regularizers.Regularizer):
@@ -135,7 +123,7 @@ class ScaleMixtureKLDivergence(DistributionRegularizer):
     stddev1=1, stddev2=exp(-6) (their grid: stddev1 in e^{0,-1,-2}, stddev2 in e^{-6,-7,-8}).
     """
 
-    def __init__(self, pi=0.5, stddev1=1.0, stddev2=math.exp(-6.0), scale_factor=1.0):
+    def __init__(self, pi=0.5, stddev1=1.0, stddev2=_EXP_MINUS_6, scale_factor=1.0):
         super().__init__(scale_factor)
         if not 0.0 <= pi <= 1.0:
             raise ValueError(f"scale_mixture_kl_divergence needs 0 <= pi <= 1, got {pi}.")

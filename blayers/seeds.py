@@ -10,7 +10,7 @@ independent perturbations across the examples of a global batch).
 import keras
 import tensorflow as tf
 
-__all__ = ["set_seed", "next_seed"]
+__all__ = ["next_seed", "set_seed"]
 
 
 def set_seed(seed):

@@ -18,7 +18,7 @@ import threading
 
 import tensorflow as tf
 
-__all__ = ["trace", "traceable", "take_mean", "posterior_mean", "condition", "tape"]
+__all__ = ["condition", "posterior_mean", "take_mean", "tape", "trace", "traceable"]
 
 
 class _Stack(threading.local):

@@ -3,10 +3,10 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
 
-import gin  # noqa: E402
-import pytest  # noqa: E402
+import gin
+import pytest
 
-import blayers  # noqa: E402
+import blayers
 
 
 @pytest.fixture(autouse=True)

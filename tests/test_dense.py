@@ -10,8 +10,13 @@ import tensorflow as tf
 
 import blayers
 from blayers import constraints
-from blayers.layers import (DenseDVI, DenseFlipout, DenseLocalReparameterization,
-                            DenseReparameterization, MCDropout)
+from blayers.layers import (
+    DenseDVI,
+    DenseFlipout,
+    DenseLocalReparameterization,
+    DenseReparameterization,
+    MCDropout,
+)
 from blayers.layers.dense import bivariate_normal_cdf
 
 ESTIMATORS = [DenseReparameterization, DenseFlipout, DenseLocalReparameterization]
@@ -54,9 +59,10 @@ def test_output_mean_and_variance_match_closed_form(cls):
     assert np.all(np.abs(draws.var(0, ddof=1) - var) < 5 * se_var)
 
 
-@pytest.mark.parametrize("cls,correlated", [(DenseReparameterization, True),
-                                            (DenseFlipout, False),
-                                            (DenseLocalReparameterization, False)])
+@pytest.mark.parametrize(
+    "cls,correlated",
+    [(DenseReparameterization, True), (DenseFlipout, False), (DenseLocalReparameterization, False)],
+)
 def test_examples_share_or_decorrelate_perturbations(cls, correlated):
     """Two identical rows in one batch: one weight draw (Reparameterization) gives identical
     outputs; Flipout's sign flips and local reparameterization make them uncorrelated."""
@@ -72,8 +78,9 @@ def test_examples_share_or_decorrelate_perturbations(cls, correlated):
 
 
 def test_flipout_signs_are_exactly_plus_minus_one():
-    layer = _with_posterior(DenseFlipout(2), mu=np.zeros((4, 2), "float32"),
-                            sigma=np.full((4, 2), 0.3, "float32"))
+    layer = _with_posterior(
+        DenseFlipout(2), mu=np.zeros((4, 2), "float32"), sigma=np.full((4, 2), 0.3, "float32")
+    )
     # With a one-hot input and one output unit per column, output = s * dW[i, j] * r: the
     # magnitude is |dW[i, j]| whatever the signs, so all rows agree up to sign exactly.
     x = np.tile(np.eye(4, dtype="float32")[:1], (512, 1))
@@ -99,12 +106,17 @@ def test_dvi_linear_moments_match_monte_carlo():
 
 def test_dvi_relu_two_layers_match_monte_carlo():
     """Moments of DVI(relu) -> DVI(linear) against weight-sampled Monte Carlo."""
-    first = _with_posterior(DenseDVI(3, activation="relu", use_bias=False),
-                            mu=(0.5 * RNG.randn(4, 3)).astype("float32"),
-                            sigma=RNG.uniform(0.2, 0.5, (4, 3)).astype("float32"))
-    second = _with_posterior(DenseDVI(2, use_bias=False),
-                             mu=(0.5 * RNG.randn(3, 2)).astype("float32"),
-                             sigma=RNG.uniform(0.2, 0.5, (3, 2)).astype("float32"), input_dim=3)
+    first = _with_posterior(
+        DenseDVI(3, activation="relu", use_bias=False),
+        mu=(0.5 * RNG.randn(4, 3)).astype("float32"),
+        sigma=RNG.uniform(0.2, 0.5, (4, 3)).astype("float32"),
+    )
+    second = _with_posterior(
+        DenseDVI(2, use_bias=False),
+        mu=(0.5 * RNG.randn(3, 2)).astype("float32"),
+        sigma=RNG.uniform(0.2, 0.5, (3, 2)).astype("float32"),
+        input_dim=3,
+    )
     hidden = first(X[:1])
     out = second(hidden)
     # Monte Carlo with independent weights per draw (local reparameterization is exact per
@@ -157,8 +169,9 @@ def test_kl_in_losses_fresh_weights_and_gradients_each_pass(cls):
     if cls is not DenseDVI:
         assert not np.allclose(y1.numpy(), y2.numpy())  # weights redrawn every call
     assert isinstance(layer.kernel, blayers.RandomVariable)
-    assert isinstance(layer.kernel.distribution.distribution, blayers.Normal(0.0, 1.0)
-                      .distribution.__class__)
+    assert isinstance(
+        layer.kernel.distribution.distribution, blayers.Normal(0.0, 1.0).distribution.__class__
+    )
     for _ in range(2):  # a second tape sees a fresh graph of the KL too
         with tf.GradientTape() as tape:
             out = layer(x)
@@ -230,14 +243,19 @@ def test_drop_in_swap_sequential_functional_and_fit(cls):
     x, y = _toy_regression()
 
     def kl_scaled(layer_cls, units, **kwargs):
-        return layer_cls(units, kernel_regularizer=blayers.regularizers.NormalKLDivergence(
-            scale_factor=1 / len(x)), **kwargs)
+        return layer_cls(
+            units,
+            kernel_regularizer=blayers.regularizers.NormalKLDivergence(scale_factor=1 / len(x)),
+            **kwargs,
+        )
 
-    sequential = keras.Sequential([keras.Input((1,)), kl_scaled(cls, 32, activation="tanh"),
-                                   kl_scaled(cls, 1)])
+    sequential = keras.Sequential(
+        [keras.Input((1,)), kl_scaled(cls, 32, activation="tanh"), kl_scaled(cls, 1)]
+    )
     inputs = keras.Input((1,))
-    functional = keras.Model(inputs, kl_scaled(cls, 1)(kl_scaled(cls, 32, activation="tanh")(
-        inputs)))
+    functional = keras.Model(
+        inputs, kl_scaled(cls, 1)(kl_scaled(cls, 32, activation="tanh")(inputs))
+    )
     for model in (sequential, functional):
         model.compile(keras.optimizers.Adam(0.02), loss="mse")
         first = model.evaluate(x, y, verbose=0)
@@ -248,9 +266,14 @@ def test_drop_in_swap_sequential_functional_and_fit(cls):
 
 @pytest.mark.parametrize("cls", ESTIMATORS + [DenseDVI])
 def test_save_load_round_trip(cls, tmp_path):
-    model = keras.Sequential([keras.Input((4,)), cls(5, activation="relu",
-                                                     kernel_initializer="trainable_he_normal"),
-                              cls(2), MCDropout(0.1)])
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            cls(5, activation="relu", kernel_initializer="trainable_he_normal"),
+            cls(2),
+            MCDropout(0.1),
+        ]
+    )
     model(X)
     path = str(tmp_path / "model.keras")
     model.save(path)
@@ -261,8 +284,11 @@ def test_save_load_round_trip(cls, tmp_path):
             np.testing.assert_array_equal(wa.numpy(), wb.numpy())
     assert len(loaded.trainable_weights) == len(model.trainable_weights) == 6
     with blayers.posterior_mean():
-        np.testing.assert_allclose(tf.convert_to_tensor(loaded(X)).numpy(),
-                                   tf.convert_to_tensor(model(X)).numpy(), rtol=1e-5)
+        np.testing.assert_allclose(
+            tf.convert_to_tensor(loaded(X)).numpy(),
+            tf.convert_to_tensor(model(X)).numpy(),
+            rtol=1e-5,
+        )
 
 
 def test_gin_configures_the_exported_classes():

@@ -14,9 +14,14 @@ from blayers import constraints, initializers, regularizers
 tfd = tfp.distributions
 
 NAMES = [
-    "trainable_normal", "trainable_he_normal", "trainable_glorot_normal",
-    "trainable_normal_shared_stddev", "trainable_normal_fixed_stddev", "trainable_log_normal",
-    "trainable_half_cauchy", "trainable_deterministic",
+    "trainable_normal",
+    "trainable_he_normal",
+    "trainable_glorot_normal",
+    "trainable_normal_shared_stddev",
+    "trainable_normal_fixed_stddev",
+    "trainable_log_normal",
+    "trainable_half_cauchy",
+    "trainable_deterministic",
 ]
 
 
@@ -74,8 +79,7 @@ def test_normal_kl_analytic_matches_monte_carlo_and_tfp():
     loc, scale = [0.3, -1.2, 2.0], [0.5, 0.1, 1.7]
     reg = regularizers.NormalKLDivergence(mean=0.2, stddev=1.5)
     analytic = float(reg(_normal_rv(loc, scale)))
-    expected = float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(loc, scale),
-                                                     tfd.Normal(0.2, 1.5))))
+    expected = float(tf.reduce_sum(tfd.kl_divergence(tfd.Normal(loc, scale), tfd.Normal(0.2, 1.5))))
     assert analytic == pytest.approx(expected, rel=1e-5)
     # Monte Carlo: mean of log q(w) - log p(w) over many draws, 5 standard errors.
     q = tfd.Normal(loc, scale)
@@ -86,23 +90,28 @@ def test_normal_kl_analytic_matches_monte_carlo_and_tfp():
 
 
 def test_normal_kl_of_point_mass_is_negative_log_prior():
-    rv = blayers.Independent(tfd.Deterministic(tf.constant([0.5, -1.0])),
-                             reinterpreted_batch_ndims=1)
+    rv = blayers.Independent(
+        tfd.Deterministic(tf.constant([0.5, -1.0])), reinterpreted_batch_ndims=1
+    )
     kl = float(regularizers.NormalKLDivergence()(rv))
     assert kl == pytest.approx(-float(tf.reduce_sum(tfd.Normal(0.0, 1.0).log_prob([0.5, -1.0]))))
 
 
-@pytest.mark.parametrize("name", ["normal_kl_divergence", "scale_mixture_kl_divergence",
-                                  "log_uniform_kl_divergence"])
+@pytest.mark.parametrize(
+    "name", ["normal_kl_divergence", "scale_mixture_kl_divergence", "log_uniform_kl_divergence"]
+)
 def test_scale_factor_scales_the_divergence(name):
     rv = _normal_rv([0.3, -0.4], [0.2, 0.3])
     rv.value  # noqa: B018 - fix the draw so both Monte Carlo estimates use it
     base = float(regularizers.get(name)(rv))
-    scaled = regularizers.get({"class_name": type(regularizers.get(name)).__name__,
-                               "module": "blayers.regularizers",
-                               "registered_name": f"blayers.regularizers>"
-                                                  f"{type(regularizers.get(name)).__name__}",
-                               "config": {"scale_factor": 0.01}})
+    scaled = regularizers.get(
+        {
+            "class_name": type(regularizers.get(name)).__name__,
+            "module": "blayers.regularizers",
+            "registered_name": f"blayers.regularizers>{type(regularizers.get(name)).__name__}",
+            "config": {"scale_factor": 0.01},
+        }
+    )
     assert float(scaled(rv)) == pytest.approx(0.01 * base, rel=1e-5)
 
 
@@ -119,8 +128,11 @@ def test_scale_mixture_kl_is_unbiased():
     prior = reg.prior(tf.float64)
     exact = _kl_by_quadrature(q, lambda g: prior.log_prob(g).numpy(), -3.0, 3.0)
     rv = blayers.Normal(tf.fill([200_000], 0.1), 0.2)
-    draws = (rv.distribution.log_prob(rv.value)
-             - reg.prior().log_prob(rv.value)).numpy().astype(np.float64)
+    draws = (
+        (rv.distribution.log_prob(rv.value) - reg.prior().log_prob(rv.value))
+        .numpy()
+        .astype(np.float64)
+    )
     assert float(reg(rv)) == pytest.approx(draws.sum(), rel=1e-4)
     se = draws.std() / math.sqrt(draws.size)
     assert abs(draws.mean() - exact) < 5 * se
@@ -130,11 +142,14 @@ def test_half_cauchy_kl_is_unbiased():
     reg = regularizers.HalfCauchyKLDivergence(scale=0.5)
     q = tfd.LogNormal(np.float64(-1.0), np.float64(0.3))
     exact = _kl_by_quadrature(
-        q, lambda g: tfd.HalfCauchy(np.float64(0), np.float64(0.5)).log_prob(g).numpy(),
-        1e-6, 4.0)
+        q, lambda g: tfd.HalfCauchy(np.float64(0), np.float64(0.5)).log_prob(g).numpy(), 1e-6, 4.0
+    )
     rv = blayers.LogNormal(tf.fill([200_000], -1.0), 0.3)
-    draws = (rv.distribution.log_prob(rv.value)
-             - tfd.HalfCauchy(0.0, 0.5).log_prob(rv.value)).numpy().astype(np.float64)
+    draws = (
+        (rv.distribution.log_prob(rv.value) - tfd.HalfCauchy(0.0, 0.5).log_prob(rv.value))
+        .numpy()
+        .astype(np.float64)
+    )
     assert float(reg(rv)) == pytest.approx(draws.sum(), rel=1e-4)
     assert abs(draws.mean() - exact) < 5 * draws.std() / math.sqrt(draws.size)
 
@@ -161,8 +176,11 @@ def test_constraints():
     x = tf.constant([-30.0, -2.0, 0.0, 3.0, 40.0])
     softplus = constraints.get("softplus")
     np.testing.assert_allclose(softplus(x).numpy(), tf.nn.softplus(x).numpy())
-    np.testing.assert_allclose(softplus(softplus.inverse(tf.constant([1e-3, 0.05, 2.0, 30.0])))
-                               .numpy(), [1e-3, 0.05, 2.0, 30.0], rtol=1e-5)
+    np.testing.assert_allclose(
+        softplus(softplus.inverse(tf.constant([1e-3, 0.05, 2.0, 30.0]))).numpy(),
+        [1e-3, 0.05, 2.0, 30.0],
+        rtol=1e-5,
+    )
     assert float(tf.reduce_min(constraints.get("positive")(x))) > 0
     np.testing.assert_allclose(constraints.get("exp")(x[:3]).numpy(), np.exp(x[:3].numpy()))
     assert isinstance(constraints.get("non_neg"), keras.constraints.NonNeg)

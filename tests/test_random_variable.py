@@ -1,5 +1,7 @@
 """RandomVariable, generated constructors and tracing."""
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -135,3 +137,19 @@ def test_flows_through_sequential_functional_tf_function_and_fit():
     model.compile(keras.optimizers.Adam(0.05), loss=_nll)
     history = model.fit(x, y, epochs=15, batch_size=64, verbose=0)
     assert history.history["loss"][-1] < history.history["loss"][0] - 1.0
+
+
+def test_fast_standard_normal_is_standard_normal():
+    from blayers.sampling import rademacher, standard_normal
+
+    z = standard_normal([1_000_000], tf.constant([3, 4])).numpy().astype(np.float64)
+    n = z.size
+    assert np.all(np.isfinite(z))
+    assert abs(z.mean()) < 5 / math.sqrt(n)
+    assert abs(z.var() - 1.0) < 5 * math.sqrt(2.0 / n)
+    assert abs(np.mean(z**4) - 3.0) < 5 * math.sqrt(96.0 / n)  # Var[z^4] = 105 - 9
+    for q in (0.01, 0.1, 0.5, 0.9, 0.99):  # quantiles: binomial standard error of the CDF
+        p = np.mean(z <= float(tfd.Normal(0.0, 1.0).quantile(q)))
+        assert abs(p - q) < 5 * math.sqrt(q * (1 - q) / n)
+    signs = rademacher([100_000], tf.constant([1, 2])).numpy()
+    assert set(np.unique(signs)) == {-1.0, 1.0} and abs(signs.mean()) < 5 / math.sqrt(1e5)

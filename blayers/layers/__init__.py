@@ -12,9 +12,9 @@ from blayers.layers.dropout import MCDropout
 
 __all__ = [
     "BayesianLayer",
-    "DenseReparameterization",
+    "DenseDVI",
     "DenseFlipout",
     "DenseLocalReparameterization",
-    "DenseDVI",
+    "DenseReparameterization",
     "MCDropout",
 ]

@@ -17,7 +17,7 @@ When a random weight's value is *fixed* (an interceptor such as `blayers.take_me
 
 import keras
 
-from blayers import constraints, initializers, regularizers
+from blayers import constraints, initializers, regularizers, sampling
 from blayers.config import configurable
 from blayers.random_variable import RandomVariable
 
@@ -55,6 +55,15 @@ class BayesianLayer(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed)
         self._bayesian_weights = {}  # name -> shape, in build order
         self._random_weight_names = []
+
+    # Keras' jit_compile='auto' asks every layer; XLA's CPU random kernels are slow.
+    @property
+    def supports_jit(self):
+        return self._supports_jit and sampling.xla_is_fast()
+
+    @supports_jit.setter
+    def supports_jit(self, value):
+        self._supports_jit = value
 
     # -- declaration -----------------------------------------------------------------------------
     def _configure_weight(self, name, initializer, regularizer, constraint):

@@ -29,15 +29,15 @@ from blayers import distributions as rv_lib
 from blayers import seeds
 from blayers.layers.base import BayesianLayer, is_fixed, register
 from blayers.random_variable import RandomVariable
-from blayers.regularizers import normal_parameters
+from blayers.sampling import normal_parameters, rademacher, standard_normal
 
 tfd = tfp.distributions
 
 __all__ = [
-    "DenseReparameterization",
+    "DenseDVI",
     "DenseFlipout",
     "DenseLocalReparameterization",
-    "DenseDVI",
+    "DenseReparameterization",
     "dense_matmul",
 ]
 
@@ -163,16 +163,14 @@ class DenseFlipout(_DenseBase):
         if params is not None:
             mean, scale = params
             # Draw only the perturbation S * eps: M + S * eps is never materialized.
-            perturbation = scale * tf.random.stateless_normal(
-                kernel.shape, noise_seed, dtype=inputs.dtype
-            )
+            perturbation = scale * standard_normal(kernel.shape, noise_seed, inputs.dtype)
         else:
             mean = kernel.distribution.mean()
             perturbation = kernel.value - mean
         input_shape = tf.shape(inputs)
-        sign_in = tfp.random.rademacher(input_shape, dtype=inputs.dtype, seed=in_seed)
-        sign_out = tfp.random.rademacher(
-            tf.concat([input_shape[:-1], [self.units]], 0), dtype=inputs.dtype, seed=out_seed
+        sign_in = rademacher(input_shape, in_seed, inputs.dtype)
+        sign_out = rademacher(
+            tf.concat([input_shape[:-1], [self.units]], 0), out_seed, inputs.dtype
         )
         return dense_matmul(inputs, mean) + dense_matmul(inputs * sign_in, perturbation) * sign_out
 
@@ -193,9 +191,7 @@ class DenseLocalReparameterization(_DenseBase):
         loc = dense_matmul(inputs, mean)
         variance = dense_matmul(tf.square(inputs), tf.square(stddev))
         # The small floor keeps sqrt's gradient finite where an input row is all zeros.
-        noise = tf.random.stateless_normal(
-            tf.shape(loc), seeds.next_seed(self.seed_generator), dtype=loc.dtype
-        )
+        noise = standard_normal(tf.shape(loc), seeds.next_seed(self.seed_generator), loc.dtype)
         return loc + tf.sqrt(variance + 1e-12) * noise
 
 

@@ -11,7 +11,7 @@ import keras
 import tensorflow as tf
 
 from blayers import distributions as rv_lib
-from blayers import seeds
+from blayers import sampling, seeds
 from blayers.layers.base import register
 
 __all__ = ["MCDropout"]
@@ -38,6 +38,15 @@ class MCDropout(keras.layers.Layer):
         self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True
         self.mask = None  # the last call's mask RandomVariable
+
+    # Keras' jit_compile='auto' asks every layer; XLA's CPU random kernels are slow.
+    @property
+    def supports_jit(self):
+        return self._supports_jit and sampling.xla_is_fast()
+
+    @supports_jit.setter
+    def supports_jit(self, value):
+        self._supports_jit = value
 
     def _noise_shape(self, inputs):
         shape = tf.shape(inputs)

@@ -1,0 +1,116 @@
+"""Training-step time of each dense estimator relative to `keras.layers.Dense`.
+
+One step = forward pass, KL (for Bayesian layers), backward pass and an Adam update, of a single
+1024 -> 1024 layer on a batch of 256, compiled with `tf.function` (and, with `--xla`, with XLA).
+Writes JSON: milliseconds per step and the ratio to Dense for each estimator.
+
+    python benchmarks/dense_estimators.py --out benchmarks/results/dense_estimators.json
+"""
+
+import argparse
+import json
+import os
+import platform
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+import blayers
+
+LAYERS = {
+    "Dense": keras.layers.Dense,
+    "DenseReparameterization": blayers.layers.DenseReparameterization,
+    "DenseFlipout": blayers.layers.DenseFlipout,
+    "DenseLocalReparameterization": blayers.layers.DenseLocalReparameterization,
+}
+
+
+def make_step(layer_cls, units, input_dim, jit_compile):
+    layer = layer_cls(units)
+    layer.build((None, input_dim))
+    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer.build(layer.trainable_variables)
+
+    @tf.function(jit_compile=jit_compile)
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            out = layer(x)
+            loss = tf.reduce_mean(tf.square(out - y))
+            if layer.losses:
+                loss += tf.add_n(layer.losses) / 50_000.0
+        grads = tape.gradient(loss, layer.trainable_variables)
+        optimizer.apply(grads, layer.trainable_variables)
+        return loss
+
+    return step
+
+
+def time_step(step, x, y, repeats, warmup=5):
+    for _ in range(warmup):
+        step(x, y)
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step(x, y).numpy()
+        times.append(time.perf_counter() - start)
+    return float(np.median(times) * 1e3)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=1024)
+    parser.add_argument("--input_dim", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=3,
+        help="interleaved rounds over all layers; the median per layer is kept",
+    )
+    parser.add_argument("--xla", action="store_true", help="also time jit_compile=True steps")
+    parser.add_argument("--out", default="benchmarks/results/dense_estimators.json")
+    args = parser.parse_args()
+
+    blayers.set_seed(0)
+    x = tf.random.normal([args.batch, args.input_dim])
+    y = tf.random.normal([args.batch, args.units])
+    modes = [False, True] if args.xla else [False]
+    results = {
+        "config": {
+            **vars(args),
+            "tensorflow": tf.__version__,
+            "keras": keras.__version__,
+            "machine": platform.processor() or platform.machine(),
+            "cpus": os.cpu_count(),
+        }
+    }
+    for jit in modes:
+        steps = {
+            name: make_step(cls, args.units, args.input_dim, jit) for name, cls in LAYERS.items()
+        }
+        ms = {name: [] for name in LAYERS}
+        for _ in range(args.rounds):  # interleave to average out machine noise
+            for name, step in steps.items():
+                ms[name].append(time_step(step, x, y, args.repeats))
+        medians = {name: float(np.median(v)) for name, v in ms.items()}
+        key = "xla" if jit else "tf_function"
+        results[key] = {
+            name: {"ms_per_step": round(m, 3), "ratio_to_dense": round(m / medians["Dense"], 3)}
+            for name, m in medians.items()
+        }
+        print(key)
+        for name, r in results[key].items():
+            print(f"  {name:30s} {r['ms_per_step']:8.2f} ms   x{r['ratio_to_dense']:.2f}")
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,70 @@
+"""Fast, exact sampling primitives shared by random variables and estimators.
+
+On CPU, TF's `stateless_normal` (Box-Muller) costs about 3x a uniform draw; the inverse-CDF
+transform `ndtri(u)` of an open-interval uniform costs about 2x and is exact up to float
+rounding (tails are cut at the uniform's resolution, |z| < 5.4 in float32, as Box-Muller's are
+cut at 5.6). Weight noise is the largest cost of a Bayesian layer's step, so every estimator
+draws Normal noise through `standard_normal`.
+"""
+
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+tfd = tfp.distributions
+
+__all__ = ["normal_parameters", "rademacher", "sample", "standard_normal", "xla_is_fast"]
+
+
+def xla_is_fast():
+    """Whether Keras' automatic XLA compilation should be allowed for random layers.
+
+    XLA's CPU random-number kernels are slow: measured here, a 1024 x 1024 Bayesian dense step
+    takes 17-58x a Dense step under XLA against 2.6-3.9x without (benchmarks/dense_estimators.py
+    --xla). Keras' `jit_compile='auto'` turns XLA on whenever every layer supports it, so random
+    layers report no XLA support unless a GPU or TPU is present. `jit_compile=True` still forces it.
+    """
+    return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
+
+
+def standard_normal(shape, seed, dtype=tf.float32):
+    """`N(0, 1)` draws of `shape` from a stateless `seed` (inverse-CDF of an open uniform)."""
+    dtype = tf.as_dtype(dtype)
+    half_step = 0.5 * float(tf.experimental.numpy.finfo(dtype.as_numpy_dtype).eps)
+    uniform = tf.random.stateless_uniform(shape, seed, minval=half_step, maxval=1.0, dtype=dtype)
+    return tf.math.ndtri(uniform)
+
+
+def rademacher(shape, seed, dtype=tf.float32):
+    """Random signs, exactly -1 or +1 with probability 1/2 each."""
+    bits = tf.random.stateless_uniform(shape, seed, minval=0, maxval=2, dtype=tf.int32)
+    return tf.cast(2 * bits - 1, dtype)
+
+
+def normal_parameters(distribution):
+    """`(loc, scale)` if `distribution` is a Normal or an `Independent` Normal, else None.
+
+    Estimators and regularizers use it to work on the parameters directly (one stddev tensor per
+    call, shared by the sample and the KL) instead of TFP's generic `mean()`/`stddev()`, which
+    broadcast and copy.
+    """
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    if type(distribution) is tfd.Normal:
+        return distribution.loc, distribution.scale
+    return None
+
+
+def sample(distribution, sample_shape, seed):
+    """`distribution.sample(sample_shape, seed)`, with a fast path for (Independent) Normals."""
+    params = normal_parameters(distribution)
+    if params is None or seed is None:
+        return distribution.sample(sample_shape, seed=seed)
+    loc, scale = params
+    shape = tf.TensorShape(sample_shape).concatenate(
+        distribution.batch_shape.concatenate(distribution.event_shape)
+    )
+    if not shape.is_fully_defined():
+        return distribution.sample(sample_shape, seed=seed)
+    if isinstance(seed, int):
+        seed = tf.constant([seed, 0], tf.int32)
+    return loc + scale * standard_normal(shape, seed, distribution.dtype)
