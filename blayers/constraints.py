@@ -12,18 +12,14 @@ optimizer works in an unconstrained space (Blundell et al., 2015, use `softplus`
 import keras
 import tensorflow as tf
 
-from blayers.config import configurable
+from blayers.config import Registry
 
 __all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize"]
 
-_PACKAGE = "blayers.constraints"
-
-
-def _register(gin_name):
-    def decorator(cls):
-        return configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
-
-    return decorator
+_REGISTRY = Registry(
+    "constraint", "blayers.constraints", keras.constraints.get, "'non_neg', 'max_norm'"
+)
+_register = _REGISTRY.register
 
 
 @_register("softplus")
@@ -73,35 +69,6 @@ class Exp(keras.constraints.Constraint):
         return {}
 
 
-_ALIASES = {"softplus": Softplus, "positive": Positive, "exp": Exp}
-
-
-def serialize(constraint):
-    return keras.saving.serialize_keras_object(constraint)
-
-
-def deserialize(config):
-    return keras.saving.deserialize_keras_object(config)
-
-
-def get(identifier):
-    """A constraint from None, a name (`'softplus'`, `'positive'`, `'exp'`, or a Keras
-    constraint name such as `'non_neg'`), a serialized dict, or a callable."""
-    if identifier is None:
-        return None
-    if isinstance(identifier, str):
-        key = identifier.lower()
-        if key in _ALIASES:
-            return _ALIASES[key]()
-        try:
-            return keras.constraints.get(identifier)
-        except ValueError:
-            raise ValueError(
-                f"Unknown constraint {identifier!r}. blayers constraints: {sorted(_ALIASES)}; "
-                "Keras constraints: 'max_norm', 'min_max_norm', 'non_neg', 'unit_norm'."
-            ) from None
-    if isinstance(identifier, dict):
-        return deserialize(identifier)
-    if callable(identifier):
-        return identifier
-    raise ValueError(f"Could not interpret constraint identifier: {identifier!r}.")
+get = _REGISTRY.get
+serialize = _REGISTRY.serialize
+deserialize = _REGISTRY.deserialize

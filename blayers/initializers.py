@@ -26,8 +26,8 @@ import tensorflow_probability as tfp
 
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
-from blayers import seeds
-from blayers.config import configurable
+from blayers import regularizers, seeds
+from blayers.config import Registry
 
 tfd = tfp.distributions
 
@@ -47,45 +47,35 @@ __all__ = [
     "serialize",
 ]
 
-_PACKAGE = "blayers.initializers"
 # softplus^{-1}(1e-3) and softplus^{-1}(5e-2): the initial stddev range of the Normal family.
 _RHO_MIN = math.log(math.expm1(1e-3))
 _RHO_MAX = math.log(math.expm1(5e-2))
-_REGISTRY = {}
-
-
-def _register(gin_name):
-    def decorator(cls):
-        cls = configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
-        _REGISTRY[gin_name] = cls
-        return cls
-
-    return decorator
+_REGISTRY = Registry(
+    "initializer",
+    "blayers.initializers",
+    keras.initializers.get,
+    "'glorot_uniform', 'he_normal', 'zeros'",
+)
+_register = _REGISTRY.register
 
 
 def _default_stddev_initializer():
     return keras.initializers.RandomUniform(minval=_RHO_MIN, maxval=_RHO_MAX)
 
 
-def _serialize_any(obj):
-    return None if obj is None else keras.saving.serialize_keras_object(obj)
-
-
 class _Parameter:
     """(initializer, regularizer, constraint) of one distribution parameter."""
 
     def __init__(self, initializer, regularizer, constraint):
-        from blayers import regularizers  # regularizers import initializers' users lazily
-
         self.initializer = keras.initializers.get(initializer)
         self.regularizer = regularizers.get(regularizer)
         self.constraint = constraints_lib.get(constraint)
 
     def config(self, name):
         return {
-            f"{name}_initializer": _serialize_any(self.initializer),
-            f"{name}_regularizer": _serialize_any(self.regularizer),
-            f"{name}_constraint": _serialize_any(self.constraint),
+            f"{name}_initializer": _REGISTRY.serialize(self.initializer),
+            f"{name}_regularizer": _REGISTRY.serialize(self.regularizer),
+            f"{name}_constraint": _REGISTRY.serialize(self.constraint),
         }
 
 
@@ -326,18 +316,8 @@ def is_distribution_initializer(initializer):
     return isinstance(initializer, TrainableInitializer)
 
 
-def serialize(initializer):
-    return _serialize_any(initializer)
-
-
-def deserialize(config):
-    return keras.saving.deserialize_keras_object(config)
-
-
-def _camel_to_snake(name):
-    import re
-
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
+serialize = _REGISTRY.serialize
+deserialize = _REGISTRY.deserialize
 
 
 def get(identifier):
@@ -347,24 +327,4 @@ def get(identifier):
     distribution initializer; any other name is looked up among Keras initializers
     (`'glorot_uniform'`, `'zeros'`), giving a deterministic weight.
     """
-    if identifier is None:
-        return None
-    if isinstance(identifier, str):
-        key = identifier if identifier in _REGISTRY else _camel_to_snake(identifier)
-        if key in _REGISTRY:
-            return _REGISTRY[key]()
-        try:
-            return keras.initializers.get(identifier)
-        except ValueError:
-            raise ValueError(
-                f"Unknown initializer {identifier!r}. Distribution initializers: "
-                f"{sorted(_REGISTRY)}; or a Keras initializer name such as 'glorot_uniform', "
-                "'he_normal', 'zeros'."
-            ) from None
-    if isinstance(identifier, dict):
-        return deserialize(identifier)
-    if isinstance(identifier, (TrainableInitializer, keras.initializers.Initializer)):
-        return identifier
-    if callable(identifier):
-        return identifier
-    raise ValueError(f"Could not interpret initializer identifier: {identifier!r}.")
+    return _REGISTRY.get(identifier)

@@ -17,7 +17,7 @@ import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers.config import configurable
+from blayers.config import Registry
 from blayers.random_variable import RandomVariable
 from blayers.sampling import normal_parameters
 
@@ -35,18 +35,9 @@ __all__ = [
     "serialize",
 ]
 
-_PACKAGE = "blayers.regularizers"
-_REGISTRY = {}
+_REGISTRY = Registry("regularizer", "blayers.regularizers", keras.regularizers.get, "'l2'")
+_register = _REGISTRY.register
 _EXP_MINUS_6 = math.exp(-6.0)  # Blundell et al.'s narrow mixture component
-
-
-def _register(gin_name):
-    def decorator(cls):
-        cls = configurable(gin_name, _PACKAGE, _PACKAGE)(cls)
-        _REGISTRY[gin_name] = cls
-        return cls
-
-    return decorator
 
 
 class DistributionRegularizer(keras.regularizers.Regularizer):
@@ -189,31 +180,6 @@ class HalfCauchyKLDivergence(DistributionRegularizer):
         return {**super().get_config(), "loc": self.loc, "scale": self.scale}
 
 
-def serialize(regularizer):
-    return None if regularizer is None else keras.saving.serialize_keras_object(regularizer)
-
-
-def deserialize(config):
-    return keras.saving.deserialize_keras_object(config)
-
-
-def get(identifier):
-    """A regularizer from None, a name (ours, e.g. `'normal_kl_divergence'`, or a Keras one such
-    as `'l2'`), a config dict, or a callable."""
-    if identifier is None:
-        return None
-    if isinstance(identifier, str):
-        if identifier in _REGISTRY:
-            return _REGISTRY[identifier]()
-        try:
-            return keras.regularizers.get(identifier)
-        except ValueError:
-            raise ValueError(
-                f"Unknown regularizer {identifier!r}. Distribution regularizers: "
-                f"{sorted(_REGISTRY)}; or a Keras regularizer name such as 'l2'."
-            ) from None
-    if isinstance(identifier, dict):
-        return deserialize(identifier)
-    if callable(identifier):
-        return identifier
-    raise ValueError(f"Could not interpret regularizer identifier: {identifier!r}.")
+get = _REGISTRY.get
+serialize = _REGISTRY.serialize
+deserialize = _REGISTRY.deserialize

@@ -7,18 +7,17 @@ variable, so `blayers.posterior_mean()` (`take_mean`) replaces it by its mean an
 as the identity: the usual deterministic "weight-scaling" prediction.
 """
 
-import keras
 import tensorflow as tf
 
 from blayers import distributions as rv_lib
-from blayers import sampling, seeds
-from blayers.layers.base import register
+from blayers import seeds
+from blayers.layers.base import BayesianLayer, register
 
 __all__ = ["MCDropout"]
 
 
 @register
-class MCDropout(keras.layers.Layer):
+class MCDropout(BayesianLayer):
     """Dropout active in training *and* at prediction: `x * mask / (1 - rate)`,
     `mask ~ Bernoulli(1 - rate)` of shape `noise_shape` (default: the input's shape).
 
@@ -29,24 +28,13 @@ class MCDropout(keras.layers.Layer):
     """
 
     def __init__(self, rate, noise_shape=None, seed=None, **kwargs):
-        super().__init__(**kwargs)
+        super().__init__(seed=seed, **kwargs)
         if not 0.0 <= rate < 1.0:
             raise ValueError(f"MCDropout needs 0 <= rate < 1, got {rate}.")
         self.rate = float(rate)
         self.noise_shape = noise_shape
-        self.seed = seed
-        self.seed_generator = keras.random.SeedGenerator(seed)
         self.supports_masking = True
         self.mask = None  # the last call's mask RandomVariable
-
-    # Keras' jit_compile='auto' asks every layer; XLA's CPU random kernels are slow.
-    @property
-    def supports_jit(self):
-        return self._supports_jit and sampling.xla_is_fast()
-
-    @supports_jit.setter
-    def supports_jit(self, value):
-        self._supports_jit = value
 
     def _noise_shape(self, inputs):
         shape = tf.shape(inputs)
@@ -77,5 +65,4 @@ class MCDropout(keras.layers.Layer):
             **super().get_config(),
             "rate": self.rate,
             "noise_shape": self.noise_shape,
-            "seed": self.seed,
         }
