@@ -40,6 +40,34 @@ _register = _REGISTRY.register
 _EXP_MINUS_6 = math.exp(-6.0)  # Blundell et al.'s narrow mixture component
 
 
+def normal_kl_sum(loc, scale, prior_mean, prior_stddev):
+    """`sum KL[N(loc, scale^2) || N(prior_mean, prior_stddev^2)]` with a hand-written gradient.
+
+    `n (log s_p - 1/2) - sum log s + (sum s^2 + sum (m - m_p)^2) / (2 s_p^2)`; its gradient,
+    `d/dm = (m - m_p) / s_p^2` and `d/ds = s / s_p^2 - 1 / s`, takes three elementwise passes where
+    autodiff of the expression takes about ten (it materializes the broadcasts of the sums).
+    """
+    inv_var = 1.0 / prior_stddev**2
+    size = float(loc.shape.num_elements())
+
+    @tf.custom_gradient
+    def kl(loc, scale):
+        centred = loc - prior_mean if prior_mean else loc
+        flat_c, flat_s = tf.reshape(centred, [-1]), tf.reshape(scale, [-1])
+        value = (
+            size * (math.log(prior_stddev) - 0.5)
+            - tf.reduce_sum(tf.math.log(scale))
+            + 0.5 * inv_var * (tf.tensordot(flat_s, flat_s, 1) + tf.tensordot(flat_c, flat_c, 1))
+        )
+
+        def grad(upstream):
+            return upstream * inv_var * centred, upstream * (inv_var * scale - 1.0 / scale)
+
+        return value, grad
+
+    return kl(loc, scale)
+
+
 class DistributionRegularizer(keras.regularizers.Regularizer):
     """Base: `scale_factor * divergence(rv)` for a weight random variable `rv`."""
 
@@ -93,14 +121,9 @@ class NormalKLDivergence(DistributionRegularizer):
         shape = rv.distribution.batch_shape.concatenate(rv.distribution.event_shape)
         if scale.shape != shape:
             scale = tf.broadcast_to(scale, shape)
-        prior_var = self.stddev**2
-        centred = loc - self.mean if self.mean else loc
-        return (
-            float(shape.num_elements()) * (math.log(self.stddev) - 0.5)
-            - tf.reduce_sum(tf.math.log(scale))
-            + (tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(centred)))
-            / (2.0 * prior_var)
-        )
+        if loc.shape != shape:
+            loc = tf.broadcast_to(loc, shape)
+        return normal_kl_sum(loc, scale, self.mean, self.stddev)
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}
