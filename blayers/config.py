@@ -10,6 +10,8 @@ constraints: our names first (the gin name, or the CamelCase class name), then K
 """
 
 import inspect
+import logging
+import os
 import re
 
 import gin
@@ -87,3 +89,130 @@ class Registry:
     @staticmethod
     def deserialize(config):
         return keras.saving.deserialize_keras_object(config)
+
+
+# -- gin files: search path, parsing with validation, operative config ---------------------------
+
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_KERAS_LAYER_KWARGS = {
+    "name",
+    "dtype",
+    "trainable",
+    "autocast",
+    "input_shape",
+    "input_dim",
+    "batch_input_shape",
+    "batch_size",
+    "activity_regularizer",
+    "seed",
+}
+
+
+def config_search_path():
+    """Folders searched for gin files, in order: the working directory, `$BLAYERS_CONFIG_PATH`
+    (colon-separated), and the project's `configs/`."""
+    extra = [p for p in os.environ.get("BLAYERS_CONFIG_PATH", "").split(os.pathsep) if p]
+    return [os.getcwd(), *extra, os.path.join(_PACKAGE_ROOT, "configs")]
+
+
+def find_config_file(name):
+    """Path of gin file `name` (a path, or a name like `digits_mlp` or `priors/normal`)."""
+    candidates = [name] if name.endswith(".gin") else [name, name + ".gin"]
+    if os.path.isabs(name):
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                return candidate
+    for folder in config_search_path():
+        for candidate in candidates:
+            path = os.path.join(folder, candidate)
+            if os.path.isfile(path):
+                return path
+    raise ValueError(f"No gin file {name!r} in the search path {config_search_path()}.")
+
+
+def _binding_location(files, selector, param):
+    """`file:line` of the first line binding `selector.param` (for error messages)."""
+    short = selector.split(".")[-1]
+    pattern = re.compile(rf"^\s*(\S+/)?([\w.]*\.)?{re.escape(short)}\.{re.escape(param)}\s*=")
+    for path in files:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if pattern.match(line):
+                    return f'In file "{path}", line {number}'
+    return "In a --gin_param binding"
+
+
+def _accepted_parameters(fn_or_cls):
+    """Parameter names `fn_or_cls` accepts, or None when it takes arbitrary `**kwargs`."""
+    target = fn_or_cls.__init__ if inspect.isclass(fn_or_cls) else fn_or_cls
+    signature = inspect.signature(target)
+    names = {
+        n
+        for n, p in signature.parameters.items()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+    }
+    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
+        if inspect.isclass(fn_or_cls) and issubclass(fn_or_cls, keras.layers.Layer):
+            return names | _KERAS_LAYER_KWARGS  # **kwargs go to keras.layers.Layer
+        return None
+    return names
+
+
+def validate_bindings(files=()):
+    """Fails on a binding naming a parameter its configurable does not take, with the file and
+    line (gin itself accepts any name for a configurable that has `**kwargs`)."""
+    for (_, selector), params in gin.config._CONFIG.items():
+        configurable_ = gin.config._REGISTRY.get_match(selector)
+        if configurable_ is None:
+            continue  # a macro
+        accepted = _accepted_parameters(configurable_.wrapped)
+        if accepted is None:
+            continue
+        for param in params:
+            if param not in accepted:
+                raise ValueError(
+                    f"Unknown parameter '{param}' of {configurable_.name}; it takes "
+                    f"{sorted(accepted)}.\n  {_binding_location(files, selector, param)}"
+                )
+
+
+class _QuietGinSearch(logging.Filter):
+    """Drops gin's 'Path not found' errors, logged for every search-path miss of an include."""
+
+    def filter(self, record):
+        return not record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+
+
+logging.getLogger().addFilter(_QuietGinSearch())
+
+
+def parse(gin_files=(), gin_params=()):
+    """Parses gin files (names found on the search path, later files override earlier ones)
+    and then `gin_params` bindings, and validates every binding before anything runs."""
+    for folder in config_search_path():
+        gin.add_config_file_search_path(folder)
+    paths = [find_config_file(name) for name in gin_files]
+    gin.parse_config_files_and_bindings(paths, list(gin_params))
+    validate_bindings(paths)
+    return paths
+
+
+def write_operative_config(model_dir):
+    """Writes `operative_config.gin`: every gin parameter the run used (gin.tf's hook does not
+    import on TF 2.21, so we write it ourselves)."""
+    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+
+
+def _register_externals():
+    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay`."""
+    schedules = keras.optimizers.schedules
+    for name, cls in (
+        ("cosine_decay", schedules.CosineDecay),
+        ("exponential_decay", schedules.ExponentialDecay),
+        ("polynomial_decay", schedules.PolynomialDecay),
+    ):
+        gin.external_configurable(cls, name=name, module="keras.optimizers.schedules")
+
+
+_register_externals()

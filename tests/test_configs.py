@@ -20,6 +20,7 @@ def test_gin_file_parses(path):
 def test_prior_fragment_swaps_the_prior():
     gin.parse_config_files_and_bindings(
         [str(p) for p in CONFIGS if p.name == "scale_mixture.gin"],
-        ["scale_mixture_kl_divergence.pi = 0.25"])
+        ["scale_mixture_kl_divergence.pi = 0.25"],
+    )
     reg = blayers.layers.DenseReparameterization(3).kernel_regularizer
     assert isinstance(reg, blayers.regularizers.ScaleMixtureKLDivergence) and reg.pi == 0.25

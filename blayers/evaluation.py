@@ -1,0 +1,68 @@
+"""Monte Carlo evaluation of a model on a `Data` test set (and its OOD set).
+
+Each of `num_samples` passes over the test set draws fresh weights; per pass we keep only the
+predictive parameters (class probabilities, or a Normal mean and stddev per target), so memory
+grows with `num_samples * test size * outputs`, never with activations.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from blayers import metrics as metrics_lib
+from blayers import objectives
+
+__all__ = ["evaluate", "predictive_samples"]
+
+
+def _parameters_fn(model, task):
+    @tf.function
+    def parameters(x):
+        distribution = objectives.predictive_distribution(model(x, training=False), task)
+        if task == "classification":
+            return (distribution.probs_parameter(),)
+        return distribution.mean(), distribution.stddev()
+
+    return parameters
+
+
+def predictive_samples(model, dataset, task, num_samples, batch_size=500, strategy=None):
+    """Arrays `[num_samples, n, ...]` of predictive parameters over an unbatched dataset."""
+    parameters = _parameters_fn(model, task)
+    batched = dataset.batch(batch_size)
+    draws = []
+    for _ in range(num_samples):
+        parts = [parameters(x if not isinstance(x, tuple) else x[0]) for x in batched]
+        draws.append([np.concatenate([p[i].numpy() for p in parts]) for i in range(len(parts[0]))])
+    return [np.stack([d[i] for d in draws]) for i in range(len(draws[0]))]
+
+
+def _targets(dataset):
+    return np.concatenate([y.numpy() for _, y in dataset.batch(4096)])
+
+
+def evaluate(model, data, num_samples=10, batch_size=500):
+    """Metrics of `model` on `data.test` with `num_samples` posterior draws.
+
+    Returns `(metrics, arrays)`: a dict of floats, and the arrays plots need
+    (`probs`/`labels` or `means`/`stddevs`/`targets`/`inputs`).
+    """
+    targets = _targets(data.test)
+    if data.task == "classification":
+        (probs,) = predictive_samples(model, data.test, data.task, num_samples, batch_size)
+        ood_probs = None
+        if data.ood is not None:
+            (ood_probs,) = predictive_samples(model, data.ood, data.task, num_samples, batch_size)
+        result = metrics_lib.classification_metrics(probs, targets, ood_probs)
+        return result, {"probs": probs, "labels": targets}
+    means, stddevs = predictive_samples(model, data.test, data.task, num_samples, batch_size)
+    result = metrics_lib.regression_metrics(means, stddevs, targets, data.target_scale)
+    inputs = np.concatenate([x.numpy() for x, _ in data.test.batch(4096)])
+    arrays = {
+        "means": means,
+        "stddevs": stddevs,
+        "targets": targets,
+        "inputs": inputs,
+        "scale": data.target_scale,
+        "shift": data.target_mean,
+    }
+    return result, arrays

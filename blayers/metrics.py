@@ -1,0 +1,152 @@
+"""Uncertainty metrics on Monte Carlo predictive samples (NumPy, float64).
+
+Classification metrics take `probs` of shape `[num_samples, n, K]` (one softmax per posterior
+draw) and integer `labels` [n]; the predictive is `p = mean_s probs[s]`. Regression metrics take
+per-draw Normal means and stddevs `[num_samples, n, d]` and targets `[n, d]`; the predictive is
+the equal-weight mixture.
+"""
+
+import math
+
+import numpy as np
+from scipy.special import logsumexp
+from sklearn.metrics import roc_auc_score
+
+__all__ = [
+    "accuracy",
+    "brier",
+    "classification_metrics",
+    "coverage",
+    "ece",
+    "entropy",
+    "mutual_information",
+    "nll",
+    "nlpd",
+    "ood_auroc",
+    "regression_metrics",
+    "reliability_bins",
+    "rmse",
+]
+
+_EPS = 1e-12
+
+
+def _mean_probs(probs):
+    return np.asarray(probs, np.float64).mean(axis=0)
+
+
+def accuracy(probs, labels):
+    return float(np.mean(_mean_probs(probs).argmax(-1) == labels))
+
+
+def nll(probs, labels):
+    """`-mean log p(y_i | x_i)` of the predictive."""
+    p = _mean_probs(probs)
+    picked = np.take_along_axis(p, labels[..., None].astype(int), -1)[..., 0]
+    return float(-np.mean(np.log(picked + _EPS)))
+
+
+def reliability_bins(probs, labels, num_bins=15):
+    """Per equal-width confidence bin: (count, mean confidence, accuracy)."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1)
+    confidence, predicted = p.max(-1), p.argmax(-1)
+    edges = np.linspace(0.0, 1.0, num_bins + 1)
+    index = np.clip(np.digitize(confidence, edges[1:-1], right=True), 0, num_bins - 1)
+    counts = np.bincount(index, minlength=num_bins)
+    conf_sum = np.bincount(index, weights=confidence, minlength=num_bins)
+    acc_sum = np.bincount(index, weights=(predicted == labels), minlength=num_bins)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return counts, conf_sum / counts, acc_sum / counts
+
+
+def ece(probs, labels, num_bins=15):
+    """Expected calibration error: `sum_b (n_b / n) |acc_b - conf_b|`, equal-width bins."""
+    counts, conf, acc = reliability_bins(probs, labels, num_bins)
+    mask = counts > 0
+    return float(np.sum(counts[mask] / counts.sum() * np.abs(acc[mask] - conf[mask])))
+
+
+def brier(probs, labels):
+    """`mean_i sum_k (p_ik - 1[y_i = k])^2`."""
+    p = _mean_probs(probs)
+    onehot = np.eye(p.shape[-1])[labels.astype(int)]
+    return float(np.mean(np.sum(np.square(p - onehot), -1)))
+
+
+def _entropy(p):
+    return -np.sum(p * np.log(p + _EPS), -1)
+
+
+def entropy(probs):
+    """Per-example predictive entropy `H[p]` [n]."""
+    return _entropy(_mean_probs(probs))
+
+
+def mutual_information(probs):
+    """Per-example `H[mean_s p_s] - mean_s H[p_s]` (epistemic uncertainty, BALD) [n]."""
+    probs = np.asarray(probs, np.float64)
+    return _entropy(probs.mean(0)) - _entropy(probs).mean(0)
+
+
+def ood_auroc(in_scores, ood_scores):
+    """AUROC of separating OOD (positive) from in-distribution by a score (higher = OOD)."""
+    labels = np.r_[np.zeros(len(in_scores)), np.ones(len(ood_scores))]
+    return float(roc_auc_score(labels, np.r_[in_scores, ood_scores]))
+
+
+def _mixture_moments(means, stddevs):
+    means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
+    mean = means.mean(0)
+    variance = (np.square(stddevs) + np.square(means)).mean(0) - np.square(mean)
+    return mean, np.maximum(variance, 0.0)
+
+
+def rmse(means, targets, scale=1.0):
+    mean = np.asarray(means, np.float64).mean(0)
+    return float(scale * np.sqrt(np.mean(np.square(mean - targets))))
+
+
+def nlpd(means, stddevs, targets, scale=1.0):
+    """Negative log predictive density per example (and per target dimension summed) of the
+    mixture `1/S sum_s N(y; m_s, s_s^2)`, in the original units (`+ log scale` per dim)."""
+    means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
+    log_probs = (
+        -0.5 * np.square((targets - means) / stddevs)
+        - np.log(stddevs)
+        - 0.5 * math.log(2 * math.pi)
+    )  # [S, n, d]
+    log_mix = logsumexp(log_probs, axis=0) - math.log(len(means))
+    return float(-np.mean(np.sum(log_mix, -1)) + means.shape[-1] * math.log(scale))
+
+
+def coverage(means, stddevs, targets, z=1.959964):
+    """Fraction of targets inside the moment-matched central interval `mean +- z sd` (95%)."""
+    mean, variance = _mixture_moments(means, stddevs)
+    return float(np.mean(np.abs(targets - mean) <= z * np.sqrt(variance)))
+
+
+def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
+    result = {
+        "accuracy": accuracy(probs, labels),
+        "nll": nll(probs, labels),
+        "ece": ece(probs, labels, num_bins),
+        "brier": brier(probs, labels),
+        "entropy": float(np.mean(entropy(probs))),
+        "mutual_information": float(np.mean(mutual_information(probs))),
+    }
+    if ood_probs is not None:
+        result["ood_auroc_entropy"] = ood_auroc(entropy(probs), entropy(ood_probs))
+        result["ood_auroc_mutual_information"] = ood_auroc(
+            mutual_information(probs), mutual_information(ood_probs)
+        )
+    return result
+
+
+def regression_metrics(means, stddevs, targets, scale=1.0):
+    return {
+        "rmse": rmse(means, targets, scale),
+        "nlpd": nlpd(means, stddevs, targets, scale),
+        "test_log_likelihood": -nlpd(means, stddevs, targets, scale),
+        "coverage_95": coverage(means, stddevs, targets),
+    }

@@ -1,0 +1,72 @@
+"""The training objective: the ELBO with an annealed, dataset-size-scaled KL.
+
+Per example, `-ELBO / N = E_q[-log p(y | f_theta(x))] + beta_t * KL[q || p] / N`
+(Tran et al., 2019, Sec. 2.1; Blundell et al., 2015). The trainer estimates the first term with
+the minibatch mean of the negative log-likelihood and takes the KL from `model.losses` (every
+term there is treated as part of the KL, i.e. of the negative log prior), divided by the number
+of training examples `N` and weighted by an annealing schedule `beta_t`.
+
+The likelihood comes from the model's output: a `RandomVariable` gives its own distribution;
+logits give a Categorical (classification); for regression, the output's last axis holds a mean
+and a raw scale per target dimension, giving `Normal(mean, softplus(raw) + 1e-3)`.
+"""
+
+import gin
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers.random_variable import RandomVariable
+
+tfd = tfp.distributions
+
+__all__ = [
+    "MIN_SCALE",
+    "constant_kl_weight",
+    "linear_kl_annealing",
+    "negative_log_likelihood",
+    "predictive_distribution",
+    "sigmoid_kl_annealing",
+]
+
+MIN_SCALE = 1e-3
+
+
+def predictive_distribution(outputs, task):
+    """The likelihood `p(y | outputs)` as a TFP distribution (batch shape = examples)."""
+    if isinstance(outputs, RandomVariable):
+        return outputs.distribution
+    outputs = tf.convert_to_tensor(outputs)
+    if task == "classification":
+        return tfd.Categorical(logits=outputs)
+    if task == "regression":
+        loc, raw_scale = tf.split(outputs, 2, axis=-1)
+        return tfd.Independent(tfd.Normal(loc, tf.nn.softplus(raw_scale) + MIN_SCALE), 1)
+    raise ValueError(f"Unknown task {task!r}.")
+
+
+def negative_log_likelihood(outputs, targets, task):
+    """Per-example `-log p(y | outputs)` (summed over any sequence axis)."""
+    log_prob = predictive_distribution(outputs, task).log_prob(targets)
+    if log_prob.shape.rank > 1:
+        log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
+    return -log_prob
+
+
+@gin.configurable(module="blayers.objectives")
+def constant_kl_weight(step, weight=1.0):
+    """`beta_t = weight`."""
+    del step
+    return tf.constant(weight, tf.float32)
+
+
+@gin.configurable(module="blayers.objectives")
+def linear_kl_annealing(step, warmup_steps=1000, start=0.0):
+    """`beta_t` rises linearly from `start` to 1 over `warmup_steps` (Bowman et al., 2016)."""
+    fraction = tf.cast(step, tf.float32) / float(max(warmup_steps, 1))
+    return start + (1.0 - start) * tf.minimum(fraction, 1.0)
+
+
+@gin.configurable(module="blayers.objectives")
+def sigmoid_kl_annealing(step, midpoint=1000, rate=0.01):
+    """`beta_t = sigmoid(rate * (t - midpoint))`."""
+    return tf.sigmoid(rate * (tf.cast(step, tf.float32) - midpoint))

@@ -1,0 +1,82 @@
+"""PNG plots of a run (matplotlib, Agg backend: no display needed)."""
+
+import matplotlib
+
+matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+
+from blayers import metrics as metrics_lib
+
+__all__ = ["regression_1d", "reliability_diagram", "training_curves"]
+
+
+def training_curves(history, path):
+    """Training NLL / KL / loss and evaluation metrics against the step."""
+    train = [h for h in history if h["kind"] == "train"]
+    evals = [h for h in history if h["kind"] == "eval"]
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    if train:
+        steps = [h["step"] for h in train]
+        for key in ("loss", "nll", "kl_per_example"):
+            axes[0].plot(steps, [h[key] for h in train], label=key)
+        axes[0].set_xlabel("step")
+        axes[0].set_title("training objective (per example)")
+        axes[0].legend()
+        axes[0].set_yscale("symlog", linthresh=1e-2)
+    if evals:
+        steps = [h["step"] for h in evals]
+        for key in sorted(k for k in evals[0] if k not in ("kind", "step")):
+            axes[1].plot(steps, [h[key] for h in evals], marker="o", label=key)
+        axes[1].set_xlabel("step")
+        axes[1].set_title("test metrics")
+        axes[1].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def reliability_diagram(probs, labels, path, num_bins=15):
+    """Accuracy against confidence per equal-width bin, with the ECE in the title."""
+    counts, confidence, accuracy = metrics_lib.reliability_bins(probs, labels, num_bins)
+    centers = (np.arange(num_bins) + 0.5) / num_bins
+    fig, (ax, ax_hist) = plt.subplots(
+        2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}
+    )
+    ax.bar(
+        centers,
+        np.nan_to_num(accuracy),
+        width=1.0 / num_bins,
+        edgecolor="k",
+        alpha=0.7,
+        label="accuracy",
+    )
+    ax.plot([0, 1], [0, 1], "k--", label="perfect calibration")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"reliability (ECE = {metrics_lib.ece(probs, labels, num_bins):.3f})")
+    ax.legend(loc="upper left")
+    ax_hist.bar(centers, counts, width=1.0 / num_bins, edgecolor="k")
+    ax_hist.set_xlabel("confidence")
+    ax_hist.set_ylabel("count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def regression_1d(inputs, means, stddevs, targets, path, scale=1.0, shift=0.0):
+    """Predictive mean +- 2 sd of a 1-D regression, with the test targets (original units)."""
+    order = np.argsort(inputs[:, 0])
+    x = inputs[order, 0]
+    means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
+    mean = means.mean(0)[order, 0]
+    sd = np.sqrt(np.maximum((stddevs**2 + means**2).mean(0) - means.mean(0) ** 2, 0))[order, 0]
+    mean, sd, y = shift + scale * mean, scale * sd, shift + scale * targets[order, 0]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.scatter(x, y, s=6, c="k", alpha=0.5, label="test targets")
+    ax.plot(x, mean, "C0", label="predictive mean")
+    ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color="C0", alpha=0.25, label="+- 2 sd")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

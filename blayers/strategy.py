@@ -1,0 +1,47 @@
+"""`tf.distribute` strategy from a flag value: data parallelism without home-made code.
+
+`cpu` / `gpu`: `OneDeviceStrategy`; `mirrored`: `MirroredStrategy` over all GPUs, or over all
+logical CPU devices when there is no GPU (`num_cpu_devices` splits the CPU, for tests);
+`multi_worker`: `MultiWorkerMirroredStrategy` configured by `TF_CONFIG`; `tpu`:
+`TPUStrategy` through a `TPUClusterResolver` (`tpu` = name or address).
+"""
+
+import tensorflow as tf
+
+__all__ = ["STRATEGIES", "get_strategy", "split_cpu"]
+
+STRATEGIES = ("cpu", "gpu", "mirrored", "multi_worker", "tpu")
+
+
+def split_cpu(num_devices):
+    """Splits the physical CPU into `num_devices` logical devices (before TF initializes)."""
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    existing = tf.config.get_logical_device_configuration(cpu)
+    if existing and len(existing) == num_devices:
+        return
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration() for _ in range(num_devices)]
+    )
+
+
+def get_strategy(name="cpu", tpu=None, num_cpu_devices=None):
+    if name not in STRATEGIES:
+        raise ValueError(f"Unknown strategy {name!r}; choose one of {STRATEGIES}.")
+    if num_cpu_devices:
+        split_cpu(num_cpu_devices)
+    if name == "cpu":
+        return tf.distribute.OneDeviceStrategy("/cpu:0")
+    if name == "gpu":
+        if not tf.config.list_physical_devices("GPU"):
+            raise ValueError("--strategy=gpu, but TensorFlow sees no GPU.")
+        return tf.distribute.OneDeviceStrategy("/gpu:0")
+    if name == "mirrored":
+        gpus = tf.config.list_logical_devices("GPU")
+        devices = [d.name for d in (gpus or tf.config.list_logical_devices("CPU"))]
+        return tf.distribute.MirroredStrategy(devices)
+    if name == "multi_worker":
+        return tf.distribute.MultiWorkerMirroredStrategy()
+    resolver = tf.distribute.cluster_resolver.TPUClusterResolver(tpu=tpu)
+    tf.config.experimental_connect_to_cluster(resolver)
+    tf.tpu.experimental.initialize_tpu_system(resolver)
+    return tf.distribute.TPUStrategy(resolver)

@@ -1,0 +1,1 @@
+"""Command-line launchers: `python -m launch.sweep` runs a grid of gin bindings locally."""
