@@ -143,19 +143,28 @@ def _binding_location(files, selector, param):
 
 
 def _accepted_parameters(fn_or_cls):
-    """Parameter names `fn_or_cls` accepts, or None when it takes arbitrary `**kwargs`."""
-    target = fn_or_cls.__init__ if inspect.isclass(fn_or_cls) else fn_or_cls
-    signature = inspect.signature(target)
-    names = {
-        n
-        for n, p in signature.parameters.items()
-        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
-    }
-    if any(p.kind == p.VAR_KEYWORD for p in signature.parameters.values()):
-        if inspect.isclass(fn_or_cls) and issubclass(fn_or_cls, keras.layers.Layer):
-            return names | _KERAS_LAYER_KWARGS  # **kwargs go to keras.layers.Layer
-        return None
-    return names
+    """Parameter names `fn_or_cls` accepts, or None when it takes arbitrary `**kwargs`.
+
+    For a class, `**kwargs` are followed up the MRO (each `__init__` passing them on to its
+    parent) down to `keras.layers.Layer`, whose own keyword arguments end the chain.
+    """
+    if not inspect.isclass(fn_or_cls):
+        parameters = inspect.signature(fn_or_cls).parameters.values()
+        if any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return None
+        return {p.name for p in parameters}
+    names = set()
+    for cls in fn_or_cls.__mro__:
+        if cls is keras.layers.Layer:
+            return names | _KERAS_LAYER_KWARGS
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(vars(cls)["__init__"]).parameters.values()
+        names |= {p.name for p in parameters
+                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"}
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return names
+    return None
 
 
 def validate_bindings(files=()):
@@ -189,6 +198,9 @@ logging.getLogger().addFilter(_QuietGinSearch())
 def parse(gin_files=(), gin_params=()):
     """Parses gin files (names found on the search path, later files override earlier ones)
     and then `gin_params` bindings, and validates every binding before anything runs."""
+    # Import the framework's configurables (data sources, models, trainer) before parsing.
+    from blayers import data, models, objectives, trainer  # noqa: F401
+
     for folder in config_search_path():
         gin.add_config_file_search_path(folder)
     paths = [find_config_file(name) for name in gin_files]

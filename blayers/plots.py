@@ -39,7 +39,7 @@ def training_curves(history, path):
 
 def reliability_diagram(probs, labels, path, num_bins=15):
     """Accuracy against confidence per equal-width bin, with the ECE in the title."""
-    counts, confidence, accuracy = metrics_lib.reliability_bins(probs, labels, num_bins)
+    counts, _, accuracy = metrics_lib.reliability_bins(probs, labels, num_bins)
     centers = (np.arange(num_bins) + 0.5) / num_bins
     fig, (ax, ax_hist) = plt.subplots(
         2, 1, figsize=(5, 6), sharex=True, gridspec_kw={"height_ratios": [3, 1]}

@@ -53,6 +53,11 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
     return cls(learning_rate=learning_rate, **kwargs)
 
 
+def _current(step):
+    """The step variable's value (also for a MirroredVariable, which `int()` rejects)."""
+    return int(step.numpy())
+
+
 def _is_finite(value):
     value = tf.convert_to_tensor(value)
     return bool(np.all(np.isfinite(value.numpy()))) if value.dtype.is_floating else True
@@ -162,15 +167,18 @@ def train(
         opt = optimizer()
         opt.build(net.trainable_variables)
         step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    checkpoint = tf.train.Checkpoint(model=net, optimizer=opt, step=step)
+    # Keras does not checkpoint seed-generator states; without them a resumed run would replay
+    # the weight noise of its first steps.
+    seed_states = [v for v in net.variables if v.path.endswith("seed_generator_state")]
+    checkpoint = tf.train.Checkpoint(model=net, optimizer=opt, step=step, seed_states=seed_states)
     manager = tf.train.CheckpointManager(
         checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=keep_checkpoints
     )
     if manager.latest_checkpoint:
         checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        print(f"Resumed from {manager.latest_checkpoint} at step {int(step)}.")
+        print(f"Resumed from {manager.latest_checkpoint} at step {_current(step)}.")
     config_lib.write_operative_config(model_dir)
-    start_step = int(step)
+    start_step = _current(step)
     history = _History(os.path.join(model_dir, "history.jsonl"), start_step)
     writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
 
@@ -216,7 +224,7 @@ def train(
 
     def run_eval():
         metrics, arrays = evaluation.evaluate(net, data, num_eval_samples, eval_batch_size)
-        current = int(step)
+        current = _current(step)
         history.add({"kind": "eval", "step": current, **_jsonable(metrics)})
         with writer.as_default(step=current):
             for key, value in metrics.items():
@@ -228,13 +236,13 @@ def train(
     )
     start_time, sums = time.time(), np.zeros(3)
     try:
-        while int(step) < train_steps:
-            current = int(step)
+        while _current(step) < train_steps:
+            current = _current(step)
             epoch, skip = divmod(current, steps_per_epoch)
             for batch in epoch_batches(epoch, skip):
                 last_batch = batch
                 nll, kl, kl_weight = (float(v) for v in train_step(batch))
-                current = int(step)
+                current = _current(step)
                 loss = nll + kl_weight * kl / num_train
                 if not math.isfinite(loss):
                     _raise_non_finite(net, strategy, last_batch, current, nll, kl, manager)
@@ -269,15 +277,15 @@ def train(
                 if current >= train_steps:
                     break
     except KeyboardInterrupt:
-        manager.save(checkpoint_number=int(step))
-        logging.warning("Interrupted at step %d; checkpoint saved, re-run to resume.", int(step))
+        manager.save(checkpoint_number=_current(step))
+        logging.warning("Interrupted at step %d; checkpoint saved, re-run to resume.", _current(step))
         raise
-    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{int(step)}"):
-        manager.save(checkpoint_number=int(step))
+    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{_current(step)}"):
+        manager.save(checkpoint_number=_current(step))
 
     metrics, arrays = run_eval()
     writer.flush()
-    _write_outputs(model_dir, data, metrics, arrays, history.records, int(step), start_step)
+    _write_outputs(model_dir, data, metrics, arrays, history.records, _current(step), start_step)
     config_lib.write_operative_config(model_dir)
     return metrics
 

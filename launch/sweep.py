@@ -121,7 +121,7 @@ def _run_one(run_name, bindings, args):
     with open(os.path.join(model_dir, "log.txt"), "w") as log:
         log.write(" ".join(command) + "\n")
         log.flush()
-        code = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
+        code = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT).returncode
     done = _finished(model_dir)
     if code == 0 and done:
         return run_name, bindings, "finished", done["final"]

@@ -27,6 +27,14 @@ def _prepare(flatten, image_size):
     return fn
 
 
+def _num_examples(info, split, dataset):
+    """The split's size from TFDS metadata, or counted when there is none (mocked data)."""
+    try:
+        return info.splits[split].num_examples
+    except KeyError:
+        return int(dataset.reduce(0, lambda count, _: count + 1))
+
+
 @gin.configurable(module="blayers.data")
 def tfds_dataset(
     name=gin.REQUIRED,
@@ -49,18 +57,20 @@ def tfds_dataset(
       image_size: resize square images (e.g. 32 for small-scale smoke runs).
       download: let TFDS download and prepare (needs the network).
     """
-    builder = tfds.builder(name, data_dir=data_dir)
-    if download:
-        builder.download_and_prepare()
     prepare = _prepare(flatten, image_size)
-    train = builder.as_dataset(split=train_split, as_supervised=True).map(prepare)
-    test = builder.as_dataset(split=test_split, as_supervised=True).map(prepare)
-    info = builder.info
+    (train, test), info = tfds.load(
+        name,
+        split=[train_split, test_split],
+        as_supervised=True,
+        data_dir=data_dir,
+        download=download,
+        with_info=True,
+    )
+    train, test = train.map(prepare), test.map(prepare)
     ood_ds = None
     if ood is not None:
-        ood_builder = tfds.builder(ood, data_dir=data_dir)
         ood_ds = (
-            ood_builder.as_dataset(split="test", as_supervised=True)
+            tfds.load(ood, split="test", as_supervised=True, data_dir=data_dir, download=download)
             .map(prepare)
             .map(lambda x, y: x)
         )
@@ -69,8 +79,8 @@ def tfds_dataset(
         task="classification",
         train=train,
         test=test,
-        num_train=info.splits[train_split].num_examples,
-        num_test=info.splits[test_split].num_examples,
+        num_train=_num_examples(info, train_split, train),
+        num_test=_num_examples(info, test_split, test),
         input_shape=tuple(train.element_spec[0].shape),
         num_classes=info.features["label"].num_classes,
         ood=ood_ds,

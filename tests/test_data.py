@@ -1,0 +1,58 @@
+"""Data sources: bundled, synthetic, UCI (../shared/data/uci) and TFDS (mocked, offline)."""
+
+import pathlib
+
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from blayers import data
+
+UCI_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "uci"
+
+
+def test_bundled_sets():
+    digits = data.digits(ood="uniform_noise")
+    assert (digits.num_train, digits.num_test, digits.input_shape) == (1437, 360, (64,))
+    assert digits.num_classes == 10 and digits.num_outputs == 10 and digits.ood is not None
+    x, y = next(iter(digits.train.batch(5000)))
+    assert x.shape == (1437, 64) and 0 <= float(x.numpy().min()) and float(x.numpy().max()) <= 1
+    assert sorted(np.unique(y.numpy())) == list(range(10))
+    diabetes = data.diabetes()
+    assert diabetes.task == "regression" and diabetes.num_outputs == 2
+    _, y = next(iter(diabetes.train.batch(1000)))
+    assert abs(float(y.numpy().mean())) < 1e-5 and diabetes.target_scale > 10
+    mnist = data.mnist_subset(flatten=False)
+    assert mnist.input_shape == (28, 28, 1) and mnist.num_train == 4000
+
+
+def test_synthetic_sets():
+    toy = data.heteroscedastic_1d(num_train=100)
+    assert toy.num_train == 100 and toy.input_shape == (1,)
+    ring = data.gaussian_ring_2d(num_train=500, num_test=100)
+    x, y = next(iter(ring.train.batch(500)))
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
+    assert float(data.ring_distribution().log_prob([[2.0, 0.0]])[0]) > -1.5
+    seqs = data.markov_sequences(num_train=10, length=6)
+    x, y = next(iter(seqs.train.batch(10)))
+    np.testing.assert_array_equal(x.numpy()[:, 1:], y.numpy()[:, :-1])
+
+
+@pytest.mark.skipif(not UCI_ROOT.exists(), reason="../shared/data/uci not present")
+def test_uci_standard_splits():
+    yacht = data.uci("yacht", split=0, root=str(UCI_ROOT))
+    assert yacht.num_train + yacht.num_test == 308 and yacht.input_shape == (6,)
+    assert data.uci_num_splits("yacht", root=str(UCI_ROOT)) == 20
+    with pytest.raises(ValueError, match="no split 99"):
+        data.uci("yacht", split=99, root=str(UCI_ROOT))
+    with pytest.raises(ValueError, match="BLAYERS_UCI_DIR"):
+        data.uci("yacht")
+
+
+def test_tfds_through_mock_data():
+    with tfds.testing.mock_data(num_examples=32):
+        mnist = data.tfds_dataset("mnist", flatten=True)
+        x, y = next(iter(mnist.train.batch(8)))
+    assert mnist.num_classes == 10 and mnist.input_shape == (784,)
+    assert x.shape == (8, 784) and y.dtype.name == "int32"
+    assert float(x.numpy().max()) <= 1.0

@@ -1,0 +1,62 @@
+"""Uncertainty metrics against values computed by hand on small arrays."""
+
+import math
+
+import numpy as np
+import pytest
+
+from blayers import metrics
+
+
+def test_classification_metrics_by_hand():
+    # Two posterior draws, three examples, two classes.
+    probs = np.array([[[0.9, 0.1], [0.4, 0.6], [0.2, 0.8]], [[0.7, 0.3], [0.6, 0.4], [0.4, 0.6]]])
+    labels = np.array([0, 1, 0])
+    mean = np.array([[0.8, 0.2], [0.5, 0.5], [0.3, 0.7]])
+    assert metrics.accuracy(probs, labels) == pytest.approx(1 / 3)  # argmax ties -> class 0
+    assert metrics.nll(probs, labels) == pytest.approx(-np.mean(np.log([0.8, 0.5, 0.3])))
+    assert metrics.brier(probs, labels) == pytest.approx(
+        np.mean([0.2**2 + 0.2**2, 0.5**2 + 0.5**2, 0.7**2 + 0.7**2])
+    )
+    entropy = -np.sum(mean * np.log(mean), -1)
+    np.testing.assert_allclose(metrics.entropy(probs), entropy)
+    per_draw = -np.sum(probs * np.log(probs), -1).mean(0)
+    np.testing.assert_allclose(metrics.mutual_information(probs), entropy - per_draw)
+
+
+def test_ece_by_hand():
+    # Confidences 0.8 (bin 12 of 15), 0.5 (bin 7), 0.7 (bin 10): each bin holds one example.
+    probs = np.array([[[0.8, 0.2], [0.5, 0.5], [0.3, 0.7]]])
+    labels = np.array([0, 1, 0])  # correct, wrong (predicts 0), wrong
+    expected = (abs(1 - 0.8) + abs(0 - 0.5) + abs(0 - 0.7)) / 3
+    assert metrics.ece(probs, labels, num_bins=15) == pytest.approx(expected)
+    # Two examples in one bin [14/15, 1]: |mean accuracy - mean confidence|.
+    probs = np.array([[[0.94, 0.06], [0.96, 0.04]]])
+    assert metrics.ece(probs, np.array([0, 1])) == pytest.approx(abs(0.5 - 0.95))
+
+
+def test_ood_auroc_by_hand():
+    assert metrics.ood_auroc([0.1, 0.2], [0.3, 0.4]) == 1.0
+    assert metrics.ood_auroc([0.1, 0.4], [0.3, 0.2]) == pytest.approx(0.5)
+
+
+def test_regression_metrics_by_hand():
+    means = np.array([[[1.0], [2.0]], [[3.0], [2.0]]])  # [S=2, n=2, d=1]
+    stddevs = np.array([[[1.0], [0.5]], [[1.0], [0.5]]])
+    targets = np.array([[2.0], [3.0]])
+    assert metrics.rmse(means, targets) == pytest.approx(math.sqrt((0 + 1) / 2))
+    assert metrics.rmse(means, targets, scale=2.0) == pytest.approx(2 * math.sqrt(0.5))
+
+    def normal_pdf(y, m, s):
+        return math.exp(-0.5 * ((y - m) / s) ** 2) / (s * math.sqrt(2 * math.pi))
+
+    p0 = 0.5 * (normal_pdf(2, 1, 1) + normal_pdf(2, 3, 1))
+    p1 = normal_pdf(3, 2, 0.5)
+    expected = -(math.log(p0) + math.log(p1)) / 2
+    assert metrics.nlpd(means, stddevs, targets) == pytest.approx(expected)
+    assert metrics.nlpd(means, stddevs, targets, scale=3.0) == pytest.approx(
+        expected + math.log(3.0)
+    )
+    # Mixture variances: example 0: 1 + 1 = 2 -> |0| within 1.96 sqrt(2); example 1:
+    # 0.25 -> |1| > 1.96 * 0.5.
+    assert metrics.coverage(means, stddevs, targets) == pytest.approx(0.5)
