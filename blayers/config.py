@@ -160,8 +160,11 @@ def _accepted_parameters(fn_or_cls):
         if "__init__" not in vars(cls):
             continue
         parameters = inspect.signature(vars(cls)["__init__"]).parameters.values()
-        names |= {p.name for p in parameters
-                  if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"}
+        names |= {
+            p.name
+            for p in parameters
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
+        }
         if not any(p.kind == p.VAR_KEYWORD for p in parameters):
             return names
     return None

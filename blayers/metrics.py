@@ -86,7 +86,8 @@ def entropy(probs):
 def mutual_information(probs):
     """Per-example `H[mean_s p_s] - mean_s H[p_s]` (epistemic uncertainty, BALD) [n]."""
     probs = np.asarray(probs, np.float64)
-    return _entropy(probs.mean(0)) - _entropy(probs).mean(0)
+    # Non-negative by Jensen; clip the float rounding of identical draws.
+    return np.maximum(_entropy(probs.mean(0)) - _entropy(probs).mean(0), 0.0)
 
 
 def ood_auroc(in_scores, ood_scores):

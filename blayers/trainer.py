@@ -278,9 +278,13 @@ def train(
                     break
     except KeyboardInterrupt:
         manager.save(checkpoint_number=_current(step))
-        logging.warning("Interrupted at step %d; checkpoint saved, re-run to resume.", _current(step))
+        logging.warning(
+            "Interrupted at step %d; checkpoint saved, re-run to resume.", _current(step)
+        )
         raise
-    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(f"-{_current(step)}"):
+    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(
+        f"-{_current(step)}"
+    ):
         manager.save(checkpoint_number=_current(step))
 
     metrics, arrays = run_eval()

@@ -2,7 +2,6 @@
 (subprocesses): bad gin, interrupt and resume, a mirrored strategy, sweeps."""
 
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -16,8 +15,14 @@ SMOKE = ["--gin_file=digits_mlp_smoke", "--gin_param=train.progress = False"]
 
 
 def _run(args, timeout=300, **kwargs):
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=timeout, **kwargs)
+    return subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        **kwargs,
+    )
 
 
 def test_unknown_configurable_fails_before_training_with_file_and_line(tmp_path):
@@ -37,35 +42,57 @@ def test_unknown_parameter_fails_with_file_and_line(tmp_path):
     assert result.returncode == 2
     assert "Unknown parameter 'unitz' of DenseFlipout" in result.stderr
     assert f'In file "{bad}", line 3' in result.stderr
-    result = _run(["blayers.train", *SMOKE, "--gin_param=mlp.hiden_units = (3,)",
-                   f"--model_dir={tmp_path / 'run'}"])
+    result = _run(
+        [
+            "blayers.train",
+            *SMOKE,
+            "--gin_param=mlp.hiden_units = (3,)",
+            f"--model_dir={tmp_path / 'run'}",
+        ]
+    )
     assert result.returncode == 2 and "hiden_units" in result.stderr
 
 
 def test_interrupted_run_resumes_where_it_stopped(tmp_path):
     model_dir = tmp_path / "run"
-    args = ["blayers.train", *SMOKE, "--gin_param=train.train_steps = 100000",
-            "--gin_param=train.checkpoint_every = 10", "--gin_param=train.eval_every = None",
-            f"--model_dir={model_dir}"]
-    process = subprocess.Popen([sys.executable, "-m", *args], cwd=ROOT,
-                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    args = [
+        "blayers.train",
+        *SMOKE,
+        "--gin_param=train.train_steps = 100000",
+        "--gin_param=train.checkpoint_every = 10",
+        "--gin_param=train.eval_every = None",
+        f"--model_dir={model_dir}",
+    ]
+    process = subprocess.Popen(
+        [sys.executable, "-m", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     deadline = time.time() + 240
-    while time.time() < deadline and not list((model_dir / "checkpoints").glob("ckpt-*.index")
-                                              if (model_dir / "checkpoints").exists() else []):
+    while time.time() < deadline and not list(
+        (model_dir / "checkpoints").glob("ckpt-*.index")
+        if (model_dir / "checkpoints").exists()
+        else []
+    ):
         time.sleep(0.5)
     time.sleep(1.0)
     process.send_signal(signal.SIGINT)
     output, _ = process.communicate(timeout=120)
     assert process.returncode != 0, output
     assert "checkpoint saved" in output
-    steps = sorted(int(p.name.split("-")[1].split(".")[0])
-                   for p in (model_dir / "checkpoints").glob("ckpt-*.index"))
+    steps = sorted(
+        int(p.name.split("-")[1].split(".")[0])
+        for p in (model_dir / "checkpoints").glob("ckpt-*.index")
+    )
     interrupted_at = steps[-1]
     assert interrupted_at > 0 and not (model_dir / "metrics.json").exists()
 
     final_steps = interrupted_at + 7
-    result = _run([*args[:-4], f"--gin_param=train.train_steps = {final_steps}",
-                   f"--model_dir={model_dir}"])
+    result = _run(
+        [*args[:-4], f"--gin_param=train.train_steps = {final_steps}", f"--model_dir={model_dir}"]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert f"at step {interrupted_at}." in result.stdout
     summary = json.loads((model_dir / "metrics.json").read_text())
@@ -73,8 +100,16 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
 
 
 def test_mirrored_strategy_on_two_cpu_devices(tmp_path):
-    result = _run(["blayers.train", *SMOKE, "--strategy=mirrored", "--num_cpu_devices=2",
-                   "--gin_param=train.train_steps = 6", f"--model_dir={tmp_path}"])
+    result = _run(
+        [
+            "blayers.train",
+            *SMOKE,
+            "--strategy=mirrored",
+            "--num_cpu_devices=2",
+            "--gin_param=train.train_steps = 6",
+            f"--model_dir={tmp_path}",
+        ]
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "MirroredStrategy with 2 replica(s)" in result.stdout
     summary = json.loads((tmp_path / "metrics.json").read_text())
@@ -82,9 +117,13 @@ def test_mirrored_strategy_on_two_cpu_devices(tmp_path):
 
 
 def test_console_script_and_operative_config(tmp_path):
-    result = subprocess.run(["blayers-train", *SMOKE, "--gin_param=train.train_steps = 2",
-                             f"--model_dir={tmp_path}"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300)
+    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        ["blayers-train", *SMOKE, "--gin_param=train.train_steps = 2", f"--model_dir={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     operative = (tmp_path / "operative_config.gin").read_text()
     assert "train.train_steps = 2" in operative and "mlp.dense_layer = 'DenseFlipout'" in operative
@@ -92,10 +131,20 @@ def test_console_script_and_operative_config(tmp_path):
 
 def test_sweep_runs_grid_tolerates_failures_and_skips_finished(tmp_path):
     root = tmp_path / "sweep"
-    args = ["launch.sweep", "--gin_file=digits_mlp_smoke",
-            "--gin_param=train.train_steps = 3", "--gin_param=train.progress = False",
-            "--sweep", "mlp.dense_layer=['DenseFlipout', 'NoSuchLayer']",
-            "--sweep", "seed=[0, 1]", "--parallel", "2", "--root", str(root)]
+    args = [
+        "launch.sweep",
+        "--gin_file=digits_mlp_smoke",
+        "--gin_param=train.train_steps = 3",
+        "--gin_param=train.progress = False",
+        "--sweep",
+        "mlp.dense_layer=['DenseFlipout', 'NoSuchLayer']",
+        "--sweep",
+        "seed=[0, 1]",
+        "--parallel",
+        "2",
+        "--root",
+        str(root),
+    ]
     result = _run(args, timeout=600)
     assert result.returncode == 1  # two runs failed
     rows = (root / "results.csv").read_text().splitlines()
@@ -103,17 +152,22 @@ def test_sweep_runs_grid_tolerates_failures_and_skips_finished(tmp_path):
     assert len(rows) == 5
     assert sum("finished" in r for r in rows) == 2 and sum("failed" in r for r in rows) == 2
     assert "| run | mlp.dense_layer | seed | status |" in (root / "results.md").read_text()
-    assert "Unknown layer 'NoSuchLayer'" in (
-        root / "dense_layer-NoSuchLayer_seed-0" / "log.txt").read_text()
+    assert (
+        "Unknown layer 'NoSuchLayer'"
+        in (root / "dense_layer-NoSuchLayer_seed-0" / "log.txt").read_text()
+    )
     again = _run(args, timeout=600)
     assert again.stdout.count(": skipped (finished)") == 2
 
 
-@pytest.mark.parametrize("spec,expected", [
-    ("a.b=[1, 2]", ("a.b", ["1", "2"])),
-    ("x.layer=['Dense', 'DenseFlipout']", ("x.layer", ["'Dense'", "'DenseFlipout'"])),
-    ("f.g=[@DenseFlipout, (1, 2)]", ("f.g", ["@DenseFlipout", "(1, 2)"])),
-])
+@pytest.mark.parametrize(
+    "spec,expected",
+    [
+        ("a.b=[1, 2]", ("a.b", ["1", "2"])),
+        ("x.layer=['Dense', 'DenseFlipout']", ("x.layer", ["'Dense'", "'DenseFlipout'"])),
+        ("f.g=[@DenseFlipout, (1, 2)]", ("f.g", ["@DenseFlipout", "(1, 2)"])),
+    ],
+)
 def test_parse_sweep(spec, expected):
     sys.path.insert(0, str(ROOT))
     from launch.sweep import parse_sweep

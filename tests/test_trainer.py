@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 
 import keras
 import numpy as np
@@ -55,9 +56,12 @@ def test_outputs_metrics_and_plots(tmp_path):
         "reliability.png",
     } <= names
     assert os.listdir(os.path.join(model_dir, "tensorboard"))
-    summary = json.load(open(os.path.join(model_dir, "metrics.json")))
+    summary = json.loads(pathlib.Path(model_dir, "metrics.json").read_text())
     assert summary["status"] == "finished" and summary["step"] == 12
-    records = [json.loads(line) for line in open(os.path.join(model_dir, "history.jsonl"))]
+    records = [
+        json.loads(line)
+        for line in pathlib.Path(model_dir, "history.jsonl").read_text().splitlines()
+    ]
     train_records = [r for r in records if r["kind"] == "train"]
     assert [r["step"] for r in train_records] == [4, 8, 12]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
@@ -93,7 +97,7 @@ def test_kl_is_divided_by_dataset_size_and_annealed(tmp_path):
         progress=False,
         kl_schedule=lambda step: tf.cast(step, tf.float32) * 0.25,
     )
-    records = [json.loads(line) for line in open(tmp_path / "history.jsonl")]
+    records = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
     train_records = [r for r in records if r["kind"] == "train"]
     assert [r["kl_weight"] for r in train_records] == [0.0, 0.25, 0.5, 0.75]
     for r in train_records:
@@ -157,26 +161,26 @@ def test_first_non_finite_layer_checks_kl_too():
 
 def test_resume_continues_from_the_checkpoint(tmp_path):
     digits = _small_digits()
-    kwargs = dict(
-        data=digits,
-        model=_mlp,
-        batch_size=64,
-        log_every=5,
-        checkpoint_every=5,
-        num_eval_samples=1,
-        progress=False,
-        seed=3,
-    )
+    kwargs = {
+        "data": digits,
+        "model": _mlp,
+        "batch_size": 64,
+        "log_every": 5,
+        "checkpoint_every": 5,
+        "num_eval_samples": 1,
+        "progress": False,
+        "seed": 3,
+    }
     trainer.train(str(tmp_path / "a"), train_steps=10, **kwargs)
     trainer.train(str(tmp_path / "a"), train_steps=20, **kwargs)  # resumes at 10
     trainer.train(str(tmp_path / "b"), train_steps=20, **kwargs)  # uninterrupted twin
-    summary = json.load(open(tmp_path / "a" / "metrics.json"))
+    summary = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert summary["resumed_from_step"] == 10 and summary["step"] == 20
 
     def train_losses(run):
         return [
             r["nll"]
-            for r in map(json.loads, open(tmp_path / run / "history.jsonl"))
+            for r in map(json.loads, (tmp_path / run / "history.jsonl").read_text().splitlines())
             if r["kind"] == "train"
         ]
 

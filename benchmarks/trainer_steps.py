@@ -1,0 +1,65 @@
+"""Trainer throughput on the main job's model: deterministic MLP vs Bayesian (Flipout) MLP.
+
+Runs `blayers.trainer.train` on `configs/digits_mlp.gin` for each `mlp.dense_layer` and reports
+training steps per second (after the first logging interval, which includes tracing) as JSON.
+
+    python benchmarks/trainer_steps.py --out benchmarks/results/trainer_steps.json
+"""
+
+import argparse
+import json
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import gin
+import numpy as np
+
+from blayers import config, trainer
+
+
+def steps_per_second(dense_layer, steps, log_every):
+    gin.clear_config()
+    config.parse(
+        ["digits_mlp"],
+        [
+            f"mlp.dense_layer = '{dense_layer}'",
+            f"train.train_steps = {steps}",
+            "train.eval_every = None",
+            f"train.log_every = {log_every}",
+            "train.progress = False",
+            "train.num_eval_samples = 1",
+        ],
+    )
+    with tempfile.TemporaryDirectory() as model_dir:
+        trainer.train(model_dir)
+        with open(os.path.join(model_dir, "history.jsonl")) as f:
+            records = [json.loads(line) for line in f]
+    rates = [r["steps_per_second"] for r in records if r["kind"] == "train"][1:]
+    return float(np.median(rates))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--log_every", type=int, default=100)
+    parser.add_argument("--out", default="benchmarks/results/trainer_steps.json")
+    args = parser.parse_args()
+    results = {"config": vars(args)}
+    for layer in ("Dense", "DenseFlipout"):
+        results[layer] = {
+            "steps_per_second": round(steps_per_second(layer, args.steps, args.log_every), 2)
+        }
+        print(f"{layer:14s} {results[layer]['steps_per_second']:8.1f} steps/s")
+    results["bayesian_over_deterministic_time"] = round(
+        results["Dense"]["steps_per_second"] / results["DenseFlipout"]["steps_per_second"], 2
+    )
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=2)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
