@@ -8,7 +8,6 @@ Writes JSON: milliseconds per step and the ratio to Dense for each estimator.
 """
 
 import argparse
-import json
 import os
 import platform
 import time
@@ -18,6 +17,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
+from common import write_json
 
 import blayers
 
@@ -106,10 +106,7 @@ def main():
         print(key)
         for name, r in results[key].items():
             print(f"  {name:30s} {r['ms_per_step']:8.2f} ms   x{r['ratio_to_dense']:.2f}")
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(results, args.out)
 
 
 if __name__ == "__main__":

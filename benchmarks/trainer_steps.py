@@ -15,6 +15,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import gin
 import numpy as np
+from common import write_json
 
 from blayers import config, trainer
 
@@ -55,10 +56,7 @@ def main():
     results["bayesian_over_deterministic_time"] = round(
         results["Dense"]["steps_per_second"] / results["DenseFlipout"]["steps_per_second"], 2
     )
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(results, f, indent=2)
-    print(f"wrote {args.out}")
+    write_json(results, args.out)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@
 generating processes). Select one in gin: `train.data = @digits()`.
 """
 
-from blayers.data.base import Data, from_arrays, standardize
+from blayers.data.base import Data, from_arrays, standardize, standardized_regression
 from blayers.data.bundled import diabetes, digits, mnist_subset
 from blayers.data.synthetic import (
     gaussian_ring_2d,
@@ -27,6 +27,7 @@ __all__ = [
     "mnist_subset",
     "ring_distribution",
     "standardize",
+    "standardized_regression",
     "tfds_dataset",
     "uci",
     "uci_num_splits",

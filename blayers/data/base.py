@@ -5,7 +5,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Data", "from_arrays", "standardize"]
+__all__ = ["Data", "from_arrays", "standardize", "standardized_regression"]
 
 
 @dataclasses.dataclass
@@ -99,4 +99,21 @@ def from_arrays(
         ood=ood_ds,
         target_mean=float(np.squeeze(target_mean)),
         target_scale=float(np.squeeze(target_scale)),
+    )
+
+
+def standardized_regression(name, x_train, y_train, x_test, y_test):
+    """A regression `Data` with features and targets standardized by the training split's
+    statistics (metrics are reported back in the targets' original units)."""
+    _, (x_train, x_test) = standardize(x_train, x_test)
+    (y_mean, y_scale), (y_train, y_test) = standardize(y_train, y_test)
+    return from_arrays(
+        name,
+        "regression",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        target_mean=y_mean,
+        target_scale=y_scale,
     )

@@ -12,7 +12,7 @@ import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn.model_selection import train_test_split
 
-from blayers.data.base import from_arrays, standardize
+from blayers.data.base import from_arrays, standardized_regression
 
 __all__ = ["diabetes", "digits", "mnist_subset"]
 
@@ -72,15 +72,4 @@ def diabetes(test_fraction=0.2, split_seed=0):
     x_train, x_test, y_train, y_test = train_test_split(
         raw.data, raw.target[:, None], test_size=test_fraction, random_state=split_seed
     )
-    _, (x_train, x_test) = standardize(x_train, x_test)
-    (y_mean, y_scale), (y_train, y_test) = standardize(y_train, y_test)
-    return from_arrays(
-        "diabetes",
-        "regression",
-        x_train,
-        y_train,
-        x_test,
-        y_test,
-        target_mean=y_mean,
-        target_scale=y_scale,
-    )
+    return standardized_regression("diabetes", x_train, y_train, x_test, y_test)

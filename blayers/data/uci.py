@@ -12,7 +12,7 @@ import os
 import gin
 import numpy as np
 
-from blayers.data.base import from_arrays, standardize
+from blayers.data.base import standardized_regression
 
 __all__ = ["uci", "uci_num_splits"]
 
@@ -50,15 +50,6 @@ def uci(name=gin.REQUIRED, split=0, root=None):
     train_idx = np.loadtxt(train_path, dtype=int)
     test_idx = np.loadtxt(os.path.join(folder, f"index_test_{split}.txt"), dtype=int)
     x, y = data[:, features], data[:, target : target + 1]
-    _, (x_train, x_test) = standardize(x[train_idx], x[test_idx])
-    (y_mean, y_scale), (y_train, y_test) = standardize(y[train_idx], y[test_idx])
-    return from_arrays(
-        f"uci_{name}_{split}",
-        "regression",
-        x_train,
-        y_train,
-        x_test,
-        y_test,
-        target_mean=y_mean,
-        target_scale=y_scale,
+    return standardized_regression(
+        f"uci_{name}_{split}", x[train_idx], y[train_idx], x[test_idx], y[test_idx]
     )
