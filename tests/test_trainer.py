@@ -192,3 +192,20 @@ def test_optimizer_errors():
     with pytest.raises(ValueError, match="Unknown optimizer 'adamm'"):
         trainer.make_optimizer("adamm")
     assert isinstance(trainer.make_optimizer("sgd", 0.1), keras.optimizers.SGD)
+
+
+def test_trains_on_mocked_tfds(tmp_path):
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=64):
+        mnist = data_lib.tfds_dataset("mnist", flatten=True)
+        metrics = trainer.train(
+            str(tmp_path),
+            data=mnist,
+            model=_mlp,
+            train_steps=3,
+            batch_size=32,
+            num_eval_samples=1,
+            progress=False,
+        )
+    assert 0.0 <= metrics["accuracy"] <= 1.0
