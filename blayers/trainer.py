@@ -250,6 +250,8 @@ def train(
                 if current % log_every == 0 or current == train_steps:
                     count = (current - 1) % log_every + 1
                     record = dict(zip(("loss", "nll", "kl_per_example"), sums / count))
+                    # The (un-annealed) ELBO per example; `loss` is its annealed negative.
+                    record["elbo"] = -(record["nll"] + record["kl_per_example"])
                     record.update(
                         kind="train",
                         step=current,
@@ -258,7 +260,7 @@ def train(
                     )
                     history.add(record)
                     with writer.as_default(step=current):
-                        for key in ("loss", "nll", "kl_per_example", "kl_weight"):
+                        for key in ("loss", "nll", "kl_per_example", "elbo", "kl_weight"):
                             tf.summary.scalar(f"train/{key}", record[key])
                     bar.update(
                         current,

@@ -67,6 +67,7 @@ def test_outputs_metrics_and_plots(tmp_path):
     assert [r["step"] for r in records if r["kind"] == "eval"] == [6, 12]
     for r in train_records:  # loss = nll + beta * KL / N, with beta = 1 by default
         assert r["loss"] == pytest.approx(r["nll"] + r["kl_per_example"], rel=1e-5)
+        assert r["elbo"] == pytest.approx(-r["loss"], rel=1e-5)
 
 
 def test_regression_writes_1d_plot_and_metrics(tmp_path):
