@@ -1,7 +1,11 @@
-"""Bayesian layers, one module per family: `dense`, `dropout` (and later convolutional,
-recurrent, attention, Gaussian-process, stochastic-output and reversible layers)."""
+"""Bayesian layers, one module per family: `dense`, `convolutional`, `recurrent`, `attention`,
+`embeddings`, `dropout` (and later Gaussian-process, stochastic-output and reversible layers).
+The forward passes of the estimators live once in `estimators`."""
 
+from blayers.layers.attention import MultiHeadAttentionFlipout, MultiHeadAttentionReparameterization
 from blayers.layers.base import BayesianLayer
+from blayers.layers.convolutional import *
+from blayers.layers.convolutional import __all__ as _conv_names
 from blayers.layers.dense import (
     DenseDVI,
     DenseFlipout,
@@ -9,12 +13,27 @@ from blayers.layers.dense import (
     DenseReparameterization,
 )
 from blayers.layers.dropout import MCDropout
+from blayers.layers.embeddings import EmbeddingReparameterization
+from blayers.layers.recurrent import (
+    GRUCellFlipout,
+    GRUCellReparameterization,
+    LSTMCellFlipout,
+    LSTMCellReparameterization,
+)
 
-__all__ = [
+__all__ = [  # noqa: PLE0604 - includes the convolution names
     "BayesianLayer",
-    "DenseDVI",
+    "DenseReparameterization",
     "DenseFlipout",
     "DenseLocalReparameterization",
-    "DenseReparameterization",
+    "DenseDVI",
     "MCDropout",
+    *_conv_names,
+    "LSTMCellReparameterization",
+    "LSTMCellFlipout",
+    "GRUCellReparameterization",
+    "GRUCellFlipout",
+    "MultiHeadAttentionReparameterization",
+    "MultiHeadAttentionFlipout",
+    "EmbeddingReparameterization",
 ]

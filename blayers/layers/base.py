@@ -16,6 +16,7 @@ When a random weight's value is *fixed* (an interceptor such as `blayers.take_me
 """
 
 import keras
+import tensorflow as tf
 
 from blayers import constraints, initializers, regularizers, sampling
 from blayers.config import configurable
@@ -115,7 +116,19 @@ class BayesianLayer(keras.layers.Layer):
             setattr(self, name, rv)
             regularizer = getattr(self, f"{name}_regularizer")
             if regularizer is not None:
-                self.add_loss(regularizer(rv))
+                self._add_weight_loss(regularizer(rv))
+
+    def _add_weight_loss(self, loss):
+        """Records a weight's KL; recurrent cells keep theirs per sequence instead."""
+        self.add_loss(loss)
+
+    def apply_kernel(self, inputs, name="kernel"):
+        """`_linear(inputs, kernel)`: deterministic for a fixed kernel, else the estimator's
+        `_random_linear` (supplied by an estimator mixin, see `blayers.layers.estimators`)."""
+        kernel = getattr(self, name)
+        if is_fixed(kernel):
+            return self._linear(inputs, tf.convert_to_tensor(kernel))
+        return self._random_linear(inputs, kernel)
 
     # -- config ----------------------------------------------------------------------------------
     def _weight_config(self, name):

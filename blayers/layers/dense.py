@@ -26,10 +26,14 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
-from blayers import seeds
 from blayers.layers.base import BayesianLayer, is_fixed, register
+from blayers.layers.estimators import (
+    FlipoutEstimator,
+    LocalReparameterizationEstimator,
+    ReparameterizationEstimator,
+    kernel_moments,
+)
 from blayers.random_variable import RandomVariable
-from blayers.sampling import normal_parameters, rademacher, standard_normal
 
 tfd = tfp.distributions
 
@@ -47,15 +51,6 @@ def dense_matmul(inputs, kernel):
     if inputs.shape.rank == 2:
         return tf.matmul(inputs, kernel)
     return tf.tensordot(inputs, kernel, [[-1], [0]])
-
-
-def kernel_moments(kernel):
-    """`(mean, stddev)` of a random kernel: its Normal parameters when it is mean-field Normal
-    (no copies), else TFP's generic `mean()` and `stddev()`."""
-    params = normal_parameters(kernel.distribution)
-    if params is not None:
-        return params
-    return kernel.distribution.mean(), kernel.distribution.stddev()
 
 
 class _DenseBase(BayesianLayer):
@@ -105,14 +100,10 @@ class _DenseBase(BayesianLayer):
     def call(self, inputs):
         self.call_weights()
         inputs = tf.convert_to_tensor(inputs, dtype=self.compute_dtype)
-        if is_fixed(self.kernel):
-            outputs = dense_matmul(inputs, tf.convert_to_tensor(self.kernel))
-        else:
-            outputs = self._random_matmul(inputs, self.kernel)
-        return self._finish(outputs)
+        return self._finish(self.apply_kernel(inputs))
 
-    def _random_matmul(self, inputs, kernel):
-        raise NotImplementedError  # abstract; intentional
+    def _linear(self, inputs, kernel):
+        return dense_matmul(inputs, kernel)
 
     def _finish(self, outputs):
         if self.use_bias:
@@ -136,16 +127,13 @@ class _DenseBase(BayesianLayer):
 
 
 @register
-class DenseReparameterization(_DenseBase):
+class DenseReparameterization(ReparameterizationEstimator, _DenseBase):
     """Bayesian dense layer, reparameterization estimator: one kernel draw `W ~ q` per call,
     `activation(x @ W + b)`. Gradients reach q's parameters through `W = M + S * eps`."""
 
-    def _random_matmul(self, inputs, kernel):
-        return dense_matmul(inputs, kernel.value)
-
 
 @register
-class DenseFlipout(_DenseBase):
+class DenseFlipout(FlipoutEstimator, _DenseBase):
     """Bayesian dense layer, Flipout estimator (Wen et al., 2018).
 
     `x @ M + ((x * s) @ dW) * r`, with one perturbation `dW = W - M` per call and per-example
@@ -155,44 +143,15 @@ class DenseFlipout(_DenseBase):
     gradient variance below Reparameterization's at the cost of a second matmul.
     """
 
-    def _random_matmul(self, inputs, kernel):
-        noise_seed, in_seed, out_seed = tfp.random.split_seed(
-            seeds.next_seed(self.seed_generator), n=3
-        )
-        params = normal_parameters(kernel.distribution)
-        if params is not None:
-            mean, scale = params
-            # Draw only the perturbation S * eps: M + S * eps is never materialized.
-            perturbation = scale * standard_normal(kernel.shape, noise_seed, inputs.dtype)
-        else:
-            mean = kernel.distribution.mean()
-            perturbation = kernel.value - mean
-        input_shape = tf.shape(inputs)
-        sign_in = rademacher(input_shape, in_seed, inputs.dtype)
-        sign_out = rademacher(
-            tf.concat([input_shape[:-1], [self.units]], 0), out_seed, inputs.dtype
-        )
-        return dense_matmul(inputs, mean) + dense_matmul(inputs * sign_in, perturbation) * sign_out
-
 
 @register
-class DenseLocalReparameterization(_DenseBase):
+class DenseLocalReparameterization(LocalReparameterizationEstimator, _DenseBase):
     """Bayesian dense layer, local reparameterization (Kingma et al., 2015).
 
     For a mean-field q with means M and variances S^2, the pre-activation is exactly
     `N(x @ M, x^2 @ S^2)` given x; it is sampled directly, independently per example. The kernel
     random variable (`layer.kernel`) is the posterior q; no weight matrix is drawn.
     """
-
-    def _random_matmul(self, inputs, kernel):
-        mean, stddev = kernel_moments(kernel)
-        if stddev.shape != kernel.shape:
-            stddev = tf.broadcast_to(stddev, kernel.shape)
-        loc = dense_matmul(inputs, mean)
-        variance = dense_matmul(tf.square(inputs), tf.square(stddev))
-        # The small floor keeps sqrt's gradient finite where an input row is all zeros.
-        noise = standard_normal(tf.shape(loc), seeds.next_seed(self.seed_generator), loc.dtype)
-        return loc + tf.sqrt(variance + 1e-12) * noise
 
 
 def _normal_pdf(x):

@@ -1,0 +1,64 @@
+"""Bayesian embeddings: a distribution over the embedding table.
+
+`EmbeddingReparameterization(input_dim, output_dim)` draws one table `E ~ q` per call
+(default `trainable_normal` with a `normal_kl_divergence` regularizer) and looks up rows, as
+`keras.layers.Embedding` does with its fixed table.
+"""
+
+import tensorflow as tf
+
+from blayers.layers.base import BayesianLayer, register
+
+__all__ = ["EmbeddingReparameterization"]
+
+
+@register
+class EmbeddingReparameterization(BayesianLayer):
+    """Embedding lookup `E[ids]` with one draw of the table per call.
+
+    Args:
+      input_dim: vocabulary size. output_dim: embedding size.
+      mask_zero: id 0 is padding and produces a mask, as in Keras.
+    """
+
+    def __init__(
+        self,
+        input_dim,
+        output_dim,
+        embeddings_initializer="trainable_normal",
+        embeddings_regularizer="normal_kl_divergence",
+        embeddings_constraint=None,
+        mask_zero=False,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self.input_dim, self.output_dim = int(input_dim), int(output_dim)
+        self.mask_zero = mask_zero
+        self.supports_masking = mask_zero
+        self._configure_weight(
+            "embeddings", embeddings_initializer, embeddings_regularizer, embeddings_constraint
+        )
+
+    def build(self, input_shape=None):
+        self.add_bayesian_weight("embeddings", (self.input_dim, self.output_dim))
+
+    def call(self, inputs):
+        self.call_weights()
+        ids = tf.cast(inputs, tf.int32)
+        return tf.gather(tf.convert_to_tensor(self.embeddings), ids)
+
+    def compute_mask(self, inputs, mask=None):
+        return tf.not_equal(tf.cast(inputs, tf.int32), 0) if self.mask_zero else None
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape) + (self.output_dim,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "input_dim": self.input_dim,
+            "output_dim": self.output_dim,
+            "mask_zero": self.mask_zero,
+            **self._weight_config("embeddings"),
+        }

@@ -1,0 +1,93 @@
+"""The estimators, written once for any linear operation `op(inputs, kernel)`.
+
+A Bayesian layer family (dense, convolution, transposed convolution, einsum) defines its
+deterministic linear map `_linear(inputs, kernel)`; mixing in one of these classes supplies
+`_random_linear(inputs, kernel_rv)`, the forward pass under a random kernel:
+
+* `ReparameterizationEstimator`: `op(x, W)` with one draw `W ~ q` per call.
+* `FlipoutEstimator` (Wen et al., 2018): `op(x, M) + op(x * s, dW) * r` with one perturbation
+  `dW = W - M` per call and random signs `s` (input channels) and `r` (output channels) drawn per
+  example, exactly +-1. Each example sees a valid draw from q when q is symmetric about its mean.
+* `LocalReparameterizationEstimator` (Kingma et al., 2015): `op(x, M) + sqrt(op(x^2, S^2)) * eps`,
+  exact in distribution for a linear `op` and a mean-field Normal q, per output unit.
+
+Everything is exact for a mean-field Normal q (`normal_parameters`); other q fall back to
+`mean()` / `stddev()` / `value - mean`.
+"""
+
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import seeds
+from blayers.sampling import normal_parameters, rademacher, standard_normal
+
+__all__ = [
+    "FlipoutEstimator",
+    "LocalReparameterizationEstimator",
+    "ReparameterizationEstimator",
+    "kernel_moments",
+    "kernel_perturbation",
+]
+
+
+def kernel_moments(kernel):
+    """`(mean, stddev)` of a random kernel: its Normal parameters when it is mean-field Normal
+    (no copies), else TFP's generic `mean()` and `stddev()`."""
+    params = normal_parameters(kernel.distribution)
+    if params is not None:
+        return params
+    return kernel.distribution.mean(), kernel.distribution.stddev()
+
+
+def kernel_perturbation(kernel, seed, dtype):
+    """`(M, dW)`: the kernel's mean and one zero-mean perturbation `W - M`. For a Normal q only
+    `S * eps` is drawn; `M + S * eps` is never materialized."""
+    params = normal_parameters(kernel.distribution)
+    if params is not None:
+        mean, scale = params
+        return mean, scale * standard_normal(kernel.shape, seed, dtype)
+    mean = kernel.distribution.mean()
+    return mean, kernel.value - mean
+
+
+def channel_sign_shape(tensor):
+    """`[batch, 1, ..., 1, channels]`: one sign per example and per channel."""
+    shape = tf.shape(tensor)
+    rank = tensor.shape.rank
+    return tf.concat([shape[:1], tf.ones([rank - 2], tf.int32), shape[-1:]], 0)
+
+
+class ReparameterizationEstimator:
+    """`op(x, W)`, one kernel draw per call shared by the batch."""
+
+    def _random_linear(self, inputs, kernel):
+        return self._linear(inputs, kernel.value)
+
+
+class FlipoutEstimator:
+    """`op(x, M) + op(x * s, dW) * r`, signs per example and per channel."""
+
+    def _random_linear(self, inputs, kernel):
+        noise_seed, in_seed, out_seed = tfp.random.split_seed(
+            seeds.next_seed(self.seed_generator), n=3
+        )
+        mean, perturbation = kernel_perturbation(kernel, noise_seed, inputs.dtype)
+        outputs = self._linear(inputs, mean)
+        sign_in = rademacher(channel_sign_shape(inputs), in_seed, inputs.dtype)
+        perturbed = self._linear(inputs * sign_in, perturbation)
+        sign_out = rademacher(channel_sign_shape(perturbed), out_seed, inputs.dtype)
+        return outputs + perturbed * sign_out
+
+
+class LocalReparameterizationEstimator:
+    """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
+
+    def _random_linear(self, inputs, kernel):
+        mean, stddev = kernel_moments(kernel)
+        if stddev.shape != kernel.shape:
+            stddev = tf.broadcast_to(stddev, kernel.shape)
+        loc = self._linear(inputs, mean)
+        variance = self._linear(tf.square(inputs), tf.square(stddev))
+        noise = standard_normal(tf.shape(loc), seeds.next_seed(self.seed_generator), loc.dtype)
+        # The small floor keeps sqrt's gradient finite where an input patch is all zeros.
+        return loc + tf.sqrt(variance + 1e-12) * noise

@@ -1,0 +1,276 @@
+"""Bayesian recurrent cells: `LSTMCellReparameterization`, `LSTMCellFlipout`,
+`GRUCellReparameterization`, `GRUCellFlipout`.
+
+A Bayesian RNN draws its weights once per *sequence* (Fortunato et al., 2017; the paper's
+Figure 1), not per time step: `get_initial_state` draws the kernel and recurrent kernel (and, for
+Flipout, the per-example signs) and every step of the sequence reuses them. The cells work in
+`keras.layers.RNN` (which calls `get_initial_state` at the start of every batch) and in a
+hand-written loop:
+
+    lstm = blayers.layers.LSTMCellReparameterization(512)
+    state = lstm.get_initial_state(features)      # draws this sequence's weights
+    for t in range(features.shape[1]):
+        net, state = lstm(features[:, t], state)
+    kl = sum(lstm.losses)                         # the KL of this sequence's weights
+
+Gates follow Keras (`LSTMCell`: i, f, c, o with `unit_forget_bias`; `GRUCell` with
+`reset_after=True`). If a cell is called before any `get_initial_state` (e.g. `RNN` given an
+explicit `initial_state`), it draws its weights on that first step.
+"""
+
+import keras
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import seeds
+from blayers.layers.base import BayesianLayer, is_fixed, register
+from blayers.layers.estimators import kernel_perturbation
+from blayers.sampling import rademacher
+
+__all__ = [
+    "GRUCellFlipout",
+    "GRUCellReparameterization",
+    "LSTMCellFlipout",
+    "LSTMCellReparameterization",
+]
+
+
+class _ReparameterizationCell:
+    """One draw of each random kernel per sequence: `x @ W`."""
+
+    def _sequence_projection(self, kernel, batch_size):
+        weight = kernel.value
+        return lambda x: tf.matmul(x, weight)
+
+
+class _FlipoutCell:
+    """One perturbation and one set of per-example signs per sequence (Wen et al., 2018)."""
+
+    def _sequence_projection(self, kernel, batch_size):
+        noise_seed, in_seed, out_seed = tfp.random.split_seed(
+            seeds.next_seed(self.seed_generator), n=3
+        )
+        mean, perturbation = kernel_perturbation(kernel, noise_seed, self.compute_dtype)
+        fan_in, fan_out = kernel.shape
+        sign_in = rademacher(tf.stack([batch_size, fan_in]), in_seed, self.compute_dtype)
+        sign_out = rademacher(tf.stack([batch_size, fan_out]), out_seed, self.compute_dtype)
+        return lambda x: tf.matmul(x, mean) + tf.matmul(x * sign_in, perturbation) * sign_out
+
+
+class _CellBase(BayesianLayer):
+    """Weights `kernel` (input_dim, gates*units), `recurrent_kernel` (units, gates*units) and
+    `bias`; the per-sequence draw; the sequence's KL in `losses`."""
+
+    gates = None
+
+    def __init__(
+        self,
+        units,
+        activation="tanh",
+        recurrent_activation="sigmoid",
+        use_bias=True,
+        kernel_initializer="trainable_normal",
+        recurrent_initializer="trainable_normal",
+        bias_initializer="zeros",
+        kernel_regularizer="normal_kl_divergence",
+        recurrent_regularizer="normal_kl_divergence",
+        bias_regularizer=None,
+        kernel_constraint=None,
+        recurrent_constraint=None,
+        bias_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        if not isinstance(units, int) or units <= 0:
+            raise ValueError(
+                f"{type(self).__name__} needs a positive integer `units`, got {units!r}."
+            )
+        self.units = units
+        self.activation = keras.activations.get(activation)
+        self.recurrent_activation = keras.activations.get(recurrent_activation)
+        self.use_bias = use_bias
+        self._configure_weight("kernel", kernel_initializer, kernel_regularizer, kernel_constraint)
+        self._configure_weight(
+            "recurrent_kernel", recurrent_initializer, recurrent_regularizer, recurrent_constraint
+        )
+        self._configure_weight("bias", bias_initializer, bias_regularizer, bias_constraint)
+        object.__setattr__(self, "_sequence", None)
+        object.__setattr__(self, "_sequence_losses", [])
+        self._num_draws = 0  # sequences begun (eager calls; a tf.function counts its trace)
+
+    def build(self, input_shape):
+        input_dim = input_shape[-1]
+        self.add_bayesian_weight("kernel", (input_dim, self.gates * self.units))
+        self.add_bayesian_weight("recurrent_kernel", (self.units, self.gates * self.units))
+        if self.use_bias:
+            self.add_bayesian_weight("bias", self._bias_shape())
+        else:
+            self.bias = None
+
+    def _bias_shape(self):
+        return (self.gates * self.units,)
+
+    # The sequence's KL terms live outside Keras' per-call loss list, which a hand-written
+    # loop would clear at every step.
+    def _add_weight_loss(self, loss):
+        self._sequence_losses.append(loss)
+
+    def _get_own_losses(self):
+        return super()._get_own_losses() + list(self._sequence_losses)
+
+    def begin_sequence(self, batch_size):
+        """Draws this sequence's weights (and Flipout signs) for `batch_size` examples."""
+        self._sequence_losses.clear()
+        self.call_weights()
+        self._num_draws += 1
+        projections = {}
+        for name in ("kernel", "recurrent_kernel"):
+            weight = getattr(self, name)
+            if is_fixed(weight):
+                fixed = tf.convert_to_tensor(weight)
+                projections[name] = lambda x, w=fixed: tf.matmul(x, w)
+            else:
+                projections[name] = self._sequence_projection(weight, batch_size)
+        bias = tf.convert_to_tensor(self.bias) if self.use_bias else None
+        object.__setattr__(self, "_sequence", (projections, bias))
+
+    def get_initial_state(self, inputs=None, batch_size=None):
+        """Zero states for a batch, drawing the sequence's weights. `inputs` (a tensor whose
+        first axis is the batch, as in the paper's Figure 1) or `batch_size`."""
+        if inputs is not None and not isinstance(inputs, int):
+            batch_size = tf.shape(inputs)[0]
+        elif inputs is not None:
+            batch_size = inputs
+        if batch_size is None:
+            raise ValueError(f"{type(self).__name__}.get_initial_state needs inputs or batch_size.")
+        if not self.built:
+            raise ValueError(
+                f"{type(self).__name__}.get_initial_state: build the cell first "
+                "(call it once, or cell.build(input_shape))."
+            )
+        self.begin_sequence(batch_size)
+        return [
+            tf.zeros(tf.stack([batch_size, self.units]), self.compute_dtype)
+            for _ in range(self._num_states)
+        ]
+
+    def call(self, inputs, states, training=None):
+        if self._sequence is None:
+            self.begin_sequence(tf.shape(inputs)[0])
+        projections, bias = self._sequence
+        h_prev = states[0] if isinstance(states, (list, tuple)) else states
+        x_proj = projections["kernel"](inputs)
+        h_proj = projections["recurrent_kernel"](h_prev)
+        return self._gates(x_proj, h_proj, bias, states)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "activation": keras.activations.serialize(self.activation),
+            "recurrent_activation": keras.activations.serialize(self.recurrent_activation),
+            "use_bias": self.use_bias,
+            **self._weight_config("kernel"),
+            **self._weight_config("recurrent_kernel"),
+            **self._weight_config("bias"),
+        }
+
+
+class _LSTMCell(_CellBase):
+    gates, _num_states = 4, 2
+
+    def __init__(self, units, unit_forget_bias=True, **kwargs):
+        self.unit_forget_bias = unit_forget_bias
+        super().__init__(units, **kwargs)
+        if unit_forget_bias and isinstance(self.bias_initializer, keras.initializers.Zeros):
+            self.bias_initializer = _ForgetBiasOnes(units)
+
+    @property
+    def state_size(self):
+        return [self.units, self.units]
+
+    @property
+    def output_size(self):
+        return self.units
+
+    def _gates(self, x_proj, h_proj, bias, states):
+        z = x_proj + h_proj
+        if bias is not None:
+            z = z + bias
+        z_i, z_f, z_c, z_o = tf.split(z, 4, axis=-1)
+        i, f, o = (self.recurrent_activation(v) for v in (z_i, z_f, z_o))
+        c = f * states[1] + i * self.activation(z_c)
+        h = o * self.activation(c)
+        return h, [h, c]
+
+    def get_config(self):
+        config = {**super().get_config(), "unit_forget_bias": self.unit_forget_bias}
+        if isinstance(self.bias_initializer, _ForgetBiasOnes):
+            config["bias_initializer"] = "zeros"
+        return config
+
+
+class _ForgetBiasOnes(keras.initializers.Initializer):
+    """Zeros except ones for the forget gate (Jozefowicz et al., 2015), as Keras' LSTMCell."""
+
+    def __init__(self, units):
+        self.units = units
+
+    def __call__(self, shape, dtype=None):
+        zeros = tf.zeros([self.units], dtype or "float32")
+        return tf.concat([zeros, tf.ones_like(zeros), zeros, zeros], 0)
+
+    def get_config(self):
+        return {"units": self.units}
+
+
+class _GRUCell(_CellBase):
+    gates, _num_states = 3, 1
+
+    @property
+    def state_size(self):
+        return self.units
+
+    @property
+    def output_size(self):
+        return self.units
+
+    def _bias_shape(self):
+        return (2, 3 * self.units)  # input and recurrent biases (reset_after=True)
+
+    def call(self, inputs, states, training=None):
+        h, new_states = super().call(inputs, states, training)
+        return h, new_states[0] if not isinstance(states, (list, tuple)) else new_states
+
+    def _gates(self, x_proj, h_proj, bias, states):
+        if bias is not None:
+            x_proj, h_proj = x_proj + bias[0], h_proj + bias[1]
+        x_z, x_r, x_h = tf.split(x_proj, 3, axis=-1)
+        h_z, h_r, h_h = tf.split(h_proj, 3, axis=-1)
+        z = self.recurrent_activation(x_z + h_z)
+        r = self.recurrent_activation(x_r + h_r)
+        candidate = self.activation(x_h + r * h_h)
+        h_prev = states[0] if isinstance(states, (list, tuple)) else states
+        h = z * h_prev + (1.0 - z) * candidate
+        return h, [h]
+
+
+@register
+class LSTMCellReparameterization(_ReparameterizationCell, _LSTMCell):
+    """Bayesian LSTM cell: kernel and recurrent kernel drawn once per sequence."""
+
+
+@register
+class LSTMCellFlipout(_FlipoutCell, _LSTMCell):
+    """Bayesian LSTM cell, Flipout: one perturbation and per-example signs per sequence."""
+
+
+@register
+class GRUCellReparameterization(_ReparameterizationCell, _GRUCell):
+    """Bayesian GRU cell (reset_after=True): weights drawn once per sequence."""
+
+
+@register
+class GRUCellFlipout(_FlipoutCell, _GRUCell):
+    """Bayesian GRU cell, Flipout: one perturbation and per-example signs per sequence."""
