@@ -131,11 +131,14 @@ class BayesianLayer(keras.layers.Layer):
         return self._random_linear(inputs, kernel)
 
     # -- config ----------------------------------------------------------------------------------
-    def _weight_config(self, name):
+    def _weight_config(self, name, arg_prefix=None):
+        """Serialized initializer/regularizer/constraint of weight `name`, keyed by the
+        constructor's argument names (`arg_prefix`: e.g. 'recurrent' for 'recurrent_kernel')."""
+        prefix = arg_prefix or name
         return {
-            f"{name}_initializer": initializers.serialize(getattr(self, f"{name}_initializer")),
-            f"{name}_regularizer": regularizers.serialize(getattr(self, f"{name}_regularizer")),
-            f"{name}_constraint": constraints.serialize(getattr(self, f"{name}_constraint")),
+            f"{prefix}_initializer": initializers.serialize(getattr(self, f"{name}_initializer")),
+            f"{prefix}_regularizer": regularizers.serialize(getattr(self, f"{name}_regularizer")),
+            f"{prefix}_constraint": constraints.serialize(getattr(self, f"{name}_constraint")),
         }
 
     def get_config(self):

@@ -49,7 +49,7 @@ class EmbeddingReparameterization(BayesianLayer):
         return tf.gather(tf.convert_to_tensor(self.embeddings), ids)
 
     def compute_mask(self, inputs, mask=None):
-        return tf.not_equal(tf.cast(inputs, tf.int32), 0) if self.mask_zero else None
+        return keras.ops.not_equal(inputs, 0) if self.mask_zero else None
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape) + (self.output_dim,)

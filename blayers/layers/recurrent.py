@@ -172,7 +172,7 @@ class _CellBase(BayesianLayer):
             "recurrent_activation": keras.activations.serialize(self.recurrent_activation),
             "use_bias": self.use_bias,
             **self._weight_config("kernel"),
-            **self._weight_config("recurrent_kernel"),
+            **self._weight_config("recurrent_kernel", "recurrent"),
             **self._weight_config("bias"),
         }
 

@@ -1,0 +1,243 @@
+"""Convolutional, recurrent, attention and embedding layers: estimator maths against closed
+forms, one weight draw per sequence, and Keras integration (fit, save/load, gin)."""
+
+import math
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import blayers
+from blayers import constraints
+from blayers.layers import convolutional as conv_lib
+from blayers.layers import recurrent as rnn_lib
+
+RNG = np.random.RandomState(0)
+SOFTPLUS = constraints.Softplus()
+
+
+def _set_posterior(initializer, mean, stddev):
+    initializer.mean.assign(mean)
+    initializer.stddev.assign(SOFTPLUS.inverse(stddev))
+
+
+def _many_calls(fn, num_draws, per_call=50):
+    call = tf.function(lambda: tf.stack([tf.convert_to_tensor(fn()) for _ in range(per_call)]))
+    return np.concatenate([call().numpy() for _ in range(num_draws // per_call)])
+
+
+def _check_moments(draws, mean, var, sigmas=5.0):
+    n = len(draws)
+    draws = draws.astype(np.float64)
+    assert np.all(np.abs(draws.mean(0) - mean) < sigmas * np.sqrt(var / n) + 1e-6)
+    assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1))
+                  + 1e-6)
+
+
+CONV_CASES = [
+    ("Conv1D", (1, 6, 2), {}),
+    ("Conv2D", (1, 5, 5, 2), {"padding": "same"}),
+    ("Conv3D", (1, 4, 4, 4, 2), {}),
+    ("Conv2DTranspose", (1, 3, 3, 2), {"strides": 2}),
+]
+
+
+@pytest.mark.parametrize("estimator", ["Reparameterization", "Flipout",
+                                       "LocalReparameterization"])
+@pytest.mark.parametrize("family,shape,kwargs", CONV_CASES, ids=[c[0] for c in CONV_CASES])
+def test_conv_output_moments_match_closed_form(family, shape, kwargs, estimator):
+    """Each output is N(conv(x, M), conv(x^2, S^2)) for every estimator: Flipout's and local
+    reparameterization's per-example variance equals Reparameterization's."""
+    layer = getattr(conv_lib, family + estimator)(2, 3, use_bias=False, **kwargs)
+    x = RNG.randn(*shape).astype("float32")
+    layer.build(x.shape)
+    kernel_shape = layer.kernel_initializer.weight_shape
+    mean = (0.5 * RNG.randn(*kernel_shape)).astype("float32")
+    stddev = RNG.uniform(0.1, 0.5, kernel_shape).astype("float32")
+    _set_posterior(layer.kernel_initializer, mean, stddev)
+    closed_mean = layer._linear(tf.constant(x), tf.constant(mean)).numpy()[0]
+    closed_var = layer._linear(tf.constant(x**2), tf.constant(stddev**2)).numpy()[0]
+    if estimator == "LocalReparameterization":  # independent per example: one big batch
+        draws = layer(np.repeat(x, 3000, axis=0)).numpy()
+    else:
+        draws = _many_calls(lambda: layer(x)[0], 3000)
+    _check_moments(draws, closed_mean, closed_var)
+
+
+def test_conv_flipout_signs_per_example_and_channel():
+    layer = conv_lib.Conv2DFlipout(3, 1, use_bias=False)
+    layer.build((None, 4, 4, 2))
+    _set_posterior(layer.kernel_initializer, np.zeros((1, 1, 2, 3), "float32"),
+                   np.full((1, 1, 2, 3), 0.5, "float32"))
+    x = np.zeros((256, 4, 4, 2), "float32")
+    x[..., 0] = 1.0  # one input channel on: output = s * dW[0, j] * r, |.| fixed per j
+    out = layer(x).numpy()
+    np.testing.assert_allclose(np.abs(out), np.broadcast_to(np.abs(out[:1, :1, :1]), out.shape),
+                               rtol=1e-6)
+    signs = np.sign(out / out[:1, :1, :1])
+    assert np.all(signs == signs[:, :1, :1])  # shared over positions
+    assert set(np.unique(signs)) == {-1.0, 1.0}
+
+
+def test_conv_layers_in_a_model_fit_save_and_gin(tmp_path):
+    x = RNG.rand(64, 8, 8, 1).astype("float32")
+    y = (x.mean((1, 2, 3)) > 0.5).astype("int32")
+    model = keras.Sequential([
+        keras.Input((8, 8, 1)),
+        blayers.layers.Conv2DFlipout(4, 3, padding="same", activation="relu"),
+        blayers.layers.Conv2DReparameterization(4, 3, strides=2),
+        blayers.layers.Conv2DTransposeLocalReparameterization(2, 3, strides=2, padding="same"),
+        keras.layers.GlobalAveragePooling2D(),
+        blayers.layers.DenseFlipout(2),
+    ])
+    model.compile(keras.optimizers.Adam(0.01),
+                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=2, verbose=0)
+    assert len(model.losses) == 4
+    model.save(tmp_path / "m.keras")
+    loaded = keras.models.load_model(tmp_path / "m.keras")
+    for a, b in zip(model.trainable_weights, loaded.trainable_weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    gin.parse_config("Conv2DFlipout.filters = 5\nConv2DFlipout.kernel_size = 3")
+    assert blayers.layers.Conv2DFlipout().filters == 5
+    with pytest.raises(ValueError, match="channels_last"):
+        blayers.layers.Conv2DFlipout(2, 3, data_format="channels_first")
+
+
+# -- recurrent ---------------------------------------------------------------------------------
+
+CELLS = [rnn_lib.LSTMCellReparameterization, rnn_lib.LSTMCellFlipout,
+         rnn_lib.GRUCellReparameterization, rnn_lib.GRUCellFlipout]
+
+
+def test_lstm_reuses_one_weight_draw_across_the_sequence():
+    cell = rnn_lib.LSTMCellReparameterization(4, bias_initializer="trainable_normal")
+    rnn = keras.layers.RNN(cell, return_sequences=True)
+    x = RNG.randn(3, 7, 2).astype("float32")
+    outputs = rnn(x).numpy()
+    kernel, recurrent = cell.kernel.numpy(), cell.recurrent_kernel.numpy()
+    bias = cell.bias.numpy()
+    h, c = np.zeros((3, 4)), np.zeros((3, 4))
+
+    def sigmoid(v):
+        return 1 / (1 + np.exp(-v))
+
+    for t in range(7):  # a deterministic LSTM with the one drawn weight set
+        z = x[:, t] @ kernel + h @ recurrent + bias
+        i, f, g, o = np.split(z, 4, axis=-1)
+        c = sigmoid(f) * c + sigmoid(i) * np.tanh(g)
+        h = sigmoid(o) * np.tanh(c)
+        np.testing.assert_allclose(outputs[:, t], h, rtol=1e-4, atol=1e-5)
+    assert cell._num_draws == 1
+
+
+@pytest.mark.parametrize("cls", [rnn_lib.GRUCellFlipout, rnn_lib.GRUCellReparameterization])
+def test_gru_noise_and_signs_are_fixed_per_sequence(cls):
+    """Zero recurrent kernel and a constant input: if the kernel noise (and Flipout signs) are
+    drawn once per sequence the gates are constant, so h_t = z h_{t-1} + (1 - z) h~ with fixed
+    z, h~: then h_3 = (h_2 / h_1 - 1) h_2 + h_1 exactly."""
+    cell = cls(5, recurrent_initializer="zeros")
+    cell.build((None, 3))
+    _set_posterior(cell.kernel_initializer, np.zeros((3, 15), "float32"),
+                   np.ones((3, 15), "float32"))
+    x = np.tile(RNG.randn(64, 1, 3).astype("float32"), (1, 3, 1))
+    h = keras.layers.RNN(cell, return_sequences=True)(x).numpy().astype(np.float64)
+    h1, h2, h3 = h[:, 0], h[:, 1], h[:, 2]
+    np.testing.assert_allclose(h3, (h2 / h1 - 1) * h2 + h1, rtol=1e-3, atol=1e-5)
+    second = keras.layers.RNN(cell, return_sequences=True)(x).numpy()
+    assert not np.allclose(second, h)  # a new sequence, a new draw
+
+
+@pytest.mark.parametrize("cls", CELLS)
+def test_hand_written_loop_as_in_figure_1(cls):
+    features = RNG.randn(4, 6, 3).astype("float32")
+    cell = cls(8)
+    cell.build((None, 3))
+    with tf.GradientTape() as tape:
+        state = cell.get_initial_state(features)
+        nll = 0.0
+        for t in range(features.shape[1]):
+            net, state = cell(features[:, t], state)
+            nll += tf.reduce_sum(tf.square(net))
+        kl = sum(cell.losses)
+        loss = nll + kl
+    assert len(cell.losses) == 2 and float(kl) > 0  # kernel and recurrent kernel
+    grads = tape.gradient(loss, cell.trainable_variables)
+    assert all(g is not None for g in grads)
+
+
+@pytest.mark.parametrize("cls", CELLS)
+def test_cells_fit_and_round_trip(cls, tmp_path):
+    x = RNG.randn(64, 5, 2).astype("float32")
+    y = x.sum((1, 2))[:, None].astype("float32")
+    model = keras.Sequential([keras.Input((5, 2)), keras.layers.RNN(cls(8)),
+                              blayers.layers.DenseReparameterization(1)])
+    model.compile(keras.optimizers.Adam(0.01), "mse")
+    model.fit(x, y, epochs=2, batch_size=16, verbose=0)
+    assert len(model.losses) == 3
+    model.save(tmp_path / "rnn.keras")
+    loaded = keras.models.load_model(tmp_path / "rnn.keras")
+    for a, b in zip(model.trainable_weights, loaded.trainable_weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# -- attention and embeddings -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cls", [blayers.layers.MultiHeadAttentionReparameterization,
+                                 blayers.layers.MultiHeadAttentionFlipout])
+def test_attention_at_posterior_mean_equals_keras_attention(cls):
+    q = RNG.randn(2, 5, 6).astype("float32")
+    v = RNG.randn(2, 4, 6).astype("float32")
+    mask = RNG.rand(2, 5, 4) > 0.3
+    layer = cls(num_heads=2, key_dim=3, bias_initializer="random_normal")
+    layer(q, v)
+    reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
+    reference(q, v)
+    for ours, theirs in ((layer.query_dense, reference._query_dense),
+                         (layer.key_dense, reference._key_dense),
+                         (layer.value_dense, reference._value_dense),
+                         (layer.output_dense, reference._output_dense)):
+        kernel_mean = ours.kernel_initializer.mean.numpy()
+        theirs.kernel.assign(kernel_mean.reshape(theirs.kernel.shape))
+        theirs.bias.assign(ours.bias.numpy().reshape(theirs.bias.shape))
+    with blayers.posterior_mean():
+        ours_out, ours_scores = layer(q, v, attention_mask=mask, return_attention_scores=True)
+    theirs_out, theirs_scores = reference(q, v, attention_mask=mask,
+                                          return_attention_scores=True)
+    np.testing.assert_allclose(ours_scores.numpy(), theirs_scores.numpy(), rtol=1e-4,
+                               atol=1e-6)
+    np.testing.assert_allclose(ours_out.numpy(), theirs_out.numpy(), rtol=1e-4, atol=1e-5)
+    out = layer(q, v, use_causal_mask=True)
+    assert out.shape == (2, 5, 6) and len(layer.losses) == 4
+
+
+def test_attention_flipout_query_moments():
+    layer = blayers.layers.MultiHeadAttentionFlipout(num_heads=1, key_dim=2, use_bias=False)
+    q = RNG.randn(1, 1, 3).astype("float32")
+    layer(q, q)
+    dense = layer.query_dense
+    mean = (0.5 * RNG.randn(3, 2)).astype("float32")
+    stddev = RNG.uniform(0.1, 0.5, (3, 2)).astype("float32")
+    _set_posterior(dense.kernel_initializer, mean, stddev)
+    draws = _many_calls(lambda: dense(q)[0, 0], 3000)
+    _check_moments(draws, q[0, 0] @ mean, q[0, 0] ** 2 @ stddev**2)
+
+
+def test_embedding_rows_have_posterior_moments(tmp_path):
+    layer = blayers.layers.EmbeddingReparameterization(5, 3, mask_zero=True)
+    ids = np.array([[0, 3, 3, 1]])
+    layer(ids)
+    mean = RNG.randn(5, 3).astype("float32")
+    stddev = RNG.uniform(0.1, 0.5, (5, 3)).astype("float32")
+    _set_posterior(layer.embeddings_initializer, mean, stddev)
+    draws = _many_calls(lambda: layer(ids)[0], 3000)
+    _check_moments(draws, mean[ids[0]], stddev[ids[0]] ** 2)
+    np.testing.assert_array_equal(draws[:, 1], draws[:, 2])  # one table per call
+    assert layer.compute_mask(ids).numpy().tolist() == [[False, True, True, True]]
+    model = keras.Sequential([keras.Input((4,), dtype="int32"), layer])
+    model.save(tmp_path / "e.keras")
+    loaded = keras.models.load_model(tmp_path / "e.keras")
+    np.testing.assert_array_equal(loaded.layers[0].embeddings_initializer.mean.numpy(), mean)
