@@ -5,6 +5,7 @@
 `keras.layers.Embedding` does with its fixed table.
 """
 
+import keras
 import tensorflow as tf
 
 from blayers.layers.base import BayesianLayer, register
