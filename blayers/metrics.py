@@ -136,6 +136,8 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
         "entropy": float(np.mean(entropy(probs))),
         "mutual_information": float(np.mean(mutual_information(probs))),
     }
+    if np.ndim(labels) > 1:  # sequences: per-token NLL, so exp(NLL) is the perplexity
+        result["perplexity"] = float(np.exp(result["nll"]))
     if ood_probs is not None:
         result["ood_auroc_entropy"] = ood_auroc(entropy(probs), entropy(ood_probs))
         result["ood_auroc_mutual_information"] = ood_auroc(

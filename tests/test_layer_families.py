@@ -32,8 +32,7 @@ def _check_moments(draws, mean, var, sigmas=5.0):
     n = len(draws)
     draws = draws.astype(np.float64)
     assert np.all(np.abs(draws.mean(0) - mean) < sigmas * np.sqrt(var / n) + 1e-6)
-    assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1))
-                  + 1e-6)
+    assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1)) + 1e-6)
 
 
 CONV_CASES = [
@@ -44,8 +43,7 @@ CONV_CASES = [
 ]
 
 
-@pytest.mark.parametrize("estimator", ["Reparameterization", "Flipout",
-                                       "LocalReparameterization"])
+@pytest.mark.parametrize("estimator", ["Reparameterization", "Flipout", "LocalReparameterization"])
 @pytest.mark.parametrize("family,shape,kwargs", CONV_CASES, ids=[c[0] for c in CONV_CASES])
 def test_conv_output_moments_match_closed_form(family, shape, kwargs, estimator):
     """Each output is N(conv(x, M), conv(x^2, S^2)) for every estimator: Flipout's and local
@@ -69,13 +67,17 @@ def test_conv_output_moments_match_closed_form(family, shape, kwargs, estimator)
 def test_conv_flipout_signs_per_example_and_channel():
     layer = conv_lib.Conv2DFlipout(3, 1, use_bias=False)
     layer.build((None, 4, 4, 2))
-    _set_posterior(layer.kernel_initializer, np.zeros((1, 1, 2, 3), "float32"),
-                   np.full((1, 1, 2, 3), 0.5, "float32"))
+    _set_posterior(
+        layer.kernel_initializer,
+        np.zeros((1, 1, 2, 3), "float32"),
+        np.full((1, 1, 2, 3), 0.5, "float32"),
+    )
     x = np.zeros((256, 4, 4, 2), "float32")
     x[..., 0] = 1.0  # one input channel on: output = s * dW[0, j] * r, |.| fixed per j
     out = layer(x).numpy()
-    np.testing.assert_allclose(np.abs(out), np.broadcast_to(np.abs(out[:1, :1, :1]), out.shape),
-                               rtol=1e-6)
+    np.testing.assert_allclose(
+        np.abs(out), np.broadcast_to(np.abs(out[:1, :1, :1]), out.shape), rtol=1e-6
+    )
     signs = np.sign(out / out[:1, :1, :1])
     assert np.all(signs == signs[:, :1, :1])  # shared over positions
     assert set(np.unique(signs)) == {-1.0, 1.0}
@@ -84,16 +86,19 @@ def test_conv_flipout_signs_per_example_and_channel():
 def test_conv_layers_in_a_model_fit_save_and_gin(tmp_path):
     x = RNG.rand(64, 8, 8, 1).astype("float32")
     y = (x.mean((1, 2, 3)) > 0.5).astype("int32")
-    model = keras.Sequential([
-        keras.Input((8, 8, 1)),
-        blayers.layers.Conv2DFlipout(4, 3, padding="same", activation="relu"),
-        blayers.layers.Conv2DReparameterization(4, 3, strides=2),
-        blayers.layers.Conv2DTransposeLocalReparameterization(2, 3, strides=2, padding="same"),
-        keras.layers.GlobalAveragePooling2D(),
-        blayers.layers.DenseFlipout(2),
-    ])
-    model.compile(keras.optimizers.Adam(0.01),
-                  keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model = keras.Sequential(
+        [
+            keras.Input((8, 8, 1)),
+            blayers.layers.Conv2DFlipout(4, 3, padding="same", activation="relu"),
+            blayers.layers.Conv2DReparameterization(4, 3, strides=2),
+            blayers.layers.Conv2DTransposeLocalReparameterization(2, 3, strides=2, padding="same"),
+            keras.layers.GlobalAveragePooling2D(),
+            blayers.layers.DenseFlipout(2),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(0.01), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
     model.fit(x, y, epochs=2, verbose=0)
     assert len(model.losses) == 4
     model.save(tmp_path / "m.keras")
@@ -108,8 +113,12 @@ def test_conv_layers_in_a_model_fit_save_and_gin(tmp_path):
 
 # -- recurrent ---------------------------------------------------------------------------------
 
-CELLS = [rnn_lib.LSTMCellReparameterization, rnn_lib.LSTMCellFlipout,
-         rnn_lib.GRUCellReparameterization, rnn_lib.GRUCellFlipout]
+CELLS = [
+    rnn_lib.LSTMCellReparameterization,
+    rnn_lib.LSTMCellFlipout,
+    rnn_lib.GRUCellReparameterization,
+    rnn_lib.GRUCellFlipout,
+]
 
 
 def test_lstm_reuses_one_weight_draw_across_the_sequence():
@@ -140,8 +149,9 @@ def test_gru_noise_and_signs_are_fixed_per_sequence(cls):
     z, h~: then h_3 = (h_2 / h_1 - 1) h_2 + h_1 exactly."""
     cell = cls(5, recurrent_initializer="zeros")
     cell.build((None, 3))
-    _set_posterior(cell.kernel_initializer, np.zeros((3, 15), "float32"),
-                   np.ones((3, 15), "float32"))
+    _set_posterior(
+        cell.kernel_initializer, np.zeros((3, 15), "float32"), np.ones((3, 15), "float32")
+    )
     x = np.tile(RNG.randn(64, 1, 3).astype("float32"), (1, 3, 1))
     h = keras.layers.RNN(cell, return_sequences=True)(x).numpy().astype(np.float64)
     h1, h2, h3 = h[:, 0], h[:, 1], h[:, 2]
@@ -172,8 +182,9 @@ def test_hand_written_loop_as_in_figure_1(cls):
 def test_cells_fit_and_round_trip(cls, tmp_path):
     x = RNG.randn(64, 5, 2).astype("float32")
     y = x.sum((1, 2))[:, None].astype("float32")
-    model = keras.Sequential([keras.Input((5, 2)), keras.layers.RNN(cls(8)),
-                              blayers.layers.DenseReparameterization(1)])
+    model = keras.Sequential(
+        [keras.Input((5, 2)), keras.layers.RNN(cls(8)), blayers.layers.DenseReparameterization(1)]
+    )
     model.compile(keras.optimizers.Adam(0.01), "mse")
     model.fit(x, y, epochs=2, batch_size=16, verbose=0)
     assert len(model.losses) == 3
@@ -186,8 +197,10 @@ def test_cells_fit_and_round_trip(cls, tmp_path):
 # -- attention and embeddings -------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("cls", [blayers.layers.MultiHeadAttentionReparameterization,
-                                 blayers.layers.MultiHeadAttentionFlipout])
+@pytest.mark.parametrize(
+    "cls",
+    [blayers.layers.MultiHeadAttentionReparameterization, blayers.layers.MultiHeadAttentionFlipout],
+)
 def test_attention_at_posterior_mean_equals_keras_attention(cls):
     q = RNG.randn(2, 5, 6).astype("float32")
     v = RNG.randn(2, 4, 6).astype("float32")
@@ -196,19 +209,19 @@ def test_attention_at_posterior_mean_equals_keras_attention(cls):
     layer(q, v)
     reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
     reference(q, v)
-    for ours, theirs in ((layer.query_dense, reference._query_dense),
-                         (layer.key_dense, reference._key_dense),
-                         (layer.value_dense, reference._value_dense),
-                         (layer.output_dense, reference._output_dense)):
+    for ours, theirs in (
+        (layer.query_dense, reference._query_dense),
+        (layer.key_dense, reference._key_dense),
+        (layer.value_dense, reference._value_dense),
+        (layer.output_dense, reference._output_dense),
+    ):
         kernel_mean = ours.kernel_initializer.mean.numpy()
         theirs.kernel.assign(kernel_mean.reshape(theirs.kernel.shape))
         theirs.bias.assign(ours.bias.numpy().reshape(theirs.bias.shape))
     with blayers.posterior_mean():
         ours_out, ours_scores = layer(q, v, attention_mask=mask, return_attention_scores=True)
-    theirs_out, theirs_scores = reference(q, v, attention_mask=mask,
-                                          return_attention_scores=True)
-    np.testing.assert_allclose(ours_scores.numpy(), theirs_scores.numpy(), rtol=1e-4,
-                               atol=1e-6)
+    theirs_out, theirs_scores = reference(q, v, attention_mask=mask, return_attention_scores=True)
+    np.testing.assert_allclose(ours_scores.numpy(), theirs_scores.numpy(), rtol=1e-4, atol=1e-6)
     np.testing.assert_allclose(ours_out.numpy(), theirs_out.numpy(), rtol=1e-4, atol=1e-5)
     out = layer(q, v, use_causal_mask=True)
     assert out.shape == (2, 5, 6) and len(layer.losses) == 4

@@ -13,7 +13,7 @@ from blayers.data.synthetic import (
     markov_sequences,
     ring_distribution,
 )
-from blayers.data.tfds_source import tfds_dataset
+from blayers.data.tfds_source import tfds_char_lm, tfds_dataset
 from blayers.data.uci import uci, uci_num_splits
 
 __all__ = [
@@ -28,6 +28,7 @@ __all__ = [
     "ring_distribution",
     "standardize",
     "standardized_regression",
+    "tfds_char_lm",
     "tfds_dataset",
     "uci",
     "uci_num_splits",

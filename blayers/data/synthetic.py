@@ -19,7 +19,14 @@ from blayers.data.base import Data, from_arrays
 
 tfd = tfp.distributions
 
-__all__ = ["gaussian_ring_2d", "heteroscedastic_1d", "markov_sequences", "ring_distribution"]
+__all__ = [
+    "gaussian_ring_2d",
+    "heteroscedastic_1d",
+    "markov_entropy_rate",
+    "markov_sequences",
+    "markov_transitions",
+    "ring_distribution",
+]
 
 
 @gin.configurable(module="blayers.data")
@@ -56,17 +63,34 @@ def gaussian_ring_2d(num_train=10_000, num_test=2_000, num_modes=8, radius=2.0, 
     )
 
 
+def markov_transitions(vocab_size=8, concentration=0.3, seed=0):
+    """The transition matrix `markov_sequences` uses for these arguments (rows sum to 1)."""
+    rng = seed if isinstance(seed, np.random.RandomState) else np.random.RandomState(seed)
+    return rng.dirichlet([concentration] * vocab_size, size=vocab_size)
+
+
+def markov_entropy_rate(vocab_size=8, concentration=0.3, seed=0):
+    """`-sum_i pi_i sum_j T_ij log T_ij` (nats per token) with `pi` the stationary
+    distribution: the best achievable per-token NLL on long `markov_sequences`."""
+    transitions = markov_transitions(vocab_size, concentration, seed)
+    values, vectors = np.linalg.eig(transitions.T)
+    stationary = np.real(vectors[:, np.argmin(np.abs(values - 1.0))])
+    stationary = stationary / stationary.sum()
+    logs = np.log(np.where(transitions > 0, transitions, 1.0))
+    return float(-np.sum(stationary[:, None] * transitions * logs))
+
+
 @gin.configurable(module="blayers.data")
 def markov_sequences(
     num_train=2000, num_test=500, length=20, vocab_size=8, concentration=0.3, seed=0
 ):
     """Next-token prediction: features are tokens 0..T-2, targets tokens 1..T-1.
 
-    The transition matrix rows are Dirichlet(concentration) draws; `Data.name` carries nothing
-    more, and `markov_entropy_rate(...)` gives the optimum per-token NLL.
+    The transition matrix rows are Dirichlet(concentration) draws (`markov_transitions`);
+    `markov_entropy_rate` gives the optimum per-token NLL.
     """
     rng = np.random.RandomState(seed)
-    transitions = rng.dirichlet([concentration] * vocab_size, size=vocab_size)
+    transitions = markov_transitions(vocab_size, concentration, rng)
     n = num_train + num_test
     tokens = np.zeros((n, length), np.int32)
     tokens[:, 0] = rng.randint(vocab_size, size=n)

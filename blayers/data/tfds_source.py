@@ -85,3 +85,54 @@ def tfds_dataset(
         num_classes=info.features["label"].num_classes,
         ood=ood_ds,
     )
+
+
+@gin.configurable(module="blayers.data")
+def tfds_char_lm(
+    name="tiny_shakespeare",
+    data_dir=None,
+    sequence_length=100,
+    train_split="train",
+    test_split="test",
+    text_key="text",
+    download=False,
+):
+    """Character-level language modelling on a TFDS text set (default `tiny_shakespeare`).
+
+    The split texts are joined, mapped to ids of the training text's characters (unseen test
+    characters map to 0) and cut into non-overlapping windows of `sequence_length + 1`:
+    features are ids `0..T-1`, targets ids `1..T`.
+    """
+    import numpy as np
+
+    splits = tfds.load(name, split=[train_split, test_split], data_dir=data_dir, download=download)
+    texts = [
+        "".join(t.decode("utf-8") for t in tfds.as_numpy(ds.map(lambda e: e[text_key])))
+        for ds in splits
+    ]
+    vocab = sorted(set(texts[0]))
+    index = {c: i for i, c in enumerate(vocab)}
+
+    def windows(text):
+        ids = np.array([index.get(c, 0) for c in text], np.int32)
+        count = (len(ids) - 1) // sequence_length
+        if count < 1:
+            raise ValueError(
+                f"tfds_char_lm: {name} has fewer than sequence_length + 1 = "
+                f"{sequence_length + 1} characters in a split."
+            )
+        x = ids[: count * sequence_length].reshape(count, sequence_length)
+        y = ids[1 : count * sequence_length + 1].reshape(count, sequence_length)
+        return x.astype(np.float32), y
+
+    (x_train, y_train), (x_test, y_test) = windows(texts[0]), windows(texts[1])
+    return Data(
+        name=name,
+        task="classification",
+        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        test=tf.data.Dataset.from_tensor_slices((x_test, y_test)),
+        num_train=len(x_train),
+        num_test=len(x_test),
+        input_shape=(sequence_length,),
+        num_classes=len(vocab),
+    )

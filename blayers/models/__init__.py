@@ -12,26 +12,13 @@ import gin
 import keras
 
 from blayers import layers as blayers_layers
+from blayers.models.registry import get_layer_class
+from blayers.models.resnet import resnet
+from blayers.models.sequence import lstm_sequence_model
 
-__all__ = ["NUM_OUTPUTS", "get_layer_class", "mlp", "sequential"]
+__all__ = ["NUM_OUTPUTS", "get_layer_class", "lstm_sequence_model", "mlp", "resnet", "sequential"]
 
 NUM_OUTPUTS = "num_outputs"  # a layer-spec value replaced by the model's output size
-
-
-def get_layer_class(name_or_class):
-    """A layer class from a class or its name (blayers.layers, then keras.layers)."""
-    if isinstance(name_or_class, type):
-        return name_or_class
-    if callable(name_or_class) and not isinstance(name_or_class, str):
-        return name_or_class
-    for module in (blayers_layers, keras.layers):
-        cls = getattr(module, str(name_or_class), None)
-        if isinstance(cls, type) and issubclass(cls, keras.layers.Layer):
-            return cls
-    raise ValueError(
-        f"Unknown layer {name_or_class!r}: not in blayers.layers "
-        f"({', '.join(blayers_layers.__all__)}) nor keras.layers."
-    )
 
 
 @gin.configurable(module="blayers.models")

@@ -1,0 +1,77 @@
+"""The experiments' smoke configs run end to end through the trainer (slow: about a minute
+each; `python -m pytest -n 2 -m slow tests`)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from blayers.data.synthetic import markov_entropy_rate
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _train(config, model_dir, *params):
+    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [
+            sys.executable,
+            "-m",
+            "blayers.train",
+            f"--gin_file={config}",
+            f"--model_dir={model_dir}",
+            "--gin_param=train.progress = False",
+            *[f"--gin_param={p}" for p in params],
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads((pathlib.Path(model_dir) / "metrics.json").read_text())["final"]
+
+
+@pytest.mark.slow
+def test_bayesian_rnn_smoke_learns_the_markov_chain(tmp_path):
+    metrics = _train("bayesian_rnn_smoke", tmp_path)
+    uniform = float(__import__("math").log(8))
+    optimum = markov_entropy_rate(vocab_size=8)
+    assert optimum < metrics["nll"] < optimum + 0.5 * (uniform - optimum)
+    assert metrics["perplexity"] > 1 and metrics["ece"] < 0.1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bayesian", [True, False])
+def test_resnet_smoke_bayesian_and_deterministic(tmp_path, bayesian):
+    metrics = _train("resnet50_smoke", tmp_path, f"resnet.bayesian = {bayesian}")
+    assert metrics["accuracy"] > 0.8 and metrics["nll"] < 0.8
+
+
+@pytest.mark.slow
+def test_main_job_sweep(tmp_path):
+    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [
+            sys.executable,
+            "-m",
+            "launch.sweep",
+            "--gin_file=digits_mlp",
+            "--sweep",
+            "mlp.dense_layer=['DenseFlipout', 'Dense']",
+            "--parallel",
+            "2",
+            "--root",
+            str(tmp_path),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "results.md").read_text()
+    assert "DenseFlipout" in table and "| accuracy | nll | ece |" in table
+    for run in ("dense_layer-DenseFlipout", "dense_layer-Dense"):
+        final = json.loads((tmp_path / run / "metrics.json").read_text())["final"]
+        assert final["accuracy"] > 0.9
