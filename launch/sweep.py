@@ -115,6 +115,8 @@ def _run_one(run_name, bindings, args):
         f"--model_dir={model_dir}",
         f"--strategy={args.strategy}",
     ]
+    if args.tpu:
+        command.append(f"--tpu={args.tpu}")
     command += [f"--gin_file={f}" for f in args.gin_file]
     command += [f"--gin_param={p}" for p in args.gin_param]
     command += [f"--gin_param={name} = {value}" for name, value in bindings.items()]
@@ -182,7 +184,8 @@ def main(argv=None):
     )
     parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
     parser.add_argument("--root", required=True, help="folder of the runs and tables")
-    parser.add_argument("--strategy", default="cpu")
+    parser.add_argument("--strategy", default="cpu", help="passed to the trainer")
+    parser.add_argument("--tpu", default=None, help="passed to the trainer (--strategy=tpu)")
     args = parser.parse_args(argv)
     rows = run_sweep(args)
     return 0 if all(not r[2].startswith("failed") for r in rows) else 1
