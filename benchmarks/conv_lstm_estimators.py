@@ -16,29 +16,9 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 import keras
 import numpy as np
 import tensorflow as tf
-from common import write_json
-from dense_estimators import time_step
+from common import make_train_step, time_step, write_json
 
 import blayers
-
-
-def make_step(build_layer, input_shape):
-    layer = build_layer()
-    layer.build(input_shape)
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(layer.trainable_variables)
-
-    @tf.function
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(layer(x) - y))
-            if layer.losses:
-                loss += tf.add_n(layer.losses) / 50_000.0
-        grads = tape.gradient(loss, layer.trainable_variables)
-        optimizer.apply(grads, layer.trainable_variables)
-        return loss
-
-    return step
 
 
 def main():
@@ -83,7 +63,7 @@ def main():
     results = {"config": vars(args)}
     for group, (x_shape, y_shape, builders) in groups.items():
         x, y = tf.random.normal(x_shape), tf.random.normal(y_shape)
-        steps = {name: make_step(build, x_shape) for name, build in builders.items()}
+        steps = {name: make_train_step(build(), x_shape) for name, build in builders.items()}
         ms = {name: [] for name in steps}
         for _ in range(args.rounds):
             for name, step in steps.items():

@@ -10,14 +10,13 @@ Writes JSON: milliseconds per step and the ratio to Dense for each estimator.
 import argparse
 import os
 import platform
-import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
 import tensorflow as tf
-from common import write_json
+from common import make_train_step, time_step, write_json
 
 import blayers
 
@@ -27,37 +26,6 @@ LAYERS = {
     "DenseFlipout": blayers.layers.DenseFlipout,
     "DenseLocalReparameterization": blayers.layers.DenseLocalReparameterization,
 }
-
-
-def make_step(layer_cls, units, input_dim, jit_compile):
-    layer = layer_cls(units)
-    layer.build((None, input_dim))
-    optimizer = keras.optimizers.Adam(1e-3)
-    optimizer.build(layer.trainable_variables)
-
-    @tf.function(jit_compile=jit_compile)
-    def step(x, y):
-        with tf.GradientTape() as tape:
-            out = layer(x)
-            loss = tf.reduce_mean(tf.square(out - y))
-            if layer.losses:
-                loss += tf.add_n(layer.losses) / 50_000.0
-        grads = tape.gradient(loss, layer.trainable_variables)
-        optimizer.apply(grads, layer.trainable_variables)
-        return loss
-
-    return step
-
-
-def time_step(step, x, y, repeats, warmup=5):
-    for _ in range(warmup):
-        step(x, y)
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(x, y).numpy()
-        times.append(time.perf_counter() - start)
-    return float(np.median(times) * 1e3)
 
 
 def main():
@@ -91,7 +59,8 @@ def main():
     }
     for jit in modes:
         steps = {
-            name: make_step(cls, args.units, args.input_dim, jit) for name, cls in LAYERS.items()
+            name: make_train_step(cls(args.units), (None, args.input_dim), jit)
+            for name, cls in LAYERS.items()
         }
         ms = {name: [] for name in LAYERS}
         for _ in range(args.rounds):  # interleave to average out machine noise
