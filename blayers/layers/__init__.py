@@ -14,6 +14,12 @@ from blayers.layers.dense import (
 )
 from blayers.layers.dropout import MCDropout
 from blayers.layers.embeddings import EmbeddingReparameterization
+from blayers.layers.gaussian_process import (
+    GaussianLikelihood,
+    GaussianProcess,
+    RandomFourierFeatures,
+    SparseGaussianProcess,
+)
 from blayers.layers.recurrent import (
     GRUCellFlipout,
     GRUCellReparameterization,
@@ -36,4 +42,8 @@ __all__ = [  # noqa: PLE0604 - includes the convolution names
     "MultiHeadAttentionReparameterization",
     "MultiHeadAttentionFlipout",
     "EmbeddingReparameterization",
+    "GaussianProcess",
+    "SparseGaussianProcess",
+    "RandomFourierFeatures",
+    "GaussianLikelihood",
 ]

@@ -1,0 +1,556 @@
+"""Gaussian-process layers: distributions over functions given by their values at the inputs
+(Tran et al., 2019, Sec. 2.2 and Figure 5).
+
+* `GaussianProcess(units)`: exact GP; returns a `RandomVariable` over the function values at the
+  batch inputs (`[batch, units]`, one independent GP per output unit sharing the kernel): the
+  prior, or the exact posterior given `conditional_inputs` / `conditional_outputs`. No
+  regularizer (exact inference has none).
+* `SparseGaussianProcess(units, num_inducing)`: inducing-point variational GP (Hensman et al.,
+  2013), whitened by default, with trainable inducing inputs and `q(u)` mean-field or full
+  Cholesky; `KL[q(u) || p(u)]` in `layer.losses`; returns the marginal predictions
+  `N(mu(x), sigma^2(x))` as a `RandomVariable` whose value is a reparameterized draw, so stacked
+  layers form Salimbeni & Deisenroth's (2017) doubly stochastic deep GP.
+* `RandomFourierFeatures(units, num_features)`: `f(x) = phi(x)^T w` with the random features of
+  the ExponentiatedQuadratic kernel (Rahimi & Recht, 2007) and a Bayesian output layer whose KL
+  regularizes `w` (Cutajar et al., 2017).
+* `GaussianLikelihood`: `y ~ N(f, sigma^2)` with a trainable noise variance, the output layer of
+  GP regression.
+
+Kernels are TFP `psd_kernels` (`'exponentiated_quadratic'` (default), `'matern12'`,
+`'matern32'`, `'matern52'`) with a trainable amplitude and ARD length scales (`FeatureScaled`),
+both `softplus` of unconstrained variables. Mean functions: `'zero'`, `'constant'` (one
+trainable value per unit) or `'linear'` (trainable `x @ W + b`, `W` starting at the identity).
+
+Numerics: Cholesky factors are taken of `K + jitter * mean(diag K) * I`, retrying with 10x the
+jitter up to `max_jitter_tries` times when the factor is not finite, and failing with a clear
+error after that; `cholesky_dtype='float64'` does the linear algebra in double precision.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import distributions as rv_lib
+from blayers import seeds
+from blayers.layers.base import BayesianLayer, register
+from blayers.layers.dense import DenseReparameterization
+from blayers.random_variable import RandomVariable
+
+tfd = tfp.distributions
+psd = tfp.math.psd_kernels
+
+__all__ = [
+    "KERNELS",
+    "GaussianLikelihood",
+    "GaussianProcess",
+    "RandomFourierFeatures",
+    "SparseGaussianProcess",
+    "jittered_cholesky",
+]
+
+KERNELS = {
+    "exponentiated_quadratic": psd.ExponentiatedQuadratic,
+    "matern12": psd.MaternOneHalf,
+    "matern32": psd.MaternThreeHalves,
+    "matern52": psd.MaternFiveHalves,
+}
+
+
+def _softplus_inverse(x):
+    return float(np.log(np.expm1(x)))
+
+
+def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
+    """Cholesky factor of `matrix + j * mean(diag) * I` for `j = jitter, 10 jitter, ...`.
+
+    Tries the next jitter while the factor has non-finite entries (TF returns NaN for matrices
+    that are not positive definite), and raises `InvalidArgumentError` naming `name` when all
+    `max_tries` fail. Works eagerly and inside `tf.function`.
+    """
+    matrix = tf.convert_to_tensor(matrix)
+    size = tf.shape(matrix)[-1]
+    scale = tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1)[..., None, None]
+    eye = tf.eye(size, dtype=matrix.dtype)
+
+    def attempt(i):
+        factor = jitter * tf.pow(tf.constant(10.0, matrix.dtype), tf.cast(i, matrix.dtype))
+        return tf.linalg.cholesky(matrix + factor * scale * eye)
+
+    def failed(chol):
+        return tf.logical_not(tf.reduce_all(tf.math.is_finite(chol)))
+
+    _, chol = tf.while_loop(
+        lambda i, chol: tf.logical_and(i < max_tries - 1, failed(chol)),
+        lambda i, chol: (i + 1, attempt(i + 1)),
+        (tf.constant(0), attempt(0)),
+    )
+    message = (
+        f"Cholesky factorization of the {name} failed even with jitter "
+        f"{jitter * 10 ** (max_tries - 1):g} x mean(diag): the matrix is not positive "
+        "definite (non-finite inputs? try cholesky_dtype='float64', a larger jitter or "
+        "larger length scales)."
+    )
+    with tf.control_dependencies([tf.debugging.Assert(tf.logical_not(failed(chol)), [message])]):
+        return tf.identity(chol)
+
+
+class _GPBase(BayesianLayer):
+    """Kernel and mean-function variables, shared by the GP layers."""
+
+    def __init__(
+        self,
+        units,
+        mean_fn="zero",
+        covariance_fn="exponentiated_quadratic",
+        amplitude=1.0,
+        length_scale=1.0,
+        jitter=1e-6,
+        max_jitter_tries=4,
+        cholesky_dtype=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        name = type(self).__name__
+        if not isinstance(units, int) or units <= 0:
+            raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
+        if covariance_fn not in KERNELS:
+            raise ValueError(
+                f"{name}: unknown covariance_fn {covariance_fn!r}; choose one of {sorted(KERNELS)}."
+            )
+        if mean_fn not in ("zero", "constant", "linear"):
+            raise ValueError(
+                f"{name}: mean_fn must be 'zero', 'constant' or 'linear', got {mean_fn!r}."
+            )
+        self.units, self.mean_fn, self.covariance_fn = units, mean_fn, covariance_fn
+        self.amplitude_init, self.length_scale_init = float(amplitude), float(length_scale)
+        self.jitter, self.max_jitter_tries = float(jitter), int(max_jitter_tries)
+        self.cholesky_dtype = cholesky_dtype
+
+    def _build_kernel_and_mean(self, input_dim):
+        constant = keras.initializers.Constant
+        self.raw_amplitude = self.add_weight(
+            name="amplitude", shape=(), initializer=constant(_softplus_inverse(self.amplitude_init))
+        )
+        self.raw_length_scale = self.add_weight(
+            name="length_scale",
+            shape=(input_dim,),
+            initializer=constant(_softplus_inverse(self.length_scale_init)),
+        )
+        if self.mean_fn == "constant":
+            self.mean_bias = self.add_weight(
+                name="mean_bias", shape=(self.units,), initializer="zeros"
+            )
+        elif self.mean_fn == "linear":
+            eye = np.eye(input_dim, self.units, dtype="float32")
+            self.mean_kernel = self.add_weight(
+                name="mean_kernel", shape=(input_dim, self.units), initializer=constant(eye)
+            )
+            self.mean_bias = self.add_weight(
+                name="mean_bias", shape=(self.units,), initializer="zeros"
+            )
+
+    def kernel(self, dtype=None):
+        """The layer's current TFP kernel (ARD: `FeatureScaled` by the length scales)."""
+        dtype = dtype or self.compute_dtype
+        amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), dtype)
+        length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), dtype)
+        return psd.FeatureScaled(
+            KERNELS[self.covariance_fn](amplitude=amplitude), scale_diag=length_scale
+        )
+
+    def mean(self, x):
+        """The prior mean `m(x)`, `[batch, units]`."""
+        if self.mean_fn == "zero":
+            return tf.zeros(tf.concat([tf.shape(x)[:-1], [self.units]], 0), x.dtype)
+        if self.mean_fn == "constant":
+            return tf.zeros(tf.concat([tf.shape(x)[:-1], [self.units]], 0), x.dtype) + tf.cast(
+                self.mean_bias, x.dtype
+            )
+        return tf.matmul(x, tf.cast(self.mean_kernel, x.dtype)) + tf.cast(self.mean_bias, x.dtype)
+
+    def _linalg_dtype(self):
+        return tf.as_dtype(self.cholesky_dtype or self.compute_dtype)
+
+    def _cholesky(self, matrix, what):
+        return jittered_cholesky(
+            matrix, self.jitter, self.max_jitter_tries, f"{what} of layer '{self.name}'"
+        )
+
+    def _inputs(self, inputs):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        if x.shape.rank != 2:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) takes inputs of shape "
+                f"[batch, features], got {x.shape}."
+            )
+        return x
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "mean_fn": self.mean_fn,
+            "covariance_fn": self.covariance_fn,
+            "amplitude": self.amplitude_init,
+            "length_scale": self.length_scale_init,
+            "jitter": self.jitter,
+            "max_jitter_tries": self.max_jitter_tries,
+            "cholesky_dtype": self.cholesky_dtype,
+        }
+
+
+@register
+class GaussianProcess(_GPBase):
+    """Exact GP layer: `f ~ GP(m, k)` at the batch inputs, optionally conditioned on data.
+
+    With `conditional_inputs` X `[N, d]` and `conditional_outputs` Y `[N, units]` observed with
+    Gaussian noise (trainable `observation_noise_variance`), the output is the exact posterior
+    `N(m(x) + K_xX (K_XX + s^2 I)^{-1} (Y - m(X)), K_xx - K_xX (K_XX + s^2 I)^{-1} K_Xx)`.
+    The output is a `RandomVariable` over a `MatrixNormalLinearOperator` (event `[batch, units]`:
+    rows share the covariance, units are independent).
+    """
+
+    def __init__(
+        self,
+        units,
+        mean_fn="zero",
+        covariance_fn="exponentiated_quadratic",
+        conditional_inputs=None,
+        conditional_outputs=None,
+        observation_noise_variance=0.1,
+        **kwargs,
+    ):
+        super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
+        if (conditional_inputs is None) != (conditional_outputs is None):
+            raise ValueError(
+                "GaussianProcess needs both conditional_inputs and conditional_outputs, or neither."
+            )
+        self.conditional_inputs = (
+            None if conditional_inputs is None else np.asarray(conditional_inputs, "float32")
+        )
+        self.conditional_outputs = None
+        if conditional_outputs is not None:
+            outputs = np.asarray(conditional_outputs, "float32")
+            self.conditional_outputs = outputs.reshape(len(outputs), -1)
+            if self.conditional_outputs.shape[1] != units:
+                raise ValueError(
+                    f"GaussianProcess: conditional_outputs have "
+                    f"{self.conditional_outputs.shape[1]} columns, units={units}."
+                )
+        self.noise_init = float(observation_noise_variance)
+
+    def build(self, input_shape):
+        self._build_kernel_and_mean(input_shape[-1])
+        self.raw_noise_variance = self.add_weight(
+            name="observation_noise_variance",
+            shape=(),
+            initializer=keras.initializers.Constant(_softplus_inverse(self.noise_init)),
+        )
+
+    @property
+    def observation_noise_variance(self):
+        return tf.nn.softplus(self.raw_noise_variance)
+
+    def call(self, inputs):
+        x = self._inputs(inputs)
+        dtype = self._linalg_dtype()
+        kernel = self.kernel(dtype)
+        xd = tf.cast(x, dtype)
+        mean = tf.cast(self.mean(x), dtype)
+        k_xx = kernel.matrix(xd, xd)
+        if self.conditional_inputs is not None:
+            data_x = tf.constant(self.conditional_inputs, dtype)
+            data_y = tf.constant(self.conditional_outputs, dtype)
+            noise = tf.cast(self.observation_noise_variance, dtype)
+            k_data = kernel.matrix(data_x, data_x) + noise * tf.eye(
+                tf.shape(data_x)[0], dtype=dtype
+            )
+            chol_data = self._cholesky(k_data, "training covariance")
+            solved = tf.linalg.triangular_solve(chol_data, kernel.matrix(data_x, xd))
+            residual = data_y - tf.cast(self.mean(tf.cast(data_x, x.dtype)), dtype)
+            mean = mean + tf.matmul(
+                solved, tf.linalg.triangular_solve(chol_data, residual), transpose_a=True
+            )
+            k_xx = k_xx - tf.matmul(solved, solved, transpose_a=True)
+        chol = self._cholesky(
+            k_xx,
+            "posterior covariance" if self.conditional_inputs is not None else "prior covariance",
+        )
+        out_dtype = self.compute_dtype
+        return rv_lib.MatrixNormalLinearOperator(
+            loc=tf.cast(mean, out_dtype),
+            scale_row=tf.linalg.LinearOperatorLowerTriangular(tf.cast(chol, out_dtype)),
+            scale_column=tf.linalg.LinearOperatorIdentity(self.units, dtype=out_dtype),
+            seed=seeds.next_seed(self.seed_generator),
+        )
+
+    def get_config(self):
+        config = {**super().get_config(), "observation_noise_variance": self.noise_init}
+        if self.conditional_inputs is not None:
+            config["conditional_inputs"] = self.conditional_inputs.tolist()
+            config["conditional_outputs"] = self.conditional_outputs.tolist()
+        return config
+
+
+@register
+class SparseGaussianProcess(_GPBase):
+    """Sparse variational GP layer (Hensman et al., 2013) for scalable and deep GPs.
+
+    Inducing inputs `Z` `[num_inducing, d]` (trainable) and, per output unit, `q(v) = N(m, L L^T)`
+    over whitened inducing outputs `v = L_Z^{-1} u` (`whiten=True`, prior `N(0, I)`) or over `u`
+    itself (`whiten=False`, prior `N(0, K_ZZ)`). With `A = L_Z^{-1} K_Zx` the marginals are
+
+    `mu(x) = m(x) + A^T m`, `sigma^2(x) = k(x, x) - ||A_x||^2 + ||L^T A_x||^2` (whitened),
+
+    and `KL[q || p]` (analytic, TFP) is added to `layer.losses` on every call.
+
+    Args:
+      num_inducing: number of inducing points M.
+      variational: `'full'` (Cholesky `L`) or `'mean_field'` (diagonal `L`).
+      initial_variational_scale: initial diagonal of `L` (small values start inner layers of a
+        deep GP near deterministic, as Salimbeni & Deisenroth).
+      inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points).
+    """
+
+    def __init__(
+        self,
+        units,
+        num_inducing=100,
+        mean_fn="zero",
+        covariance_fn="exponentiated_quadratic",
+        whiten=True,
+        variational="full",
+        initial_variational_scale=1e-2,
+        inducing_inputs_initializer="random_normal",
+        **kwargs,
+    ):
+        super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
+        if variational not in ("full", "mean_field"):
+            raise ValueError(
+                f"SparseGaussianProcess: variational must be 'full' or "
+                f"'mean_field', got {variational!r}."
+            )
+        self.num_inducing, self.whiten = int(num_inducing), bool(whiten)
+        self.variational = variational
+        self.initial_variational_scale = float(initial_variational_scale)
+        self.inducing_inputs_initializer = keras.initializers.get(inducing_inputs_initializer)
+
+    def build(self, input_shape):
+        m = self.num_inducing
+        self._build_kernel_and_mean(input_shape[-1])
+        self.inducing_inputs = self.add_weight(
+            name="inducing_inputs",
+            shape=(m, input_shape[-1]),
+            initializer=self.inducing_inputs_initializer,
+        )
+        self.variational_mean = self.add_weight(
+            name="variational_mean", shape=(self.units, m), initializer="zeros"
+        )
+        raw_diag = _softplus_inverse(self.initial_variational_scale)
+        if self.variational == "full":
+            init = np.zeros((self.units, m, m), "float32")
+            init[:, np.arange(m), np.arange(m)] = raw_diag
+            self.variational_scale = self.add_weight(
+                name="variational_scale",
+                shape=(self.units, m, m),
+                initializer=keras.initializers.Constant(init),
+            )
+        else:
+            self.variational_scale = self.add_weight(
+                name="variational_scale",
+                shape=(self.units, m),
+                initializer=keras.initializers.Constant(raw_diag),
+            )
+
+    def variational_scale_tril(self, dtype=None):
+        """`L` of `q`: lower-triangular `[units, M, M]` with a softplus-positive diagonal."""
+        raw = tf.cast(self.variational_scale, dtype or self.compute_dtype)
+        if self.variational == "mean_field":
+            return tf.linalg.diag(tf.nn.softplus(raw))
+        lower = tf.linalg.band_part(raw, -1, 0)
+        return tf.linalg.set_diag(lower, tf.nn.softplus(tf.linalg.diag_part(raw)))
+
+    def kl_divergence(self, chol_zz=None):
+        """`sum_units KL[q(u) || p(u)]`."""
+        dtype = self._linalg_dtype()
+        scale = self.variational_scale_tril(dtype)
+        q = tfd.MultivariateNormalTriL(tf.cast(self.variational_mean, dtype), scale)
+        if self.whiten:
+            prior = tfd.MultivariateNormalDiag(tf.zeros([self.num_inducing], dtype))
+        else:
+            if chol_zz is None:
+                z = tf.cast(self.inducing_inputs, dtype)
+                chol_zz = self._cholesky(self.kernel(dtype).matrix(z, z), "inducing covariance")
+            prior = tfd.MultivariateNormalTriL(tf.zeros([self.num_inducing], dtype), chol_zz)
+        return tf.reduce_sum(tfd.kl_divergence(q, prior))
+
+    def predict_marginals(self, inputs):
+        """`(mu, sigma^2)` of `q(f(x))`, each `[batch, units]`, and the KL."""
+        x = self._inputs(inputs)
+        dtype = self._linalg_dtype()
+        kernel = self.kernel(dtype)
+        xd, z = tf.cast(x, dtype), tf.cast(self.inducing_inputs, dtype)
+        chol_zz = self._cholesky(kernel.matrix(z, z), "inducing covariance")
+        a = tf.linalg.triangular_solve(chol_zz, kernel.matrix(z, xd))  # [M, B]
+        if not self.whiten:  # project through K_ZZ^{-1} K_Zx
+            a_u = tf.linalg.triangular_solve(chol_zz, a, adjoint=True)
+        else:
+            a_u = a
+        q_mean = tf.cast(self.variational_mean, dtype)  # [units, M]
+        scale = self.variational_scale_tril(dtype)  # [units, M, M]
+        mean = tf.cast(self.mean(x), dtype) + tf.transpose(tf.matmul(q_mean, a_u))
+        prior_var = kernel.apply(xd, xd, example_ndims=1) - tf.reduce_sum(tf.square(a), 0)
+        explained = tf.reduce_sum(tf.square(tf.matmul(scale, a_u[None], transpose_a=True)), 1)
+        variance = prior_var[:, None] + tf.transpose(explained)
+        kl = self.kl_divergence(chol_zz)
+        out = self.compute_dtype
+        return tf.cast(mean, out), tf.cast(tf.maximum(variance, 1e-12), out), tf.cast(kl, out)
+
+    def call(self, inputs):
+        mean, variance, kl = self.predict_marginals(inputs)
+        self.add_loss(kl)
+        return rv_lib.Normal(
+            loc=mean, scale=tf.sqrt(variance), seed=seeds.next_seed(self.seed_generator)
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_inducing": self.num_inducing,
+            "whiten": self.whiten,
+            "variational": self.variational,
+            "initial_variational_scale": self.initial_variational_scale,
+            "inducing_inputs_initializer": keras.initializers.serialize(
+                self.inducing_inputs_initializer
+            ),
+        }
+
+
+@register
+class RandomFourierFeatures(BayesianLayer):
+    """Random-feature GP approximation (Rahimi & Recht, 2007; Cutajar et al., 2017).
+
+    `phi(x) = amplitude * sqrt(2 / D) cos(x / length_scale @ Omega + b)` with fixed
+    `Omega ~ N(0, I)` `[d, D]` and `b ~ U(0, 2 pi)`, so `phi(x)^T phi(y)` approximates the
+    ExponentiatedQuadratic kernel with error O(1 / sqrt(D)); `f(x) = phi(x)^T w` with a Bayesian
+    output layer (`output_layer`, default `DenseReparameterization` without bias) whose KL
+    regularizes `w` toward `N(0, I)`, making `f` approximately `GP(0, k)` a priori.
+    """
+
+    def __init__(
+        self,
+        units,
+        num_features=1024,
+        amplitude=1.0,
+        length_scale=1.0,
+        trainable_length_scale=True,
+        output_layer=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self.units, self.num_features = int(units), int(num_features)
+        self.amplitude_init, self.length_scale_init = float(amplitude), float(length_scale)
+        self.trainable_length_scale = trainable_length_scale
+        self.output_layer = output_layer or DenseReparameterization(
+            units, use_bias=False, kernel_initializer="trainable_normal"
+        )
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        rng = np.random.RandomState(
+            self.seed if self.seed is not None else np.random.randint(2**31 - 1)
+        )
+        constant = keras.initializers.Constant
+        self.projection = self.add_weight(
+            name="projection",
+            shape=(d, self.num_features),
+            trainable=False,
+            initializer=constant(rng.randn(d, self.num_features).astype("float32")),
+        )
+        self.phase = self.add_weight(
+            name="phase",
+            shape=(self.num_features,),
+            trainable=False,
+            initializer=constant(rng.uniform(0, 2 * np.pi, self.num_features).astype("float32")),
+        )
+        self.raw_length_scale = self.add_weight(
+            name="length_scale",
+            shape=(d,),
+            trainable=self.trainable_length_scale,
+            initializer=constant(_softplus_inverse(self.length_scale_init)),
+        )
+        if not self.output_layer.built:
+            self.output_layer.build((None, self.num_features))
+
+    def feature_map(self, inputs):
+        """`phi(x)`, `[batch, num_features]`."""
+        x = tf.convert_to_tensor(inputs, self.compute_dtype) / tf.nn.softplus(self.raw_length_scale)
+        scale = self.amplitude_init * math.sqrt(2.0 / self.num_features)
+        return scale * tf.cos(tf.matmul(x, self.projection) + self.phase)
+
+    def call(self, inputs):
+        return self.output_layer(self.feature_map(inputs))
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "num_features": self.num_features,
+            "amplitude": self.amplitude_init,
+            "length_scale": self.length_scale_init,
+            "trainable_length_scale": self.trainable_length_scale,
+            "output_layer": keras.saving.serialize_keras_object(self.output_layer),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["output_layer"] = keras.saving.deserialize_keras_object(config["output_layer"])
+        return cls(**config)
+
+
+@register
+class GaussianLikelihood(keras.layers.Layer):
+    """`y ~ N(f, sigma^2)` with a trainable `sigma^2` (softplus, initial `noise_variance`).
+
+    Takes function values (a tensor, or a GP layer's `RandomVariable`, whose value is a
+    reparameterized draw) and returns a `RandomVariable` over `y`: `-log_prob(y)` is a one-sample
+    estimate of the ELBO's expected log-likelihood, and Monte Carlo passes average into the
+    predictive mixture.
+    """
+
+    def __init__(self, noise_variance=0.1, **kwargs):
+        super().__init__(**kwargs)
+        self.noise_variance_init = float(noise_variance)
+
+    def build(self, input_shape):
+        self.raw_noise_variance = self.add_weight(
+            name="noise_variance",
+            shape=(),
+            initializer=keras.initializers.Constant(_softplus_inverse(self.noise_variance_init)),
+        )
+
+    @property
+    def noise_variance(self):
+        return tf.nn.softplus(self.raw_noise_variance)
+
+    def call(self, inputs):
+        f = inputs.value if isinstance(inputs, RandomVariable) else tf.convert_to_tensor(inputs)
+        return rv_lib.Normal(loc=f, scale=tf.sqrt(self.noise_variance) + tf.zeros_like(f))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "noise_variance": self.noise_variance_init}
