@@ -16,6 +16,8 @@ batches already consumed in that epoch are skipped). Ctrl-C saves a checkpoint f
 import json
 import math
 import os
+import signal
+import threading
 import time
 
 import gin
@@ -88,6 +90,29 @@ def first_non_finite_layer(model, inputs):
             if not _is_finite(leaf):
                 return layer.name, "output"
     return None
+
+
+class _StopOnInterrupt:
+    """Turns the first Ctrl-C (SIGINT) into a request to stop after the current step, so the
+    checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at once."""
+
+    def __init__(self):
+        self.requested = False
+        self._previous = None
+
+    def _handle(self, signum, frame):
+        self.requested = True
+        signal.signal(signal.SIGINT, self._previous)
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 class _History:
@@ -235,8 +260,8 @@ def train(
         train_steps, verbose=1 if progress else 0, stateful_metrics=["nll", "kl", "loss"]
     )
     start_time, sums = time.time(), np.zeros(3)
-    try:
-        while _current(step) < train_steps:
+    with _StopOnInterrupt() as stop:
+        while _current(step) < train_steps and not stop.requested:
             current = _current(step)
             epoch, skip = divmod(current, steps_per_epoch)
             for batch in epoch_batches(epoch, skip):
@@ -276,14 +301,14 @@ def train(
                     manager.save(checkpoint_number=current)
                 if eval_every and current % eval_every == 0 and current < train_steps:
                     run_eval()
-                if current >= train_steps:
+                if current >= train_steps or stop.requested:
                     break
-    except KeyboardInterrupt:
+    if stop.requested:
         manager.save(checkpoint_number=_current(step))
         logging.warning(
             "Interrupted at step %d; checkpoint saved, re-run to resume.", _current(step)
         )
-        raise
+        raise KeyboardInterrupt
     if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(
         f"-{_current(step)}"
     ):
