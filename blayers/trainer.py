@@ -218,7 +218,10 @@ def train(
                 kl_weight = tf.cast(kl_schedule(step), kl.dtype)
                 loss = nll + tf.nn.scale_regularization_loss(kl_weight * kl / num_train)
             grads = tape.gradient(loss, net.trainable_variables)
+            dense = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
             finite = tf.math.is_finite(loss)
+            if dense:
+                finite = tf.logical_and(finite, tf.math.is_finite(tf.linalg.global_norm(dense)))
             # A non-finite step changes no weight: the host stops the run and diagnoses it.
             grads = [
                 g
@@ -227,15 +230,16 @@ def train(
                 for g in grads
             ]
             opt.apply_gradients(zip(grads, net.trainable_variables))
-            return nll, kl, kl_weight
+            return nll, kl, kl_weight, 1.0 - tf.cast(finite, tf.float32)
 
-        nll, kl, kl_weight = strategy.run(replica_step, args=batch)
+        nll, kl, kl_weight, non_finite = strategy.run(replica_step, args=batch)
         step.assign_add(1)
         reduce = tf.distribute.ReduceOp
         return (
             strategy.reduce(reduce.SUM, nll, axis=None),
             strategy.reduce(reduce.MEAN, kl, axis=None),
             strategy.reduce(reduce.MEAN, kl_weight, axis=None),
+            strategy.reduce(reduce.SUM, non_finite, axis=None),  # replicas with a bad step
         )
 
     def epoch_batches(epoch, skip):
@@ -266,10 +270,10 @@ def train(
             epoch, skip = divmod(current, steps_per_epoch)
             for batch in epoch_batches(epoch, skip):
                 last_batch = batch
-                nll, kl, kl_weight = (float(v) for v in train_step(batch))
+                nll, kl, kl_weight, bad_replicas = (float(v) for v in train_step(batch))
                 current = _current(step)
                 loss = nll + kl_weight * kl / num_train
-                if not math.isfinite(loss):
+                if not math.isfinite(loss) or bad_replicas > 0:
                     _raise_non_finite(net, strategy, last_batch, current, nll, kl, manager)
                 sums += (loss, nll, kl / num_train)
                 if current % log_every == 0 or current == train_steps:
@@ -330,8 +334,8 @@ def _raise_non_finite(net, strategy, batch, step, nll, kl, manager):
         else "no layer reproduced a non-finite value on a second pass"
     )
     raise NonFiniteLossError(
-        f"Non-finite loss at step {step} (nll={nll}, kl={kl}): {where}. Training stopped; the "
-        f"last good checkpoint is {manager.latest_checkpoint}."
+        f"Non-finite loss or gradient at step {step} (nll={nll}, kl={kl}): {where}. Training "
+        f"stopped; the last good checkpoint is {manager.latest_checkpoint}."
     )
 
 

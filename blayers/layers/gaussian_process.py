@@ -68,25 +68,30 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
 
     Tries the next jitter while the factor has non-finite entries (TF returns NaN for matrices
     that are not positive definite), and raises `InvalidArgumentError` naming `name` when all
-    `max_tries` fail. Works eagerly and inside `tf.function`.
+    `max_tries` fail. Works eagerly and inside `tf.function`; gradients flow through the one
+    successful factorization only.
     """
     matrix = tf.convert_to_tensor(matrix)
     size = tf.shape(matrix)[-1]
-    scale = tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1)[..., None, None]
+    scale = tf.stop_gradient(tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1))[..., None, None]
     eye = tf.eye(size, dtype=matrix.dtype)
 
-    def attempt(i):
+    def attempt(i, target):
         factor = jitter * tf.pow(tf.constant(10.0, matrix.dtype), tf.cast(i, matrix.dtype))
-        return tf.linalg.cholesky(matrix + factor * scale * eye)
+        return tf.linalg.cholesky(target + factor * scale * eye)
 
     def failed(chol):
         return tf.logical_not(tf.reduce_all(tf.math.is_finite(chol)))
 
-    _, chol = tf.while_loop(
+    # Find the smallest working jitter without gradients (a failed factor is NaN, and NaN * 0
+    # would poison the backward pass), then factor once, differentiably, with it.
+    frozen = tf.stop_gradient(matrix)
+    tries, _ = tf.while_loop(
         lambda i, chol: tf.logical_and(i < max_tries - 1, failed(chol)),
-        lambda i, chol: (i + 1, attempt(i + 1)),
-        (tf.constant(0), attempt(0)),
+        lambda i, chol: (i + 1, attempt(i + 1, frozen)),
+        (tf.constant(0), attempt(0, frozen)),
     )
+    chol = attempt(tries, matrix)
     message = (
         f"Cholesky factorization of the {name} failed even with jitter "
         f"{jitter * 10 ** (max_tries - 1):g} x mean(diag): the matrix is not positive "

@@ -12,11 +12,20 @@ import gin
 import keras
 
 from blayers import layers as blayers_layers
+from blayers.models.gaussian_process import deep_gp
 from blayers.models.registry import get_layer_class
 from blayers.models.resnet import resnet
 from blayers.models.sequence import lstm_sequence_model
 
-__all__ = ["NUM_OUTPUTS", "get_layer_class", "lstm_sequence_model", "mlp", "resnet", "sequential"]
+__all__ = [
+    "NUM_OUTPUTS",
+    "deep_gp",
+    "get_layer_class",
+    "lstm_sequence_model",
+    "mlp",
+    "resnet",
+    "sequential",
+]
 
 NUM_OUTPUTS = "num_outputs"  # a layer-spec value replaced by the model's output size
 

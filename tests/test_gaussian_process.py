@@ -1,0 +1,199 @@
+"""Gaussian-process layers against closed forms: the exact posterior, SVGP recovering it with
+optimal q(u) and bounding the log marginal likelihood, random-feature error ~ 1/sqrt(D), and a
+three-layer deep GP trained by the framework's trainer."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import blayers
+from blayers import data as data_lib
+from blayers import trainer
+from blayers.layers import (
+    GaussianLikelihood,
+    GaussianProcess,
+    RandomFourierFeatures,
+    SparseGaussianProcess,
+)
+from blayers.layers.gaussian_process import jittered_cholesky
+
+RNG = np.random.RandomState(0)
+X = RNG.uniform(-2, 2, (12, 2))
+Y = np.sin(X[:, :1] * 2) + 0.1 * RNG.randn(12, 1)
+X_TEST = RNG.uniform(-2, 2, (5, 2))
+NOISE = 0.05
+
+
+def _rbf(a, b, amplitude=1.0, length_scale=1.0):
+    sq = np.sum((a[:, None] - b[None]) ** 2, -1) / length_scale**2
+    return amplitude**2 * np.exp(-0.5 * sq)
+
+
+def _exact_posterior(x_train, y, x_test, noise=NOISE):
+    k = _rbf(x_train, x_train) + noise * np.eye(len(x_train))
+    k_star = _rbf(x_test, x_train)
+    mean = k_star @ np.linalg.solve(k, y)
+    cov = _rbf(x_test, x_test) - k_star @ np.linalg.solve(k, k_star.T)
+    return mean, cov
+
+
+def _log_marginal_likelihood(x_train, y, noise=NOISE):
+    k = _rbf(x_train, x_train) + noise * np.eye(len(x_train))
+    _, logdet = np.linalg.slogdet(k)
+    return float(
+        -0.5 * y[:, 0] @ np.linalg.solve(k, y[:, 0])
+        - 0.5 * logdet
+        - 0.5 * len(y) * math.log(2 * math.pi)
+    )
+
+
+def test_exact_gp_posterior_matches_closed_form():
+    layer = GaussianProcess(
+        1,
+        conditional_inputs=X,
+        conditional_outputs=Y,
+        observation_noise_variance=NOISE,
+        cholesky_dtype="float64",
+        jitter=1e-12,
+    )
+    rv = layer(X_TEST.astype("float32"))
+    assert isinstance(rv, blayers.RandomVariable) and rv.shape == (5, 1)
+    mean, cov = _exact_posterior(X, Y, X_TEST)
+    np.testing.assert_allclose(rv.distribution.mean().numpy(), mean, atol=1e-4)
+    scale_row = rv.distribution.scale_row.to_dense().numpy()
+    np.testing.assert_allclose(scale_row @ scale_row.T, cov, atol=1e-4)
+    prior = GaussianProcess(2)(X_TEST.astype("float32"))  # the prior: zero mean, K
+    assert prior.shape == (5, 2)
+    np.testing.assert_allclose(prior.distribution.mean().numpy(), 0.0)
+
+
+def _set_optimal_q(layer, z, x_train, y, noise=NOISE):
+    """Titsias' optimal q(u) for inducing inputs z, written into a whitened layer."""
+    k_zz = _rbf(z, z) + 1e-10 * np.eye(len(z))
+    k_zx = _rbf(z, x_train)
+    sigma = k_zz + k_zx @ k_zx.T / noise
+    m_u = k_zz @ np.linalg.solve(sigma, k_zx @ y[:, 0]) / noise
+    s_u = k_zz @ np.linalg.solve(sigma, k_zz)
+    l_z = np.linalg.cholesky(k_zz)
+    m_v = np.linalg.solve(l_z, m_u)
+    s_v = np.linalg.solve(l_z, np.linalg.solve(l_z, s_u).T)
+    l_v = np.linalg.cholesky(0.5 * (s_v + s_v.T) + 1e-10 * np.eye(len(z)))
+    layer.inducing_inputs.assign(z)
+    layer.variational_mean.assign(m_v[None])
+    raw = np.tril(l_v)
+    raw[np.diag_indices(len(z))] = np.log(np.expm1(np.diag(l_v)))
+    layer.variational_scale.assign(raw[None])
+
+
+def _svgp(num_inducing):
+    layer = SparseGaussianProcess(
+        1, num_inducing=num_inducing, cholesky_dtype="float64", jitter=1e-10, dtype="float64"
+    )
+    layer.build((None, 2))
+    return layer
+
+
+def _elbo(layer, x_train, y, noise=NOISE):
+    mean, var, kl = (t.numpy() for t in layer.predict_marginals(x_train))
+    expected = (-0.5 * math.log(2 * math.pi * noise) - ((y - mean) ** 2 + var) / (2 * noise)).sum()
+    return float(expected - kl)
+
+
+def test_svgp_with_optimal_q_at_training_inputs_recovers_exact_posterior():
+    layer = _svgp(len(X))
+    _set_optimal_q(layer, X, X, Y)
+    mean, var, _ = layer.predict_marginals(X_TEST)
+    exact_mean, exact_cov = _exact_posterior(X, Y, X_TEST)
+    np.testing.assert_allclose(mean.numpy(), exact_mean, atol=1e-5)
+    np.testing.assert_allclose(var.numpy()[:, 0], np.diag(exact_cov), atol=1e-5)
+    # With Z = X the bound is tight: ELBO = log p(y).
+    assert _elbo(layer, X, Y) == pytest.approx(_log_marginal_likelihood(X, Y), abs=1e-4)
+
+
+def test_svgp_elbo_bounds_log_marginal_likelihood_and_approaches_it():
+    log_ml = _log_marginal_likelihood(X, Y)
+    elbos = []
+    for m in (2, 4, 8, 12):
+        layer = _svgp(m)
+        _set_optimal_q(layer, X[:m], X, Y)
+        elbos.append(_elbo(layer, X, Y))
+    assert all(e <= log_ml + 1e-6 for e in elbos)
+    assert all(a <= b + 1e-6 for a, b in zip(elbos, elbos[1:]))  # nested Z: monotone
+    assert elbos[0] < log_ml - 1.0 and elbos[-1] == pytest.approx(log_ml, abs=1e-4)
+
+
+def test_svgp_kl_in_losses_and_unwhitened_mean_field_variant():
+    x = RNG.randn(7, 2).astype("float32")
+    for kwargs in ({}, {"whiten": False, "variational": "mean_field"}):
+        layer = SparseGaussianProcess(3, num_inducing=4, **kwargs)
+        out = layer(x)
+        assert out.shape == (7, 3) and len(layer.losses) == 1
+        assert float(layer.losses[0]) >= 0.0
+        assert np.all(np.isfinite(out.numpy()))
+
+
+def test_random_features_error_falls_as_inverse_sqrt_features():
+    x = RNG.randn(40, 3).astype("float32")
+    exact = _rbf(x.astype(np.float64), x.astype(np.float64))
+    sizes = [64, 256, 1024, 4096]
+    errors = []
+    for d in sizes:
+        trials = []
+        for seed in range(5):
+            layer = RandomFourierFeatures(1, num_features=d, seed=seed)
+            layer.build(x.shape)
+            phi = layer.feature_map(x).numpy().astype(np.float64)
+            trials.append(np.sqrt(np.mean((phi @ phi.T - exact) ** 2)))
+        errors.append(np.mean(trials))
+    slope = np.polyfit(np.log(sizes), np.log(errors), 1)[0]
+    assert -0.65 < slope < -0.35, (errors, slope)
+    layer = RandomFourierFeatures(2, num_features=32)
+    assert layer(x).shape == (40, 2) and len(layer.losses) == 1
+
+
+def test_jittered_cholesky_retries_and_fails_clearly():
+    singular = tf.constant([[1.0, 1.0], [1.0, 1.0]])
+    chol = jittered_cholesky(singular, jitter=1e-12, max_tries=8)
+    assert np.all(np.isfinite(chol.numpy()))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Cholesky factorization of the"):
+        jittered_cholesky(tf.constant([[1.0, 2.0], [2.0, 1.0]]), jitter=1e-6, max_tries=2)
+    graph = tf.function(lambda m: jittered_cholesky(m, jitter=1e-12, max_tries=8))
+    assert np.all(np.isfinite(graph(singular).numpy()))
+
+
+def _deep_gp(input_shape, num_outputs):
+    return keras.Sequential(
+        [
+            keras.Input(input_shape),
+            SparseGaussianProcess(3, num_inducing=16, mean_fn="linear"),
+            SparseGaussianProcess(3, num_inducing=16, mean_fn="linear"),
+            SparseGaussianProcess(num_outputs // 2, num_inducing=16),
+            GaussianLikelihood(),
+        ]
+    )
+
+
+def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
+    toy = data_lib.heteroscedastic_1d(num_train=128, num_test=64)
+    metrics = trainer.train(
+        str(tmp_path),
+        data=toy,
+        model=_deep_gp,
+        train_steps=30,
+        batch_size=64,
+        num_eval_samples=3,
+        progress=False,
+        optimizer=lambda: keras.optimizers.Adam(0.01),
+    )
+    assert np.isfinite(metrics["nlpd"]) and metrics["rmse"] < 10
+    model = _deep_gp((1,), 2)
+    model(np.zeros((4, 1), "float32"))
+    assert len(model.losses) == 3  # one KL per GP layer
+    path = tmp_path / "dgp.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    for a, b in zip(model.trainable_weights, loaded.trainable_weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
