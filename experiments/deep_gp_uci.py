@@ -155,8 +155,10 @@ def write_tables(rows, root):
         return "" if value is None else f"{value:.2f}"
 
     lines = [
-        "| data set | model | splits | test LL (ours) | RMSE (ours) | MC dropout LL | "
-        "SVGP LL | DGP-2 LL | MC dropout RMSE |",
+        (
+            "| data set | model | splits | test LL (ours) | RMSE (ours) | MC dropout LL | "
+            "SVGP LL | DGP-2 LL | MC dropout RMSE |"
+        ),
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:

@@ -75,3 +75,37 @@ def test_main_job_sweep(tmp_path):
     for run in ("dense_layer-DenseFlipout", "dense_layer-Dense"):
         final = json.loads((tmp_path / run / "metrics.json").read_text())["final"]
         assert final["accuracy"] > 0.9
+
+
+UCI_ROOT = ROOT.parent / "shared" / "data" / "uci"
+
+
+@pytest.mark.skipif(not UCI_ROOT.exists(), reason="../shared/data/uci not present")
+def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
+    sys.path.insert(0, str(ROOT / "experiments"))
+    import deep_gp_uci
+
+    args = [
+        "--uci_dir",
+        str(UCI_ROOT),
+        "--datasets",
+        "yacht",
+        "--depths",
+        "1",
+        "--splits",
+        "2",
+        "--root",
+        str(tmp_path),
+        "--gin_param",
+        "train.train_steps = 20",
+        "--gin_param",
+        "deep_gp.num_inducing = 10",
+        "--gin_param",
+        "train.num_eval_samples = 2",
+    ]
+    rows = deep_gp_uci.main(args)
+    assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["mc_dropout_ll"] == -1.25
+    table = (tmp_path / "results.md").read_text()
+    assert "| yacht | DGP-1 | 2 |" in table and "MC dropout LL" in table
+    # Finished runs are reused: a second call trains nothing and gives the same numbers.
+    assert deep_gp_uci.main(args)[0]["test_ll"] == rows[0]["test_ll"]
