@@ -227,6 +227,24 @@ def test_attention_at_posterior_mean_equals_keras_attention(cls):
     assert out.shape == (2, 5, 6) and len(layer.losses) == 4
 
 
+@pytest.mark.parametrize(
+    "cls",
+    [blayers.layers.MultiHeadAttentionReparameterization, blayers.layers.MultiHeadAttentionFlipout],
+)
+def test_attention_round_trip_and_gin(cls, tmp_path):
+    inputs = keras.Input((5, 6))
+    model = keras.Model(inputs, cls(num_heads=2, key_dim=3)(inputs, inputs))
+    x = RNG.randn(2, 5, 6).astype("float32")
+    model(x)
+    model.save(tmp_path / "attention.keras")
+    loaded = keras.models.load_model(tmp_path / "attention.keras")
+    assert len(loaded.trainable_weights) == len(model.trainable_weights) == 12
+    for a, b in zip(model.trainable_weights, loaded.trainable_weights):
+        np.testing.assert_array_equal(a.numpy(), b.numpy())
+    gin.parse_config(f"{cls.__name__}.num_heads = 3\n{cls.__name__}.key_dim = 2")
+    assert cls().num_heads == 3
+
+
 def test_attention_flipout_query_moments():
     layer = blayers.layers.MultiHeadAttentionFlipout(num_heads=1, key_dim=2, use_bias=False)
     q = RNG.randn(1, 1, 3).astype("float32")
