@@ -12,6 +12,7 @@ and a raw scale per target dimension, giving `Normal(mean, softplus(raw) + 1e-3)
 """
 
 import gin
+import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -21,6 +22,7 @@ tfd = tfp.distributions
 
 __all__ = [
     "MIN_SCALE",
+    "NegativeLogLikelihood",
     "constant_kl_weight",
     "linear_kl_annealing",
     "negative_log_likelihood",
@@ -70,3 +72,33 @@ def linear_kl_annealing(step, warmup_steps=1000, start=0.0):
 def sigmoid_kl_annealing(step, midpoint=1000, rate=0.01):
     """`beta_t = sigmoid(rate * (t - midpoint))`."""
     return tf.sigmoid(rate * (tf.cast(step, tf.float32) - midpoint))
+
+
+@keras.saving.register_keras_serializable("blayers.objectives")
+class NegativeLogLikelihood(keras.losses.Loss):
+    """Keras loss `-mean log p(y_true | y_pred)` for models whose output is a `RandomVariable`.
+
+    Keras' own losses cast `y_pred` to float, which turns an integer-valued random variable
+    (a `Categorical` output) into its value; this loss reads `y_pred.distribution` first.
+    Event dimensions beyond the batch are summed (a sequence's or an image's log-likelihood).
+    """
+
+    def __init__(self, name="negative_log_likelihood", **kwargs):
+        super().__init__(name=name, **kwargs)
+
+    def __call__(self, y_true, y_pred, sample_weight=None):
+        if not isinstance(y_pred, RandomVariable):
+            raise TypeError(
+                "NegativeLogLikelihood needs a model whose output is a "
+                f"RandomVariable, got {type(y_pred).__name__}."
+            )
+        log_prob = y_pred.distribution.log_prob(tf.cast(y_true, y_pred.dtype))
+        if log_prob.shape.rank and log_prob.shape.rank > 1:
+            log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
+        losses = -log_prob
+        if sample_weight is not None:
+            losses = losses * tf.cast(tf.reshape(sample_weight, tf.shape(losses)), losses.dtype)
+        return tf.reduce_mean(losses)
+
+    def call(self, y_true, y_pred):  # Loss' abstract method; __call__ does the work
+        return self(y_true, y_pred)

@@ -26,6 +26,15 @@ from blayers.layers.recurrent import (
     LSTMCellFlipout,
     LSTMCellReparameterization,
 )
+from blayers.layers.stochastic_output import (
+    Bernoulli,
+    Categorical,
+    Discretize,
+    MixtureLogistic,
+    MixtureNormal,
+    Normal,
+    Poisson,
+)
 
 __all__ = [  # noqa: PLE0604 - includes the convolution names
     "BayesianLayer",
@@ -46,4 +55,11 @@ __all__ = [  # noqa: PLE0604 - includes the convolution names
     "SparseGaussianProcess",
     "RandomFourierFeatures",
     "GaussianLikelihood",
+    "Normal",
+    "Bernoulli",
+    "Categorical",
+    "Poisson",
+    "MixtureLogistic",
+    "MixtureNormal",
+    "Discretize",
 ]

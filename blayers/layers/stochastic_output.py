@@ -1,0 +1,219 @@
+"""Stochastic output layers: deterministic computation on a tensor, returning a random variable
+(Tran et al., 2019, Sec. 2.3 "Stochastic Output Layers").
+
+Each layer maps its input (optionally through a trainable linear projection, `units`) to the
+parameters of a distribution and returns a `RandomVariable`, so a model can end in one (a loss
+reads `outputs.distribution.log_prob(labels)`, also in `model.fit`) and a stochastic output can
+feed the next layer (its value is a draw). Without `units` the input's shape is kept:
+
+* `Normal`: `loc = x`, `scale` a trainable per-feature vector (softplus); with `units`:
+  `loc, scale = Dense(2 units)(x)` (heteroscedastic).
+* `Bernoulli`, `Poisson`: logits / log-rates `= x` (or `Dense(units)(x)`).
+* `Categorical`: logits `= x` over its last axis (or `Dense(units)(x)`, `units` classes).
+* `MixtureLogistic(num_components)`, `MixtureNormal(num_components)`: per output element,
+  mixture logits, locations and scales from `3 * num_components` inputs on the last axis (or
+  `Dense(units * 3 K)(x)`); the output has one value per `units` (or per input position).
+* `Discretize`: a continuous random variable -> one over the integers whose probabilities are
+  the continuous mass of unit bins `(k - 1/2, k + 1/2]`, the edge bins taking the tails
+  (Salimans et al., 2017), computed by TFP's `QuantizedDistribution` in log space.
+"""
+
+import keras
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import distributions as rv_lib
+from blayers import seeds
+from blayers.layers.base import BayesianLayer, register
+from blayers.random_variable import RandomVariable
+
+tfd = tfp.distributions
+tfb = tfp.bijectors
+
+__all__ = [
+    "Bernoulli",
+    "Categorical",
+    "Discretize",
+    "MixtureLogistic",
+    "MixtureNormal",
+    "Normal",
+    "Poisson",
+]
+
+_MIN_SCALE = 1e-5
+
+
+class _OutputLayer(BayesianLayer):
+    """A projection to `parameters_per_unit * units` when `units` is set; subclasses map the
+    (projected) tensor to a distribution."""
+
+    parameters_per_unit = 1
+
+    def __init__(self, units=None, seed=None, **kwargs):
+        super().__init__(seed=seed, **kwargs)
+        if units is not None and (not isinstance(units, int) or units <= 0):
+            raise ValueError(
+                f"{type(self).__name__}: units must be a positive int or None, got {units!r}."
+            )
+        self.units = units
+        self.projection = None
+        if units is not None:
+            self.projection = keras.layers.Dense(
+                self.parameters_per_unit * units, name="projection"
+            )
+
+    def build(self, input_shape):
+        if self.projection is not None and not self.projection.built:
+            self.projection.build(input_shape)
+
+    def call(self, inputs):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        if self.projection is not None:
+            x = self.projection(x)
+        return self._random_variable(x)
+
+    def _seed(self):
+        return seeds.next_seed(self.seed_generator)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+@register
+class Normal(_OutputLayer):
+    """`N(loc, scale)`: `loc = x` with a trainable per-feature scale, or (with `units`)
+    `loc, raw = split(Dense(2 units)(x))`, `scale = softplus(raw) + 1e-5`."""
+
+    parameters_per_unit = 2
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        if self.units is None:
+            self.raw_scale = self.add_weight(
+                name="scale", shape=(input_shape[-1],), initializer="zeros"
+            )
+
+    def _random_variable(self, x):
+        if self.units is None:
+            scale = tf.nn.softplus(self.raw_scale) + _MIN_SCALE + tf.zeros_like(x)
+            loc = x
+        else:
+            loc, raw = tf.split(x, 2, axis=-1)
+            scale = tf.nn.softplus(raw) + _MIN_SCALE
+        return rv_lib.Normal(loc=loc, scale=scale, seed=self._seed())
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
+
+
+@register
+class Bernoulli(_OutputLayer):
+    """`Bernoulli(logits = x)` (or `Dense(units)(x)`); values are float 0/1."""
+
+    def _random_variable(self, x):
+        return rv_lib.Bernoulli(logits=x, dtype=x.dtype, seed=self._seed())
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
+
+
+@register
+class Poisson(_OutputLayer):
+    """`Poisson(log_rate = x)` (or `Dense(units)(x)`)."""
+
+    def _random_variable(self, x):
+        return rv_lib.Poisson(log_rate=x, seed=self._seed())
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
+
+
+@register
+class Categorical(_OutputLayer):
+    """`Categorical(logits = x)` over the last axis (or `Dense(units)(x)`, `units` classes);
+    the output drops that axis."""
+
+    def _random_variable(self, x):
+        return rv_lib.Categorical(logits=x, seed=self._seed())
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1])
+
+
+class _Mixture(_OutputLayer):
+    component = None
+
+    def __init__(self, num_components, units=None, **kwargs):
+        self.num_components = int(num_components)
+        self.parameters_per_unit = 3 * self.num_components
+        super().__init__(units=units, **kwargs)
+
+    def _random_variable(self, x):
+        k = self.num_components
+        if self.units is not None:
+            x = tf.reshape(x, tf.concat([tf.shape(x)[:-1], [self.units, 3 * k]], 0))
+        elif x.shape[-1] != 3 * k:
+            raise ValueError(
+                f"{type(self).__name__}({k}) without units needs 3 * {k} = {3 * k} "
+                f"inputs on the last axis, got {x.shape[-1]}."
+            )
+        logits, loc, raw_scale = tf.split(x, 3, axis=-1)
+        scale = tf.nn.softplus(raw_scale) + _MIN_SCALE
+        return rv_lib.MixtureSameFamily(
+            mixture_distribution=tfd.Categorical(logits=logits),
+            components_distribution=self.component(loc=loc, scale=scale),
+            seed=self._seed(),
+        )
+
+    def compute_output_shape(self, input_shape):
+        if self.units is not None:
+            return tuple(input_shape[:-1]) + (self.units,)
+        return tuple(input_shape[:-1])
+
+    def get_config(self):
+        return {**super().get_config(), "num_components": self.num_components}
+
+
+@register
+class MixtureLogistic(_Mixture):
+    """Mixture of `num_components` logistics per output element (PixelCNN++'s likelihood)."""
+
+    component = tfd.Logistic
+
+
+@register
+class MixtureNormal(_Mixture):
+    """Mixture of `num_components` Normals per output element (a mixture density network)."""
+
+    component = tfd.Normal
+
+
+@register
+class Discretize(keras.layers.Layer):
+    """Discretizes a continuous random variable onto the integers `low..high`.
+
+    `P(k) = F(k + 1/2) - F(k - 1/2)` inside, `P(low) = F(low + 1/2)` and
+    `P(high) = 1 - F(high - 1/2)` at the edges, evaluated in log space by TFP's
+    `QuantizedDistribution` (log-CDF and log-survival functions), hence stable at the edges.
+    """
+
+    def __init__(self, low=0, high=255, **kwargs):
+        super().__init__(**kwargs)
+        self.low, self.high = float(low), float(high)
+
+    def call(self, inputs):
+        if not isinstance(inputs, RandomVariable):
+            raise TypeError(
+                "Discretize takes a RandomVariable (e.g. MixtureLogistic's output), "
+                f"got {type(inputs).__name__}."
+            )
+        shifted = tfd.TransformedDistribution(
+            inputs.distribution, tfb.Shift(tf.constant(-0.5, inputs.dtype))
+        )
+        return rv_lib.QuantizedDistribution(shifted, low=self.low, high=self.high)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "low": self.low, "high": self.high}
