@@ -26,6 +26,15 @@ from blayers.layers.recurrent import (
     LSTMCellFlipout,
     LSTMCellReparameterization,
 )
+from blayers.layers.reversible import (
+    MADE,
+    ActNorm,
+    Permute,
+    RealNVP,
+    Reverse,
+    ReversibleLayer,
+    RevNetBlock,
+)
 from blayers.layers.stochastic_output import (
     Bernoulli,
     Categorical,
@@ -35,6 +44,7 @@ from blayers.layers.stochastic_output import (
     Normal,
     Poisson,
 )
+from blayers.layers.vector_quantizer import VectorQuantizer
 
 __all__ = [  # noqa: PLE0604 - includes the convolution names
     "BayesianLayer",
@@ -62,4 +72,12 @@ __all__ = [  # noqa: PLE0604 - includes the convolution names
     "MixtureLogistic",
     "MixtureNormal",
     "Discretize",
+    "VectorQuantizer",
+    "ReversibleLayer",
+    "Reverse",
+    "Permute",
+    "ActNorm",
+    "MADE",
+    "RealNVP",
+    "RevNetBlock",
 ]

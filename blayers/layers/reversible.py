@@ -1,0 +1,413 @@
+"""Reversible layers: bijections that carry a random variable from input to output (Tran et
+al., 2019, Sec. 2.4 "Reversible Layers"; normalizing flows).
+
+The protocol: a reversible layer has `call` (forward), `reverse` (inverse) and
+`log_det_jacobian(x)` (`log |det d call / dx|` per example; 0 for volume-preserving layers).
+Called on a tensor it returns a tensor. Called on a `RandomVariable` it returns a
+`RandomVariable` over the transformed distribution (`TransformedDistribution` with the layer as
+a TFP bijector), whose `log_prob(y) = base.log_prob(reverse(y)) - log_det_jacobian(reverse(y))`.
+Transformations act on the last axis (event rank 1).
+
+* `Reverse(layer)`: swaps `call` and `reverse`; fails only when the missing direction is used.
+* `Permute(order)`: a fixed permutation of the features.
+* `ActNorm()`: per-feature affine `(x + b) * exp(s)` with data-dependent initialization
+  (Kingma & Dhariwal, 2018): the first batch comes out with zero mean and unit variance.
+* `MADE(hidden_dims, order)`: masked autoencoder (Germain et al., 2015): output `i` depends only
+  on inputs before `i` in `order`; `params` outputs per input (inferred by `RealNVP`).
+* `RealNVP(network)`: affine coupling (Dinh et al., 2017): `y = x` on a checkerboard half,
+  `y = x * exp(s(x_m)) + t(x_m)` on the other, halves alternating between successive layers.
+* `RevNetBlock(f, g)`: `y1 = x1 + f(x2)`, `y2 = x2 + g(y1)` (Gomez et al., 2017) with a custom
+  gradient that reconstructs the inputs from the outputs instead of storing activations.
+"""
+
+import itertools
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers.layers.base import register
+from blayers.random_variable import RandomVariable
+
+tfb = tfp.bijectors
+tfd = tfp.distributions
+
+__all__ = [
+    "MADE",
+    "ActNorm",
+    "Permute",
+    "RealNVP",
+    "RevNetBlock",
+    "Reverse",
+    "ReversibleLayer",
+]
+
+
+class _LayerBijector(tfb.Bijector):
+    """A reversible layer as a TFP bijector on the last axis."""
+
+    def __init__(self, layer, dtype):
+        self._layer = layer
+        super().__init__(
+            forward_min_event_ndims=1, is_constant_jacobian=False, dtype=dtype, name=layer.name
+        )
+
+    def _forward(self, x):
+        return self._layer.forward(x)
+
+    def _inverse(self, y):
+        return self._layer.reverse(y)
+
+    def _forward_log_det_jacobian(self, x):
+        return self._layer.log_det_jacobian(x)
+
+
+class ReversibleLayer(keras.layers.Layer):
+    """Base class: subclasses implement `forward`, `reverse` and `log_det_jacobian`."""
+
+    def forward(self, x):
+        raise NotImplementedError(f"{type(self).__name__} has no forward direction.")
+
+    def reverse(self, y):
+        raise NotImplementedError(f"{type(self).__name__} has no reverse direction.")
+
+    def log_det_jacobian(self, x):
+        """`log |det J_forward(x)|` per example (shape `x.shape[:-1]`)."""
+        return tf.zeros(tf.shape(x)[:-1], x.dtype)
+
+    def call(self, inputs):
+        if isinstance(inputs, RandomVariable):
+            distribution = tfd.TransformedDistribution(
+                inputs.distribution, _LayerBijector(self, inputs.dtype)
+            )
+            return RandomVariable(distribution, value=self.forward(inputs.value))
+        return self.forward(tf.convert_to_tensor(inputs, self.compute_dtype))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+
+@register
+class Reverse(ReversibleLayer):
+    """The inverse of a reversible layer: `call` is its `reverse` and vice versa."""
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        self.layer = layer
+
+    def build(self, input_shape):
+        if not self.layer.built:
+            self.layer.build(input_shape)
+
+    def forward(self, x):
+        return self.layer.reverse(x)
+
+    def reverse(self, y):
+        return self.layer.forward(y)
+
+    def log_det_jacobian(self, x):
+        return -self.layer.log_det_jacobian(self.layer.reverse(x))
+
+    def get_config(self):
+        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["layer"] = keras.saving.deserialize_keras_object(config["layer"])
+        return cls(**config)
+
+
+@register
+class Permute(ReversibleLayer):
+    """Fixed permutation of the last axis: `order` a list, `'reverse'`, or `'random'` (seed)."""
+
+    def __init__(self, order="reverse", seed=None, **kwargs):
+        super().__init__(**kwargs)
+        self.order, self.seed = order, seed
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        if self.order == "reverse":
+            perm = np.arange(d)[::-1]
+        elif self.order == "random":
+            perm = np.random.RandomState(self.seed).permutation(d)
+        else:
+            perm = np.asarray(self.order)
+            if sorted(perm.tolist()) != list(range(d)):
+                raise ValueError(f"Permute: order {self.order} is not a permutation of {d}.")
+        self._perm = tf.constant(perm, tf.int32)
+        self._inverse_perm = tf.constant(np.argsort(perm), tf.int32)
+
+    def forward(self, x):
+        return tf.gather(x, self._perm, axis=-1)
+
+    def reverse(self, y):
+        return tf.gather(y, self._inverse_perm, axis=-1)
+
+    def get_config(self):
+        order = self.order if isinstance(self.order, str) else list(map(int, self.order))
+        return {**super().get_config(), "order": order, "seed": self.seed}
+
+
+@register
+class ActNorm(ReversibleLayer):
+    """`y = (x + bias) * exp(log_scale)` per feature, initialized from the first batch so that
+    it comes out with zero mean and unit variance (Kingma & Dhariwal, 2018)."""
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        self.bias = self.add_weight(name="bias", shape=(d,), initializer="zeros")
+        self.log_scale = self.add_weight(name="log_scale", shape=(d,), initializer="zeros")
+        self.initialized = self.add_weight(
+            name="initialized", shape=(), initializer="zeros", trainable=False
+        )
+
+    def _initialize(self, x):
+        def init():
+            flat = tf.reshape(x, [-1, tf.shape(x)[-1]])
+            mean, variance = tf.nn.moments(flat, axes=[0])
+            self.bias.assign(-mean)
+            self.log_scale.assign(-0.5 * tf.math.log(variance + 1e-6))
+            self.initialized.assign(1.0)
+            return tf.constant(True)
+
+        return tf.cond(self.initialized > 0, lambda: tf.constant(False), init)
+
+    def forward(self, x):
+        with tf.control_dependencies([self._initialize(x)]):
+            return (x + self.bias) * tf.exp(self.log_scale)
+
+    def reverse(self, y):
+        return y * tf.exp(-self.log_scale) - self.bias
+
+    def log_det_jacobian(self, x):
+        return tf.reduce_sum(self.log_scale) + tf.zeros(tf.shape(x)[:-1], x.dtype)
+
+
+def _made_masks(degrees_in, hidden_dims, rng):
+    """Masks (in -> hidden, hidden -> hidden, ..., hidden -> out) of MADE."""
+    d = len(degrees_in)
+    degrees = [degrees_in]
+    for units in hidden_dims:
+        low = min(int(degrees[-1].min()), d - 1)
+        degrees.append(np.arange(units) % max(d - 1, 1) + low if d > 1 else np.zeros(units, int))
+    masks = [
+        (deg_out[None, :] >= deg_in[:, None]).astype("float32")
+        for deg_in, deg_out in itertools.pairwise(degrees)
+    ]
+    masks.append((degrees_in[None, :] > degrees[-1][:, None]).astype("float32"))
+    return masks
+
+
+@register
+class MADE(keras.layers.Layer):
+    """Masked autoencoder for distribution estimation (Germain et al., 2015).
+
+    Maps `[..., d]` to `[..., d, params]` where output `i` depends only on inputs that come
+    before `i` in `order` (`'left-to-right'`, `'right-to-left'` or `'random'` with `seed`): its
+    Jacobian is strictly triangular in that order. `params` is inferred by `RealNVP` (2: shift
+    and log-scale) when left None.
+    """
+
+    def __init__(
+        self,
+        hidden_dims,
+        order="left-to-right",
+        params=None,
+        activation="relu",
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if order not in ("left-to-right", "right-to-left", "random"):
+            raise ValueError(
+                f"MADE: order must be 'left-to-right', 'right-to-left' or 'random', got {order!r}."
+            )
+        self.hidden_dims = [int(h) for h in hidden_dims]
+        self.order, self.params, self.seed = order, params, seed
+        self.activation = keras.activations.get(activation)
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        params = self.params or 1
+        self.params = params
+        rng = np.random.RandomState(self.seed)
+        if self.order == "left-to-right":
+            degrees = np.arange(d)
+        elif self.order == "right-to-left":
+            degrees = np.arange(d)[::-1]
+        else:
+            degrees = rng.permutation(d)
+        self.input_degrees = degrees
+        masks = _made_masks(degrees, self.hidden_dims, rng)
+        masks[-1] = np.repeat(masks[-1], params, axis=1)  # `params` outputs per input
+        self._masks = [tf.constant(m) for m in masks]
+        sizes = [d, *self.hidden_dims, d * params]
+        self.kernels, self.biases = [], []
+        for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
+            last = i == len(sizes) - 2
+            self.kernels.append(
+                self.add_weight(
+                    name=f"kernel_{i}",
+                    shape=(fan_in, fan_out),
+                    initializer="zeros" if last else "glorot_uniform",
+                )
+            )
+            self.biases.append(
+                self.add_weight(name=f"bias_{i}", shape=(fan_out,), initializer="zeros")
+            )
+
+    def call(self, inputs):
+        h = tf.convert_to_tensor(inputs, self.compute_dtype)
+        for i, (kernel, bias, mask) in enumerate(zip(self.kernels, self.biases, self._masks)):
+            h = tf.matmul(h, kernel * mask) + bias
+            if i < len(self.kernels) - 1:
+                h = self.activation(h)
+        d = inputs.shape[-1]
+        # Output columns are input-major: unit i's `params` outputs are adjacent.
+        return tf.reshape(h, tf.concat([tf.shape(h)[:-1], [d, self.params]], 0))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "hidden_dims": self.hidden_dims,
+            "order": self.order,
+            "params": self.params,
+            "seed": self.seed,
+            "activation": keras.activations.serialize(self.activation),
+        }
+
+
+@register
+class RealNVP(ReversibleLayer):
+    """Affine coupling (Dinh et al., 2017) with a checkerboard mask over the features.
+
+    `network` (e.g. `MADE`, or any layer mapping `[..., d]` to `[..., 2d]` or `[..., d, 2]`)
+    computes the shift `t` and log-scale `s` from the kept half `x * m`; the other half becomes
+    `x * exp(s) + t`. `parity` (0 or 1) picks the kept half; when None, successive `RealNVP`
+    layers alternate.
+    """
+
+    _next_parity = 0
+
+    def __init__(self, network, parity=None, **kwargs):
+        super().__init__(**kwargs)
+        if parity is None:
+            parity = RealNVP._next_parity
+            RealNVP._next_parity = 1 - parity
+        self.network, self.parity = network, int(parity)
+        if isinstance(network, MADE) and network.params is None:
+            network.params = 2
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        self._mask = tf.constant((np.arange(d) % 2 == self.parity).astype("float32"))
+        if not self.network.built:
+            self.network.build(input_shape)
+
+    def _shift_and_log_scale(self, kept):
+        out = self.network(kept)
+        if out.shape.rank == kept.shape.rank + 1:
+            shift, log_scale = out[..., 0], out[..., 1]
+        else:
+            shift, log_scale = tf.split(out, 2, axis=-1)
+        free = 1.0 - self._mask
+        return shift * free, tf.tanh(log_scale) * free  # tanh keeps early steps stable
+
+    def forward(self, x):
+        shift, log_scale = self._shift_and_log_scale(x * self._mask)
+        return x * self._mask + (1.0 - self._mask) * (x * tf.exp(log_scale) + shift)
+
+    def reverse(self, y):
+        shift, log_scale = self._shift_and_log_scale(y * self._mask)
+        return y * self._mask + (1.0 - self._mask) * ((y - shift) * tf.exp(-log_scale))
+
+    def log_det_jacobian(self, x):
+        _, log_scale = self._shift_and_log_scale(x * self._mask)
+        return tf.reduce_sum(log_scale, axis=-1)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "parity": self.parity,
+            "network": keras.saving.serialize_keras_object(self.network),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["network"] = keras.saving.deserialize_keras_object(config["network"])
+        return cls(**config)
+
+
+@register
+class RevNetBlock(ReversibleLayer):
+    """Reversible residual block (Gomez et al., 2017) on the two halves of the last axis:
+    `y1 = x1 + f(x2)`, `y2 = x2 + g(y1)`; volume-preserving (log-det 0).
+
+    The backward pass reconstructs `x` from `y` and recomputes `f` and `g` (a custom gradient),
+    so a stack of blocks stores no activations besides its output: memory does not grow with
+    depth.
+    """
+
+    def __init__(self, f, g, **kwargs):
+        super().__init__(**kwargs)
+        self.f, self.g = f, g
+
+    def build(self, input_shape):
+        half = tuple(input_shape[:-1]) + (input_shape[-1] // 2,)
+        for net in (self.f, self.g):
+            if not net.built:
+                net.build(half)
+
+    def forward(self, x):
+        x1, x2 = tf.split(x, 2, axis=-1)
+        f, g = self.f, self.g
+        variables = self.f.trainable_variables + self.g.trainable_variables
+
+        @tf.custom_gradient
+        def block(x1, x2):
+            y1 = x1 + f(x2)
+            y2 = x2 + g(y1)
+
+            def grad(dy1, dy2, variables=None):
+                with tf.GradientTape() as tape:
+                    tape.watch(y1)
+                    g_y1 = g(y1)
+                dg = tape.gradient(g_y1, [y1, *self.g.trainable_variables], output_gradients=dy2)
+                dy1_total = dy1 + dg[0]
+                x2_rebuilt = y2 - g_y1
+                with tf.GradientTape() as tape:
+                    tape.watch(x2_rebuilt)
+                    f_x2 = f(x2_rebuilt)
+                df = tape.gradient(
+                    f_x2, [x2_rebuilt, *self.f.trainable_variables], output_gradients=dy1_total
+                )
+                grads = {id(v): d for v, d in zip(self.f.trainable_variables, df[1:])}
+                grads.update({id(v): d for v, d in zip(self.g.trainable_variables, dg[1:])})
+                variable_grads = [grads.get(id(v)) for v in (variables or [])]
+                return (dy1_total, dy2 + df[0]), variable_grads
+
+            return (y1, y2), grad
+
+        del variables
+        y1, y2 = block(x1, x2)
+        return tf.concat([y1, y2], axis=-1)
+
+    def reverse(self, y):
+        y1, y2 = tf.split(y, 2, axis=-1)
+        x2 = y2 - self.g(y1)
+        return tf.concat([y1 - self.f(x2), x2], axis=-1)
+
+    def get_config(self):
+        serialize = keras.saving.serialize_keras_object
+        return {**super().get_config(), "f": serialize(self.f), "g": serialize(self.g)}
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for key in ("f", "g"):
+            config[key] = keras.saving.deserialize_keras_object(config[key])
+        return cls(**config)
