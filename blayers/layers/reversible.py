@@ -6,7 +6,8 @@ The protocol: a reversible layer has `call` (forward), `reverse` (inverse) and
 Called on a tensor it returns a tensor. Called on a `RandomVariable` it returns a
 `RandomVariable` over the transformed distribution (`TransformedDistribution` with the layer as
 a TFP bijector), whose `log_prob(y) = base.log_prob(reverse(y)) - log_det_jacobian(reverse(y))`.
-Transformations act on the last axis (event rank 1).
+Transformations act on the last axis (event rank 1); a base with scalar events (e.g.
+`blayers.Normal(loc=tf.zeros([n, d]), scale=1.)`) has its last axis reinterpreted as the event.
 
 * `Reverse(layer)`: swaps `call` and `reverse`; fails only when the missing direction is used.
 * `Permute(order)`: a fixed permutation of the features.
@@ -78,9 +79,10 @@ class ReversibleLayer(keras.layers.Layer):
 
     def call(self, inputs):
         if isinstance(inputs, RandomVariable):
-            distribution = tfd.TransformedDistribution(
-                inputs.distribution, _LayerBijector(self, inputs.dtype)
-            )
+            base = inputs.distribution
+            if base.event_shape.rank == 0:  # the last axis is the flow's event
+                base = tfd.Independent(base, reinterpreted_batch_ndims=1)
+            distribution = tfd.TransformedDistribution(base, _LayerBijector(self, inputs.dtype))
             return RandomVariable(distribution, value=self.forward(inputs.value))
         return self.forward(tf.convert_to_tensor(inputs, self.compute_dtype))
 
