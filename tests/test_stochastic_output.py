@@ -16,13 +16,19 @@ RNG = np.random.RandomState(0)
 X = RNG.randn(8, 6).astype("float32")
 
 
-@pytest.mark.parametrize("layer,shape,family", [
-    (so.Normal(), (8, 6), tfd.Normal), (so.Normal(3), (8, 3), tfd.Normal),
-    (so.Bernoulli(), (8, 6), tfd.Bernoulli), (so.Poisson(2), (8, 2), tfd.Poisson),
-    (so.Categorical(), (8,), tfd.Categorical), (so.Categorical(4), (8,), tfd.Categorical),
-    (so.MixtureLogistic(2), (8,), tfd.MixtureSameFamily),
-    (so.MixtureNormal(2, units=3), (8, 3), tfd.MixtureSameFamily),
-])
+@pytest.mark.parametrize(
+    "layer,shape,family",
+    [
+        (so.Normal(), (8, 6), tfd.Normal),
+        (so.Normal(3), (8, 3), tfd.Normal),
+        (so.Bernoulli(), (8, 6), tfd.Bernoulli),
+        (so.Poisson(2), (8, 2), tfd.Poisson),
+        (so.Categorical(), (8,), tfd.Categorical),
+        (so.Categorical(4), (8,), tfd.Categorical),
+        (so.MixtureLogistic(2), (8,), tfd.MixtureSameFamily),
+        (so.MixtureNormal(2, units=3), (8, 3), tfd.MixtureSameFamily),
+    ],
+)
 def test_output_random_variables(layer, shape, family):
     rv = layer(X)
     assert isinstance(rv, blayers.RandomVariable) and isinstance(rv.distribution, family)
@@ -39,8 +45,9 @@ def test_normal_without_units_is_input_mean_with_learned_scale():
 
 def test_categorical_and_normal_outputs_train_with_log_prob_loss(tmp_path):
     y_class = (X[:, 0] > 0).astype("int32")
-    model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(8, activation="relu"),
-                              so.Categorical(2)])
+    model = keras.Sequential(
+        [keras.Input((6,)), keras.layers.Dense(8, activation="relu"), so.Categorical(2)]
+    )
     model.compile(keras.optimizers.Adam(0.05), loss=NegativeLogLikelihood())
     history = model.fit(X, y_class, epochs=30, verbose=0)
     assert history.history["loss"][-1] < 0.5 * history.history["loss"][0]
@@ -53,13 +60,15 @@ def test_categorical_and_normal_outputs_train_with_log_prob_loss(tmp_path):
     assert np.isfinite(float(tf.reduce_mean(out.distribution.entropy())))
     regression.save(tmp_path / "normal.keras")
     loaded = keras.models.load_model(tmp_path / "normal.keras")
-    np.testing.assert_allclose(loaded(X).distribution.mean().numpy(),
-                               out.distribution.mean().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(
+        loaded(X).distribution.mean().numpy(), out.distribution.mean().numpy(), rtol=1e-6
+    )
 
 
 def test_stochastic_output_feeds_the_next_layer():
-    model = keras.Sequential([keras.Input((6,)), so.Normal(4), keras.layers.Dense(2),
-                              so.Bernoulli()])
+    model = keras.Sequential(
+        [keras.Input((6,)), so.Normal(4), keras.layers.Dense(2), so.Bernoulli()]
+    )
     rv = model(X)
     assert rv.shape == (8, 2) and isinstance(rv.distribution, tfd.Bernoulli)
 

@@ -367,7 +367,6 @@ class RevNetBlock(ReversibleLayer):
     def forward(self, x):
         x1, x2 = tf.split(x, 2, axis=-1)
         f, g = self.f, self.g
-        variables = self.f.trainable_variables + self.g.trainable_variables
 
         @tf.custom_gradient
         def block(x1, x2):
@@ -375,26 +374,31 @@ class RevNetBlock(ReversibleLayer):
             y2 = x2 + g(y1)
 
             def grad(dy1, dy2, variables=None):
+                # `variables`: the tf.Variables of f and g that TF saw in the forward pass.
+                variables = list(variables or [])
+                zero = tf.UnconnectedGradients.ZERO
                 with tf.GradientTape() as tape:
                     tape.watch(y1)
                     g_y1 = g(y1)
-                dg = tape.gradient(g_y1, [y1, *self.g.trainable_variables], output_gradients=dy2)
+                dg = tape.gradient(
+                    g_y1, [y1, *variables], output_gradients=dy2, unconnected_gradients=zero
+                )
                 dy1_total = dy1 + dg[0]
-                x2_rebuilt = y2 - g_y1
+                x2_rebuilt = y2 - g_y1  # reconstruct the input instead of storing it
                 with tf.GradientTape() as tape:
                     tape.watch(x2_rebuilt)
                     f_x2 = f(x2_rebuilt)
                 df = tape.gradient(
-                    f_x2, [x2_rebuilt, *self.f.trainable_variables], output_gradients=dy1_total
+                    f_x2,
+                    [x2_rebuilt, *variables],
+                    output_gradients=dy1_total,
+                    unconnected_gradients=zero,
                 )
-                grads = {id(v): d for v, d in zip(self.f.trainable_variables, df[1:])}
-                grads.update({id(v): d for v, d in zip(self.g.trainable_variables, dg[1:])})
-                variable_grads = [grads.get(id(v)) for v in (variables or [])]
+                variable_grads = [a + b for a, b in zip(dg[1:], df[1:])]
                 return (dy1_total, dy2 + df[0]), variable_grads
 
             return (y1, y2), grad
 
-        del variables
         y1, y2 = block(x1, x2)
         return tf.concat([y1, y2], axis=-1)
 
