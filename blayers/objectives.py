@@ -40,6 +40,11 @@ def predictive_distribution(outputs, task):
     outputs = tf.convert_to_tensor(outputs)
     if task == "classification":
         return tfd.Categorical(logits=outputs)
+    if task == "density":
+        raise ValueError(
+            "A density model must return a RandomVariable (e.g. a flow applied to "
+            f"a base distribution), got a {type(outputs).__name__}."
+        )
     if task == "regression":
         loc, raw_scale = tf.split(outputs, 2, axis=-1)
         return tfd.Independent(tfd.Normal(loc, tf.nn.softplus(raw_scale) + MIN_SCALE), 1)

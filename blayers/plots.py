@@ -80,3 +80,39 @@ def regression_1d(inputs, means, stddevs, targets, path, scale=1.0, shift=0.0):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def density_2d(model, samples, path, grid_size=200):
+    """The learned 2-D density (from `model(x).distribution.log_prob(x)`) on a grid, beside a
+    histogram of the test samples (the true density's draws)."""
+    lo, hi = samples.min(0) - 1.0, samples.max(0) + 1.0
+    xs = np.linspace(lo[0], hi[0], grid_size, dtype=np.float32)
+    ys = np.linspace(lo[1], hi[1], grid_size, dtype=np.float32)
+    points = np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
+    log_prob = np.concatenate(
+        [
+            model(points[i : i + 4096], training=False)
+            .distribution.log_prob(points[i : i + 4096])
+            .numpy()
+            for i in range(0, len(points), 4096)
+        ]
+    )
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))
+    right.imshow(
+        np.exp(log_prob).reshape(grid_size, grid_size),
+        origin="lower",
+        extent=(lo[0], hi[0], lo[1], hi[1]),
+        cmap="viridis",
+    )
+    right.set_title("learned density")
+    left.hist2d(
+        samples[:, 0],
+        samples[:, 1],
+        bins=grid_size // 2,
+        range=[[lo[0], hi[0]], [lo[1], hi[1]]],
+        cmap="viridis",
+    )
+    left.set_title("test samples (true density)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -356,6 +356,11 @@ def _write_outputs(model_dir, data, metrics, arrays, records, step, start_step):
         plots.reliability_diagram(
             arrays["probs"], arrays["labels"], os.path.join(model_dir, "reliability.png")
         )
+    elif data.task == "density":
+        if arrays["targets"].ndim == 2 and arrays["targets"].shape[1] == 2:
+            plots.density_2d(
+                arrays["density_model"], arrays["targets"], os.path.join(model_dir, "density.png")
+            )
     elif arrays["inputs"].ndim == 2 and arrays["inputs"].shape[1] == 1:
         plots.regression_1d(
             arrays["inputs"],

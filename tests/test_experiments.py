@@ -109,3 +109,10 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
     assert "| yacht | DGP-1 | 2 |" in table and "MC dropout LL" in table
     # Finished runs are reused: a second call trains nothing and gives the same numbers.
     assert deep_gp_uci.main(args)[0]["test_ll"] == rows[0]["test_ll"]
+
+
+@pytest.mark.slow
+def test_realnvp_smoke_approaches_the_true_entropy(tmp_path):
+    metrics = _train("realnvp_2d_smoke", tmp_path)
+    assert 0.0 < metrics["nll_minus_true_entropy"] < 1.0
+    assert (tmp_path / "density.png").exists()

@@ -14,13 +14,15 @@ class Data:
 
     Attributes:
       name: a short name for logs and tables.
-      task: `'classification'` (integer labels) or `'regression'` (float targets, shape [d]).
+      task: `'classification'` (integer labels), `'regression'` (float targets, shape [d]) or
+        `'density'` (targets are the points themselves; the model outputs a random variable).
       train, test: unbatched `tf.data.Dataset`s of `(features, target)` pairs.
       num_train, num_test: their sizes (the ELBO divides the KL by `num_train`).
       input_shape: shape of one example's features.
       num_classes: classes (classification) or None.
       target_dim: regression target size (1 for scalar targets), or None.
       ood: optional unbatched dataset of out-of-distribution features (OOD AUROC).
+      reference: known quantities for reports, e.g. `{'entropy': ...}` of a synthetic density.
       target_mean, target_scale: regression targets were standardized as
         `(y - target_mean) / target_scale`; metrics are reported in the original units.
     """
@@ -37,12 +39,13 @@ class Data:
     ood: tf.data.Dataset | None = None
     target_mean: float = 0.0
     target_scale: float = 1.0
+    reference: dict = dataclasses.field(default_factory=dict)
 
     def __post_init__(self):
-        if self.task not in ("classification", "regression"):
+        if self.task not in ("classification", "regression", "density"):
             raise ValueError(
-                f"Data {self.name!r}: task must be 'classification' or "
-                f"'regression', got {self.task!r}."
+                f"Data {self.name!r}: task must be 'classification', 'regression' or "
+                f"'density', got {self.task!r}."
             )
         if self.num_train <= 0:
             raise ValueError(f"Data {self.name!r} has no training examples.")
@@ -51,7 +54,9 @@ class Data:
     def num_outputs(self):
         """Model outputs the trainer expects: class logits, or a mean and a raw scale per
         target dimension (a heteroscedastic Normal likelihood)."""
-        return self.num_classes if self.task == "classification" else 2 * self.target_dim
+        if self.task == "classification":
+            return self.num_classes
+        return self.target_dim if self.task == "density" else 2 * self.target_dim
 
 
 def standardize(train, *others):

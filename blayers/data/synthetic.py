@@ -55,12 +55,20 @@ def ring_distribution(num_modes=8, radius=2.0, stddev=0.2):
 
 @gin.configurable(module="blayers.data")
 def gaussian_ring_2d(num_train=10_000, num_test=2_000, num_modes=8, radius=2.0, stddev=0.2, seed=0):
-    """Density-estimation data: targets are the points themselves (task 'regression')."""
+    """Density estimation (task 'density': the targets are the points). `reference['entropy']`
+    is the true differential entropy in nats (Monte Carlo, 200,000 draws, standard error in
+    `reference['entropy_se']`): the best achievable test NLL."""
     dist = ring_distribution(num_modes, radius, stddev)
     x = dist.sample(num_train + num_test, seed=tf.constant([seed, 0])).numpy()
-    return from_arrays(
-        "gaussian_ring_2d", "regression", x[:num_train], x[:num_train], x[num_train:], x[num_train:]
+    data = from_arrays(
+        "gaussian_ring_2d", "density", x[:num_train], x[:num_train], x[num_train:], x[num_train:]
     )
+    log_probs = dist.log_prob(dist.sample(200_000, seed=tf.constant([seed, 1]))).numpy()
+    data.reference = {
+        "entropy": float(-log_probs.mean()),
+        "entropy_se": float(log_probs.std() / np.sqrt(len(log_probs))),
+    }
+    return data
 
 
 def markov_transitions(vocab_size=8, concentration=0.3, seed=0):

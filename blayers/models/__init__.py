@@ -12,6 +12,7 @@ import gin
 import keras
 
 from blayers import layers as blayers_layers
+from blayers.models.flows import realnvp_flow
 from blayers.models.gaussian_process import deep_gp
 from blayers.models.registry import get_layer_class
 from blayers.models.resnet import resnet
@@ -23,6 +24,7 @@ __all__ = [
     "get_layer_class",
     "lstm_sequence_model",
     "mlp",
+    "realnvp_flow",
     "resnet",
     "sequential",
 ]
