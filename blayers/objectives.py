@@ -107,3 +107,30 @@ class NegativeLogLikelihood(keras.losses.Loss):
 
     def call(self, y_true, y_pred):  # Loss' abstract method; __call__ does the work
         return self(y_true, y_pred)
+
+
+def _leaf_layers(layer):
+    children = getattr(layer, "layers", None) or []
+    if not children:
+        return [layer]
+    return [leaf for child in children for leaf in _leaf_layers(child)]
+
+
+def split_losses(model):
+    """`(local, global_)` sums of `model.losses`.
+
+    Global terms (weights' KL, regularizers) are per data set and the ELBO divides them by the
+    number of training examples. Local terms are per-example averages already (a VAE's latent
+    KL, a VQ-VAE's codebook and commitment losses): layers mark them with `local_losses = True`
+    and they join the likelihood term unscaled.
+    """
+    local = [
+        loss
+        for layer in _leaf_layers(model)
+        if getattr(layer, "local_losses", False)
+        for loss in layer.losses
+    ]
+    local_ids = {id(loss) for loss in local}
+    global_ = [loss for loss in model.losses if id(loss) not in local_ids]
+    zero = tf.constant(0.0)
+    return (tf.add_n(local) if local else zero), (tf.add_n(global_) if global_ else zero)

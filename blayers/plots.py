@@ -116,3 +116,23 @@ def density_2d(model, samples, path, grid_size=200):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def image_grid(model, images, path, count=10):
+    """Test images, their reconstructions and prior samples of a VAE-like model (rows)."""
+    images = images[:count]
+    shape = images.shape[1:3] if images.ndim == 4 else (int(np.sqrt(images.shape[-1])),) * 2
+    rows = [
+        ("data", images),
+        ("reconstruction", np.asarray(model.reconstruct(images))),
+        ("sample", np.asarray(model.sample(count, seed=0))),
+    ]
+    fig, axes = plt.subplots(len(rows), count, figsize=(count, len(rows) + 0.5))
+    for r, (title, row) in enumerate(rows):
+        for c in range(count):
+            axes[r, c].imshow(row[c].reshape(shape), cmap="gray", vmin=0, vmax=1)
+            axes[r, c].axis("off")
+        axes[r, 0].set_title(title, fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -214,7 +214,8 @@ def train(
                 outputs = net(x, training=True)
                 nll_per_example = objectives.negative_log_likelihood(outputs, y, data.task)
                 nll = tf.nn.compute_average_loss(nll_per_example, global_batch_size=batch_size)
-                kl = tf.add_n(net.losses) if net.losses else tf.constant(0.0)
+                local, kl = objectives.split_losses(net)
+                nll += local / strategy.num_replicas_in_sync  # per-example terms (latent KL)
                 kl_weight = tf.cast(kl_schedule(step), kl.dtype)
                 loss = nll + tf.nn.scale_regularization_loss(kl_weight * kl / num_train)
             grads = tape.gradient(loss, net.trainable_variables)
@@ -357,7 +358,11 @@ def _write_outputs(model_dir, data, metrics, arrays, records, step, start_step):
             arrays["probs"], arrays["labels"], os.path.join(model_dir, "reliability.png")
         )
     elif data.task == "density":
-        if arrays["targets"].ndim == 2 and arrays["targets"].shape[1] == 2:
+        if hasattr(arrays["density_model"], "reconstruct") and "inputs" in arrays:
+            plots.image_grid(
+                arrays["density_model"], arrays["inputs"], os.path.join(model_dir, "samples.png")
+            )
+        elif arrays["targets"].ndim == 2 and arrays["targets"].shape[1] == 2:
             plots.density_2d(
                 arrays["density_model"], arrays["targets"], os.path.join(model_dir, "density.png")
             )

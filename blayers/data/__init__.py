@@ -6,18 +6,19 @@ generating processes). Select one in gin: `train.data = @digits()`.
 """
 
 from blayers.data.base import Data, from_arrays, standardize, standardized_regression
-from blayers.data.bundled import diabetes, digits, mnist_subset
+from blayers.data.bundled import binarized_digits, diabetes, digits, mnist_subset
 from blayers.data.synthetic import (
     gaussian_ring_2d,
     heteroscedastic_1d,
     markov_sequences,
     ring_distribution,
 )
-from blayers.data.tfds_source import tfds_char_lm, tfds_dataset
+from blayers.data.tfds_source import tfds_char_lm, tfds_dataset, tfds_images
 from blayers.data.uci import uci, uci_num_splits
 
 __all__ = [
     "Data",
+    "binarized_digits",
     "diabetes",
     "digits",
     "from_arrays",
@@ -30,6 +31,7 @@ __all__ = [
     "standardized_regression",
     "tfds_char_lm",
     "tfds_dataset",
+    "tfds_images",
     "uci",
     "uci_num_splits",
 ]

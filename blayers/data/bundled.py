@@ -14,7 +14,7 @@ from sklearn.model_selection import train_test_split
 
 from blayers.data.base import from_arrays, standardized_regression
 
-__all__ = ["diabetes", "digits", "mnist_subset"]
+__all__ = ["binarized_digits", "diabetes", "digits", "mnist_subset"]
 
 
 def _uniform_noise_images(n, shape, seed):
@@ -51,6 +51,27 @@ def digits(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
     if not flatten:
         x = x.reshape(-1, 8, 8, 1)
     return _classification("digits", x, raw.target, test_fraction, split_seed, ood)
+
+
+@gin.configurable(module="blayers.data")
+def binarized_digits(test_fraction=0.2, split_seed=0, flatten=False, threshold=0.5):
+    """scikit-learn digits binarized at `threshold` (pixels in {0, 1}), as a density task for
+    VAEs: features and targets are the same 8x8x1 images (or 64-vectors)."""
+    raw = sk_datasets.load_digits()
+    x = (raw.data / 16.0 > threshold).astype(np.float32)
+    if not flatten:
+        x = x.reshape(-1, 8, 8, 1)
+    x_train, x_test = train_test_split(
+        x, test_size=test_fraction, random_state=split_seed, stratify=raw.target
+    )
+    return from_arrays(
+        "binarized_digits",
+        "density",
+        x_train,
+        x_train.reshape(len(x_train), -1),
+        x_test,
+        x_test.reshape(len(x_test), -1),
+    )
 
 
 @gin.configurable(module="blayers.data")

@@ -4,6 +4,7 @@
 """
 
 import gin
+import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
@@ -135,4 +136,42 @@ def tfds_char_lm(
         num_test=len(x_test),
         input_shape=(sequence_length,),
         num_classes=len(vocab),
+    )
+
+
+@gin.configurable(module="blayers.data")
+def tfds_images(
+    name="binarized_mnist",
+    data_dir=None,
+    train_split="train",
+    test_split="test",
+    image_key="image",
+    binarize=False,
+    download=False,
+):
+    """An image data set as a density task (VAEs): features are the images scaled to [0, 1]
+    (uint8 sources) or as stored (`binarized_mnist`), targets the flattened images."""
+
+    def prepare(example):
+        image = example[image_key]
+        x = tf.cast(image, tf.float32)
+        if image.dtype == tf.uint8 and name != "binarized_mnist":
+            x = x / 255.0
+        if binarize:
+            x = tf.cast(x > 0.5, tf.float32)
+        return x, tf.reshape(x, [-1])
+
+    (train, test), info = tfds.load(
+        name, split=[train_split, test_split], data_dir=data_dir, download=download, with_info=True
+    )
+    train, test = train.map(prepare), test.map(prepare)
+    return Data(
+        name=name,
+        task="density",
+        train=train,
+        test=test,
+        num_train=_num_examples(info, train_split, train),
+        num_test=_num_examples(info, test_split, test),
+        input_shape=tuple(train.element_spec[0].shape),
+        target_dim=int(np.prod(train.element_spec[0].shape)),
     )

@@ -82,9 +82,34 @@ class _OutputLayer(BayesianLayer):
 @register
 class Normal(_OutputLayer):
     """`N(loc, scale)`: `loc = x` with a trainable per-feature scale, or (with `units`)
-    `loc, raw = split(Dense(2 units)(x))`, `scale = softplus(raw) + 1e-5`."""
+    `loc, raw = split(Dense(2 units)(x))`, `scale = softplus(raw) + 1e-5`.
+
+    `prior='standard_normal'` makes it a VAE latent layer: `mean_batch sum_dims KL[q || N(0,
+    1)]` joins `layer.losses` as a local (per-example) loss, the ELBO's latent term.
+    """
 
     parameters_per_unit = 2
+
+    def __init__(self, units=None, prior=None, **kwargs):
+        super().__init__(units=units, **kwargs)
+        if prior not in (None, "standard_normal"):
+            raise ValueError(f"Normal: prior must be None or 'standard_normal', got {prior!r}.")
+        self.prior = prior
+
+    @property
+    def local_losses(self):
+        return self.prior is not None
+
+    def call(self, inputs):
+        rv = super().call(inputs)
+        if self.prior is not None:
+            kl = tfd.kl_divergence(rv.distribution, tfd.Normal(tf.zeros([], rv.dtype), 1.0))
+            kl = tf.reduce_sum(kl, axis=list(range(1, kl.shape.rank))) if kl.shape.rank > 1 else kl
+            self.add_loss(tf.reduce_mean(kl))
+        return rv
+
+    def get_config(self):
+        return {**super().get_config(), "prior": self.prior}
 
     def build(self, input_shape):
         super().build(input_shape)

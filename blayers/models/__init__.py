@@ -17,9 +17,12 @@ from blayers.models.gaussian_process import deep_gp
 from blayers.models.registry import get_layer_class
 from blayers.models.resnet import resnet
 from blayers.models.sequence import lstm_sequence_model
+from blayers.models.vae import VAE, VQVAE, vae, vqvae
 
 __all__ = [
     "NUM_OUTPUTS",
+    "VAE",
+    "VQVAE",
     "deep_gp",
     "get_layer_class",
     "lstm_sequence_model",
@@ -27,6 +30,8 @@ __all__ = [
     "realnvp_flow",
     "resnet",
     "sequential",
+    "vae",
+    "vqvae",
 ]
 
 NUM_OUTPUTS = "num_outputs"  # a layer-spec value replaced by the model's output size
