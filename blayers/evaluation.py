@@ -92,6 +92,14 @@ def _evaluate_density(model, data, targets, num_samples, batch_size):
     dims = int(np.prod(data.input_shape))
     nll = float(-log_density.mean())
     result = {"test_nll": nll, "bits_per_dim": nll / (dims * np.log(2.0))}
+    if "levels" in data.reference:  # dequantized data in [0, 1): bits per discrete pixel
+        result["bits_per_pixel_discrete"] = result["bits_per_dim"] + np.log2(
+            data.reference["levels"]
+        )
     if "entropy" in data.reference:
         result["nll_minus_true_entropy"] = nll - data.reference["entropy"]
-    return result, {"density_model": model, "targets": targets}
+    return result, {
+        "density_model": model,
+        "targets": targets,
+        "inputs": np.concatenate([x.numpy() for x, _ in data.test.batch(4096)]),
+    }

@@ -136,3 +136,24 @@ def image_grid(model, images, path, count=10):
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def flow_samples(model, data, path, count=10):
+    """Test images above samples of a density model whose output is a random variable (a flow:
+    base draws pushed through the layers)."""
+    side = int(np.sqrt(data.shape[-1]))
+    if side * side != data.shape[-1]:
+        return
+    samples = np.asarray(model(data[:count]).distribution.sample(seed=(0, 0)))
+    fig, axes = plt.subplots(2, count, figsize=(count, 2.5))
+    for c in range(count):
+        for r, row in enumerate((data, samples)):
+            axes[r, c].imshow(
+                np.clip(row[c].reshape(side, side), 0, 1), cmap="gray", vmin=0, vmax=1
+            )
+            axes[r, c].axis("off")
+    axes[0, 0].set_title("data", fontsize=8, loc="left")
+    axes[1, 0].set_title("samples", fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

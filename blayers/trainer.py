@@ -362,6 +362,10 @@ def _write_outputs(model_dir, data, metrics, arrays, records, step, start_step):
             plots.image_grid(
                 arrays["density_model"], arrays["inputs"], os.path.join(model_dir, "samples.png")
             )
+        elif arrays["targets"].ndim == 2 and arrays["targets"].shape[1] > 2:
+            plots.flow_samples(
+                arrays["density_model"], arrays["inputs"], os.path.join(model_dir, "samples.png")
+            )
         elif arrays["targets"].ndim == 2 and arrays["targets"].shape[1] == 2:
             plots.density_2d(
                 arrays["density_model"], arrays["targets"], os.path.join(model_dir, "density.png")

@@ -6,7 +6,13 @@ generating processes). Select one in gin: `train.data = @digits()`.
 """
 
 from blayers.data.base import Data, from_arrays, standardize, standardized_regression
-from blayers.data.bundled import binarized_digits, diabetes, digits, mnist_subset
+from blayers.data.bundled import (
+    binarized_digits,
+    dequantized_digits,
+    diabetes,
+    digits,
+    mnist_subset,
+)
 from blayers.data.synthetic import (
     gaussian_ring_2d,
     heteroscedastic_1d,
@@ -19,6 +25,7 @@ from blayers.data.uci import uci, uci_num_splits
 __all__ = [
     "Data",
     "binarized_digits",
+    "dequantized_digits",
     "diabetes",
     "digits",
     "from_arrays",
