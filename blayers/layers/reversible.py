@@ -18,7 +18,7 @@ Transformations act on the last axis (event rank 1); a base with scalar events (
 * `RealNVP(network)`: affine coupling (Dinh et al., 2017): `y = x` on a checkerboard half,
   `y = x * exp(s(x_m)) + t(x_m)` on the other, halves alternating between successive layers.
 * `RevNetBlock(f, g)`: `y1 = x1 + f(x2)`, `y2 = x2 + g(y1)` (Gomez et al., 2017) with a custom
-  gradient that reconstructs the inputs from the outputs instead of storing activations.
+  gradient that reconstructs the block's input from its output and recomputes `f` and `g`.
 """
 
 import itertools
@@ -349,9 +349,11 @@ class RevNetBlock(ReversibleLayer):
     """Reversible residual block (Gomez et al., 2017) on the two halves of the last axis:
     `y1 = x1 + f(x2)`, `y2 = x2 + g(y1)`; volume-preserving (log-det 0).
 
-    The backward pass reconstructs `x` from `y` and recomputes `f` and `g` (a custom gradient),
-    so a stack of blocks stores no activations besides its output: memory does not grow with
-    depth.
+    The backward pass reconstructs `x` from `y` and recomputes `f` and `g` (a custom gradient)
+    rather than using stored inputs. Measured limit (`benchmarks/revnet_memory.py`): the block
+    still keeps its own output for the backward pass, so a stack's peak memory still grows with
+    depth. Depth-independent memory needs a stack-level custom gradient that passes the
+    reconstructed input down; that is not implemented yet.
     """
 
     def __init__(self, f, g, **kwargs):
