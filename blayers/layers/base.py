@@ -22,7 +22,7 @@ from blayers import constraints, initializers, regularizers, sampling
 from blayers.config import configurable
 from blayers.random_variable import RandomVariable
 
-__all__ = ["BayesianLayer", "is_fixed", "register"]
+__all__ = ["BayesianLayer", "NestedLayers", "is_fixed", "register"]
 
 
 def register(cls):
@@ -36,6 +36,27 @@ def is_fixed(weight):
     """True if `weight` is deterministic: a variable/tensor, or a random variable whose value an
     interceptor fixed (it was constructed with a value)."""
     return not isinstance(weight, RandomVariable) or weight.has_value
+
+
+class NestedLayers:
+    """Mixin for layers built from other layers passed as constructor arguments (a flow's
+    `network`, a RevNet's `f` and `g`): serializes and restores the arguments named in
+    `nested_layer_args`."""
+
+    nested_layer_args = ()
+
+    def _nested_config(self):
+        return {
+            name: keras.saving.serialize_keras_object(getattr(self, name))
+            for name in self.nested_layer_args
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        for name in cls.nested_layer_args:
+            config[name] = keras.saving.deserialize_keras_object(config[name])
+        return cls(**config)
 
 
 class BayesianLayer(keras.layers.Layer):

@@ -35,7 +35,7 @@ import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
 from blayers import seeds
-from blayers.layers.base import BayesianLayer, register
+from blayers.layers.base import BayesianLayer, NestedLayers, register
 from blayers.layers.dense import DenseReparameterization
 from blayers.random_variable import RandomVariable
 
@@ -439,7 +439,7 @@ class SparseGaussianProcess(_GPBase):
 
 
 @register
-class RandomFourierFeatures(BayesianLayer):
+class RandomFourierFeatures(NestedLayers, BayesianLayer):
     """Random-feature GP approximation (Rahimi & Recht, 2007; Cutajar et al., 2017).
 
     `phi(x) = amplitude * sqrt(2 / D) cos(x / length_scale @ Omega + b)` with fixed
@@ -448,6 +448,8 @@ class RandomFourierFeatures(BayesianLayer):
     output layer (`output_layer`, default `DenseReparameterization` without bias) whose KL
     regularizes `w` toward `N(0, I)`, making `f` approximately `GP(0, k)` a priori.
     """
+
+    nested_layer_args = ("output_layer",)
 
     def __init__(
         self,
@@ -515,14 +517,8 @@ class RandomFourierFeatures(BayesianLayer):
             "amplitude": self.amplitude_init,
             "length_scale": self.length_scale_init,
             "trainable_length_scale": self.trainable_length_scale,
-            "output_layer": keras.saving.serialize_keras_object(self.output_layer),
+            **self._nested_config(),
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["output_layer"] = keras.saving.deserialize_keras_object(config["output_layer"])
-        return cls(**config)
 
 
 @register

@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers.layers.base import register
+from blayers.layers.base import NestedLayers, register
 from blayers.random_variable import RandomVariable
 
 tfb = tfp.bijectors
@@ -91,8 +91,10 @@ class ReversibleLayer(keras.layers.Layer):
 
 
 @register
-class Reverse(ReversibleLayer):
+class Reverse(NestedLayers, ReversibleLayer):
     """The inverse of a reversible layer: `call` is its `reverse` and vice versa."""
+
+    nested_layer_args = ("layer",)
 
     def __init__(self, layer, **kwargs):
         super().__init__(**kwargs)
@@ -112,13 +114,7 @@ class Reverse(ReversibleLayer):
         return -self.layer.log_det_jacobian(self.layer.reverse(x))
 
     def get_config(self):
-        return {**super().get_config(), "layer": keras.saving.serialize_keras_object(self.layer)}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["layer"] = keras.saving.deserialize_keras_object(config["layer"])
-        return cls(**config)
+        return {**super().get_config(), **self._nested_config()}
 
 
 @register
@@ -283,7 +279,7 @@ class MADE(keras.layers.Layer):
 
 
 @register
-class RealNVP(ReversibleLayer):
+class RealNVP(NestedLayers, ReversibleLayer):
     """Affine coupling (Dinh et al., 2017) with a checkerboard mask over the features.
 
     `network` (e.g. `MADE`, or any layer mapping `[..., d]` to `[..., 2d]` or `[..., d, 2]`)
@@ -291,6 +287,8 @@ class RealNVP(ReversibleLayer):
     `x * exp(s) + t`. `parity` (0 or 1) picks the kept half; when None, successive `RealNVP`
     layers alternate.
     """
+
+    nested_layer_args = ("network",)
 
     _next_parity = 0
 
@@ -334,18 +332,12 @@ class RealNVP(ReversibleLayer):
         return {
             **super().get_config(),
             "parity": self.parity,
-            "network": keras.saving.serialize_keras_object(self.network),
+            **self._nested_config(),
         }
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        config["network"] = keras.saving.deserialize_keras_object(config["network"])
-        return cls(**config)
 
 
 @register
-class RevNetBlock(ReversibleLayer):
+class RevNetBlock(NestedLayers, ReversibleLayer):
     """Reversible residual block (Gomez et al., 2017) on the two halves of the last axis:
     `y1 = x1 + f(x2)`, `y2 = x2 + g(y1)`; volume-preserving (log-det 0).
 
@@ -355,6 +347,8 @@ class RevNetBlock(ReversibleLayer):
     depth. Depth-independent memory needs a stack-level custom gradient that passes the
     reconstructed input down; that is not implemented yet.
     """
+
+    nested_layer_args = ("f", "g")
 
     def __init__(self, f, g, **kwargs):
         super().__init__(**kwargs)
@@ -410,12 +404,4 @@ class RevNetBlock(ReversibleLayer):
         return tf.concat([y1 - self.f(x2), x2], axis=-1)
 
     def get_config(self):
-        serialize = keras.saving.serialize_keras_object
-        return {**super().get_config(), "f": serialize(self.f), "g": serialize(self.g)}
-
-    @classmethod
-    def from_config(cls, config):
-        config = dict(config)
-        for key in ("f", "g"):
-            config[key] = keras.saving.deserialize_keras_object(config[key])
-        return cls(**config)
+        return {**super().get_config(), **self._nested_config()}
