@@ -56,3 +56,22 @@ def test_tfds_through_mock_data():
     assert mnist.num_classes == 10 and mnist.input_shape == (784,)
     assert x.shape == (8, 784) and y.dtype.name == "int32"
     assert float(x.numpy().max()) <= 1.0
+
+
+def test_density_sources():
+    binary = data.binarized_digits()
+    x, y = next(iter(binary.train.batch(2000)))
+    assert binary.task == "density" and binary.num_outputs == 64 and x.shape[1:] == (8, 8, 1)
+    assert set(np.unique(x.numpy())) == {0.0, 1.0}
+    np.testing.assert_array_equal(x.numpy().reshape(len(x), -1), y.numpy())
+    deq = data.dequantized_digits()
+    x, _ = next(iter(deq.train.batch(2000)))
+    assert 0.0 < float(x.numpy().min()) and float(x.numpy().max()) < 1.0
+    assert deq.reference["levels"] == 17
+    ring = data.gaussian_ring_2d(num_train=100, num_test=10)
+    assert ring.task == "density" and ring.reference["entropy"] > 0
+    with tfds.testing.mock_data(num_examples=8):
+        mnist = data.tfds_images("mnist", dequantize=True, flatten=True)
+        x, y = next(iter(mnist.train.batch(4)))
+    assert mnist.input_shape == (784,) and mnist.reference == {"levels": 256}
+    assert 0.0 < float(x.numpy().min()) and float(x.numpy().max()) < 1.0

@@ -147,18 +147,27 @@ def tfds_images(
     test_split="test",
     image_key="image",
     binarize=False,
+    dequantize=False,
+    flatten=False,
     download=False,
+    seed=0,
 ):
-    """An image data set as a density task (VAEs): features are the images scaled to [0, 1]
-    (uint8 sources) or as stored (`binarized_mnist`), targets the flattened images."""
+    """An image data set as a density task (VAEs, flows): features are the images scaled to
+    [0, 1] (uint8 sources) or as stored (`binarized_mnist`), targets the flattened images.
+    `dequantize`: `(k + u) / 256` with `u ~ U(0, 1)` (for flows; bits per dimension then bound
+    the discrete ones after adding 8); `flatten`: features as vectors."""
 
     def prepare(example):
         image = example[image_key]
         x = tf.cast(image, tf.float32)
         if image.dtype == tf.uint8 and name != "binarized_mnist":
             x = x / 255.0
+        if dequantize:
+            x = (tf.cast(image, tf.float32) + tf.random.uniform(tf.shape(image), seed=seed)) / 256.0
         if binarize:
             x = tf.cast(x > 0.5, tf.float32)
+        if flatten:
+            x = tf.reshape(x, [-1])
         return x, tf.reshape(x, [-1])
 
     (train, test), info = tfds.load(
@@ -166,6 +175,7 @@ def tfds_images(
     )
     train, test = train.map(prepare), test.map(prepare)
     return Data(
+        reference={"levels": 256} if dequantize else {},
         name=name,
         task="density",
         train=train,
