@@ -17,7 +17,7 @@ import tensorflow as tf
 from common import write_json
 
 import blayers
-from blayers.layers import RevNetBlock
+from blayers.layers import RevNetBlock, RevNetStack
 
 
 def _halves(width):
@@ -30,6 +30,9 @@ def _halves(width):
 def peak_megabytes(depth, reversible, batch, width):
     blocks = [RevNetBlock(*_halves(width)) if reversible else _halves(width) for _ in range(depth)]
     x = tf.random.normal([batch, 2 * width])
+    stack = RevNetStack(blocks) if reversible == "stack" else None
+    if stack is not None:
+        stack(x)
     for block in blocks:  # build
         if reversible:
             block(x)
@@ -50,7 +53,9 @@ def peak_megabytes(depth, reversible, batch, width):
     def gradient_step(x):
         with tf.GradientTape() as tape:
             h = x
-            for block in blocks:
+            if stack is not None:
+                h = stack(h)
+            for block in blocks if stack is None else []:
                 if reversible:
                     h = block(h)
                 else:
@@ -77,15 +82,22 @@ def main():
     parser.add_argument("--out", default="benchmarks/results/revnet_memory.json")
     args = parser.parse_args()
     blayers.set_seed(0)
-    results = {"config": vars(args), "peak_mb": {"revnet": {}, "plain": {}}}
+    results = {
+        "config": vars(args),
+        "peak_mb": {"revnet_stack": {}, "revnet_blocks": {}, "plain": {}},
+    }
     for depth in args.depths:
-        for kind, reversible in (("revnet", True), ("plain", False)):
+        for kind, reversible in (
+            ("revnet_stack", "stack"),
+            ("revnet_blocks", True),
+            ("plain", False),
+        ):
             mb = peak_megabytes(depth, reversible, args.batch, args.width)
             results["peak_mb"][kind][depth] = round(mb, 2)
-        print(
-            f"depth {depth:3d}: revnet {results['peak_mb']['revnet'][depth]:8.1f} MB   "
-            f"plain {results['peak_mb']['plain'][depth]:8.1f} MB"
+        sizes = "   ".join(
+            f"{kind} {results['peak_mb'][kind][depth]:7.1f} MB" for kind in results["peak_mb"]
         )
+        print(f"depth {depth:3d}: {sizes}")
     write_json(results, args.out)
 
 

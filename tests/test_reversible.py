@@ -183,3 +183,31 @@ def test_vector_quantizer_codes_losses_and_straight_through_gradient():
     usage = np.bincount(nearest, minlength=5) / len(nearest)
     entropy = -np.sum(usage[usage > 0] * np.log(usage[usage > 0]))
     assert float(vq.perplexity) == pytest.approx(np.exp(entropy), rel=1e-4)
+
+
+def test_revnet_stack_gradients_equal_plain_stack_and_it_inverts():
+    from blayers.layers import RevNetStack
+
+    blocks = [RevNetBlock(keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(3))
+              for _ in range(3)]
+    stack = RevNetStack(blocks)
+    x = tf.constant(RNG.randn(5, 6).astype("float32"))
+    stack(x)
+    _randomize(stack)
+    np.testing.assert_allclose(stack.reverse(stack(x)).numpy(), x.numpy(), atol=1e-4)
+
+    @tf.function  # the training setting
+    def both(x):
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch(x)
+            ours = tf.reduce_sum(tf.sin(stack(x)))
+            h = x
+            for block in blocks:
+                h = RevNetStack._plain(block, h)
+            plain = tf.reduce_sum(tf.sin(h))
+        variables = stack.trainable_variables
+        return tape.gradient(ours, [x, *variables]), tape.gradient(plain, [x, *variables])
+
+    for a, b in zip(*both(x)):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-4, atol=1e-5)
+    assert len(stack.trainable_variables) == 12

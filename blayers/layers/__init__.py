@@ -34,6 +34,7 @@ from blayers.layers.reversible import (
     Reverse,
     ReversibleLayer,
     RevNetBlock,
+    RevNetStack,
 )
 from blayers.layers.stochastic_output import (
     Bernoulli,
@@ -80,4 +81,5 @@ __all__ = [  # noqa: PLE0604 - includes the convolution names
     "MADE",
     "RealNVP",
     "RevNetBlock",
+    "RevNetStack",
 ]
