@@ -25,7 +25,7 @@ def _parameters_fn(model, task):
     return parameters
 
 
-def predictive_samples(model, dataset, task, num_samples, batch_size=500, strategy=None):
+def predictive_samples(model, dataset, task, num_samples, batch_size=500):
     """Arrays `[num_samples, n, ...]` of predictive parameters over an unbatched dataset."""
     parameters = _parameters_fn(model, task)
     batched = dataset.batch(batch_size)

@@ -65,7 +65,6 @@ def traceable(func):
         finally:
             _STACK.interceptors.append(interceptor)
 
-    wrapped.__wrapped__ = func
     return wrapped
 
 

@@ -28,6 +28,29 @@ def _prepare(flatten, image_size):
     return fn
 
 
+def _load(name, train_split, test_split, data_dir, download, prepare, **kwargs):
+    """`(train, test, common)`: the two prepared splits, and the `Data` fields they determine
+    (sizes, input shape)."""
+    (train, test), info = tfds.load(
+        name,
+        split=[train_split, test_split],
+        data_dir=data_dir,
+        download=download,
+        with_info=True,
+        **kwargs,
+    )
+    train, test = train.map(prepare), test.map(prepare)
+    common = {
+        "name": name,
+        "train": train,
+        "test": test,
+        "num_train": _num_examples(info, train_split, train),
+        "num_test": _num_examples(info, test_split, test),
+        "input_shape": tuple(train.element_spec[0].shape),
+    }
+    return info, common
+
+
 def _num_examples(info, split, dataset):
     """The split's size from TFDS metadata, or counted when there is none (mocked data)."""
     try:
@@ -59,15 +82,9 @@ def tfds_dataset(
       download: let TFDS download and prepare (needs the network).
     """
     prepare = _prepare(flatten, image_size)
-    (train, test), info = tfds.load(
-        name,
-        split=[train_split, test_split],
-        as_supervised=True,
-        data_dir=data_dir,
-        download=download,
-        with_info=True,
+    info, common = _load(
+        name, train_split, test_split, data_dir, download, prepare, as_supervised=True
     )
-    train, test = train.map(prepare), test.map(prepare)
     ood_ds = None
     if ood is not None:
         ood_ds = (
@@ -76,15 +93,7 @@ def tfds_dataset(
             .map(lambda x, y: x)
         )
     return Data(
-        name=name,
-        task="classification",
-        train=train,
-        test=test,
-        num_train=_num_examples(info, train_split, train),
-        num_test=_num_examples(info, test_split, test),
-        input_shape=tuple(train.element_spec[0].shape),
-        num_classes=info.features["label"].num_classes,
-        ood=ood_ds,
+        task="classification", num_classes=info.features["label"].num_classes, ood=ood_ds, **common
     )
 
 
@@ -170,18 +179,10 @@ def tfds_images(
             x = tf.reshape(x, [-1])
         return x, tf.reshape(x, [-1])
 
-    (train, test), info = tfds.load(
-        name, split=[train_split, test_split], data_dir=data_dir, download=download, with_info=True
-    )
-    train, test = train.map(prepare), test.map(prepare)
+    _, common = _load(name, train_split, test_split, data_dir, download, prepare)
     return Data(
-        reference={"levels": 256} if dequantize else {},
-        name=name,
         task="density",
-        train=train,
-        test=test,
-        num_train=_num_examples(info, train_split, train),
-        num_test=_num_examples(info, test_split, test),
-        input_shape=tuple(train.element_spec[0].shape),
-        target_dim=int(np.prod(train.element_spec[0].shape)),
+        target_dim=int(np.prod(common["input_shape"])),
+        reference={"levels": 256} if dequantize else {},
+        **common,
     )

@@ -151,6 +151,15 @@ class BayesianLayer(keras.layers.Layer):
             return self._linear(inputs, tf.convert_to_tensor(kernel))
         return self._random_linear(inputs, kernel)
 
+    def add_bias_and_activate(self, outputs):
+        """`activation(outputs + bias)`, the common tail of the layers with `use_bias` and
+        `activation` (a random bias contributes its draw)."""
+        if self.use_bias:
+            outputs = tf.nn.bias_add(outputs, tf.convert_to_tensor(self.bias))
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
     # -- config ----------------------------------------------------------------------------------
     def _weight_config(self, name, arg_prefix=None):
         """Serialized initializer/regularizer/constraint of weight `name`, keyed by the

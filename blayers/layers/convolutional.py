@@ -112,12 +112,9 @@ class _ConvBase(BayesianLayer):
 
     def call(self, inputs):
         self.call_weights()
-        outputs = self.apply_kernel(tf.convert_to_tensor(inputs, dtype=self.compute_dtype))
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, tf.convert_to_tensor(self.bias))
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
+        return self.add_bias_and_activate(
+            self.apply_kernel(tf.convert_to_tensor(inputs, dtype=self.compute_dtype))
+        )
 
     def compute_output_shape(self, input_shape):
         twin = self._keras_twin(

@@ -100,17 +100,10 @@ class _DenseBase(BayesianLayer):
     def call(self, inputs):
         self.call_weights()
         inputs = tf.convert_to_tensor(inputs, dtype=self.compute_dtype)
-        return self._finish(self.apply_kernel(inputs))
+        return self.add_bias_and_activate(self.apply_kernel(inputs))
 
     def _linear(self, inputs, kernel):
         return dense_matmul(inputs, kernel)
-
-    def _finish(self, outputs):
-        if self.use_bias:
-            outputs = tf.nn.bias_add(outputs, tf.convert_to_tensor(self.bias))
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units,)
