@@ -2,7 +2,10 @@
 blocks (same f, g), against depth, on CPU (`tf.config.experimental.get_memory_info`).
 
 RevNet's custom gradient rebuilds each block's input from its output, so the backward pass keeps
-no per-block activations: its peak should stay flat with depth where the plain stack's grows.
+no per-block activations: its peak should stay flat with depth where the plain stack's grows. The
+parameter gradients themselves (`grad_mb`, 4 bytes a weight) must grow with depth whatever the
+backward pass does, so `activation_mb = peak_mb - grad_mb` is the figure that should stay flat.
+The slope (MB per block, least squares over depths) summarizes each.
 
     python benchmarks/revnet_memory.py --out benchmarks/results/revnet_memory.json
 """
@@ -13,6 +16,7 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
+import numpy as np
 import tensorflow as tf
 from common import write_json
 
@@ -65,39 +69,54 @@ def peak_megabytes(depth, reversible, batch, width):
             loss = tf.reduce_sum(tf.square(h))
         return tape.gradient(loss, variables)
 
+    grad_mb = sum(v.shape.num_elements() for v in variables) * 4 / 2**20
     gradient_step.get_concrete_function(x)  # trace outside the measurement
     tf.config.experimental.reset_memory_stats("CPU:0")
     base = tf.config.experimental.get_memory_info("CPU:0")["current"]
     grads = gradient_step(x)
     del grads
     peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return (peak - base) / 2**20
+    return (peak - base) / 2**20, grad_mb
+
+
+def slope(points):
+    """Least-squares MB per block of `{depth: mb}`."""
+    depths, mbs = np.array(list(points), float), np.array(list(points.values()))
+    return float(np.polyfit(depths, mbs, 1)[0])
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--width", type=int, default=256)
-    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16])
+    parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--out", default="benchmarks/results/revnet_memory.json")
     args = parser.parse_args()
     blayers.set_seed(0)
+    kinds = {"revnet_stack": "stack", "revnet_blocks": True, "plain": False}
     results = {
         "config": vars(args),
-        "peak_mb": {"revnet_stack": {}, "revnet_blocks": {}, "plain": {}},
+        "peak_mb": {kind: {} for kind in kinds},
+        "activation_mb": {kind: {} for kind in kinds},
+        "grad_mb": {},
     }
     for depth in args.depths:
-        for kind, reversible in (
-            ("revnet_stack", "stack"),
-            ("revnet_blocks", True),
-            ("plain", False),
-        ):
-            mb = peak_megabytes(depth, reversible, args.batch, args.width)
+        for kind, reversible in kinds.items():
+            mb, grad_mb = peak_megabytes(depth, reversible, args.batch, args.width)
             results["peak_mb"][kind][depth] = round(mb, 2)
+            results["activation_mb"][kind][depth] = round(mb - grad_mb, 2)
+            results["grad_mb"][depth] = round(grad_mb, 2)
         sizes = "   ".join(
-            f"{kind} {results['peak_mb'][kind][depth]:7.1f} MB" for kind in results["peak_mb"]
+            f"{kind} {results['peak_mb'][kind][depth]:6.1f}"
+            f" ({results['activation_mb'][kind][depth]:5.1f})"
+            for kind in kinds
         )
-        print(f"depth {depth:3d}: {sizes}")
+        print(f"depth {depth:3d}: peak (activations) MB: {sizes}")
+    results["mb_per_block"] = {
+        measure: {kind: round(slope(results[measure][kind]), 3) for kind in kinds}
+        for measure in ("peak_mb", "activation_mb")
+    }
+    print("MB per block:", results["mb_per_block"])
     write_json(results, args.out)
 
 

@@ -110,8 +110,12 @@ def test_vae_elbo_iwae_bounds_and_local_kl():
     # ELBO by hand: E_q[log p(x|z)] - KL, with the analytic KL the layer adds.
     q = model.encoder(x).distribution
     z = q.sample(2000)
-    rec = tf.reduce_sum(model.decoder(tf.reshape(z, [-1, 4])).distribution.log_prob(
-        tf.tile(tf.reshape(x, [1, 16, 64]), [2000, 1, 1])[None][0].numpy().reshape(-1, 64)), -1)
+    rec = tf.reduce_sum(
+        model.decoder(tf.reshape(z, [-1, 4])).distribution.log_prob(
+            tf.tile(tf.reshape(x, [1, 16, 64]), [2000, 1, 1])[None][0].numpy().reshape(-1, 64)
+        ),
+        -1,
+    )
     kl = tf.reduce_sum(tfd.kl_divergence(q, tfd.Normal(0.0, 1.0)), -1)
     by_hand = tf.reduce_mean(tf.reshape(rec, [2000, 16]), 0) - kl
     np.testing.assert_allclose(elbo, by_hand.numpy(), atol=0.5)  # two MC estimates, ~5 SE
