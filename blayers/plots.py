@@ -120,6 +120,7 @@ def density_2d(model, samples, path, grid_size=200):
 
 def image_grid(model, images, path, count=10):
     """Test images, their reconstructions and prior samples of a VAE-like model (rows)."""
+    count = min(count, len(images))  # a small test split has fewer images than the grid
     images = images[:count]
     shape = images.shape[1:3] if images.ndim == 4 else (int(np.sqrt(images.shape[-1])),) * 2
     rows = [
@@ -127,7 +128,7 @@ def image_grid(model, images, path, count=10):
         ("reconstruction", np.asarray(model.reconstruct(images))),
         ("sample", np.asarray(model.sample(count, seed=0))),
     ]
-    fig, axes = plt.subplots(len(rows), count, figsize=(count, len(rows) + 0.5))
+    fig, axes = plt.subplots(len(rows), count, figsize=(count, len(rows) + 0.5), squeeze=False)
     for r, (title, row) in enumerate(rows):
         for c in range(count):
             axes[r, c].imshow(row[c].reshape(shape), cmap="gray", vmin=0, vmax=1)
@@ -144,8 +145,9 @@ def flow_samples(model, data, path, count=10):
     side = int(np.sqrt(data.shape[-1]))
     if side * side != data.shape[-1]:
         return
+    count = min(count, len(data))
     samples = np.asarray(model(data[:count]).distribution.sample(seed=(0, 0)))
-    fig, axes = plt.subplots(2, count, figsize=(count, 2.5))
+    fig, axes = plt.subplots(2, count, figsize=(count, 2.5), squeeze=False)
     for c in range(count):
         for r, row in enumerate((data, samples)):
             axes[r, c].imshow(

@@ -2,6 +2,7 @@
 
 import math
 import pathlib
+import re
 
 import gin
 import pytest
@@ -12,6 +13,17 @@ from blayers import config, trainer
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
 SMOKES = [p for p in CONFIGS if p.name.endswith("_smoke.gin")]
+
+
+def _text_with_includes(path):
+    text = path.read_text()
+    included = re.findall(r"^include '([^']+)'", text, flags=re.MULTILINE)
+    return text + "".join(_text_with_includes(CONFIG_DIR / name) for name in included)
+
+
+# Full-scale configs whose data comes through TFDS: run end to end on mocked TFDS data.
+TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES and "tfds_" in _text_with_includes(p)]
+SLOW_TFDS = {"resnet50_imagenet.gin", "resnet50_cifar10.gin"}  # ResNet-50, about 25 s each
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: str(p.relative_to(CONFIG_DIR)))
@@ -33,6 +45,30 @@ def test_smoke_config_trains(path, tmp_path):
     )
     metrics = trainer.train(str(tmp_path))
     assert metrics and all(not math.isnan(v) for v in metrics.values())
+
+
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_TFDS else p for p in TFDS_CONFIGS],
+    ids=lambda p: p.name,
+)
+def test_full_scale_tfds_config_trains_on_mock_data(path, tmp_path):
+    import tensorflow_datasets as tfds
+
+    config.parse(
+        [str(path.relative_to(CONFIG_DIR))],
+        [
+            "train.train_steps = 2",
+            "train.eval_every = None",
+            "train.progress = False",
+            "train.num_eval_samples = 1",
+            "train.batch_size = 4",
+        ],
+    )
+    with tfds.testing.mock_data(num_examples=8):  # fewer test images than a plot's grid
+        metrics = trainer.train(str(tmp_path))
+    assert metrics and all(math.isfinite(v) for v in metrics.values())
+    assert list(tmp_path.glob("*.png"))
 
 
 def test_prior_fragment_swaps_the_prior():

@@ -64,6 +64,17 @@ class _LayerBijector(tfb.Bijector):
         return self._layer.log_det_jacobian(x)
 
 
+def _is_flow(distribution):
+    """Whether `distribution` is a base pushed through reversible layers (by `call`). Duck-typed:
+    TFP builds `TransformedDistribution` and `Chain` as private non-composite classes."""
+    bijectors = getattr(getattr(distribution, "bijector", None), "bijectors", None)
+    return (
+        hasattr(distribution, "distribution")
+        and bool(bijectors)
+        and all(isinstance(b, _LayerBijector) for b in bijectors)
+    )
+
+
 class ReversibleLayer(keras.layers.Layer):
     """Base class: subclasses implement `forward`, `reverse` and `log_det_jacobian`."""
 
@@ -82,7 +93,15 @@ class ReversibleLayer(keras.layers.Layer):
             base = inputs.distribution
             if base.event_shape.rank == 0:  # the last axis is the flow's event
                 base = tfd.Independent(base, reinterpreted_batch_ndims=1)
-            distribution = tfd.TransformedDistribution(base, _LayerBijector(self, inputs.dtype))
+            bijector = _LayerBijector(self, inputs.dtype)
+            if _is_flow(base):
+                # Extend the chain rather than nest: TFP infers a nested transformed
+                # distribution's batch shape in time exponential in the depth.
+                bijector = tfb.Chain([bijector, *base.bijector.bijectors])
+                base = base.distribution
+            else:
+                bijector = tfb.Chain([bijector])
+            distribution = tfd.TransformedDistribution(base, bijector)
             return RandomVariable(distribution, value=self.forward(inputs.value))
         return self.forward(tf.convert_to_tensor(inputs, self.compute_dtype))
 
