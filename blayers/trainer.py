@@ -244,11 +244,21 @@ def train(
         )
 
     def epoch_batches(epoch, skip):
-        ds = data.train.shuffle(
-            min(num_train, shuffle_buffer),
-            seed=seed * 100_003 + epoch,
-            reshuffle_each_iteration=False,
+        epoch_seed = seed * 100_003 + epoch
+        ds = data.train
+        if data.augment is not None:  # index examples first: their noise follows them
+            ds = ds.enumerate()
+        ds = ds.shuffle(
+            min(num_train, shuffle_buffer), seed=epoch_seed, reshuffle_each_iteration=False
         )
+        if data.augment is not None:
+            ds = ds.map(
+                lambda index, example: data.augment(
+                    *example, seed=tf.stack([tf.constant(epoch_seed, tf.int64), index])
+                ),
+                num_parallel_calls=tf.data.AUTOTUNE,
+                deterministic=True,
+            )
         ds = ds.batch(batch_size, drop_remainder=True).skip(skip).prefetch(tf.data.AUTOTUNE)
         return strategy.experimental_distribute_dataset(ds)
 

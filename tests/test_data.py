@@ -4,6 +4,7 @@ import pathlib
 
 import numpy as np
 import pytest
+import tensorflow as tf
 import tensorflow_datasets as tfds
 
 from blayers import data
@@ -65,13 +66,34 @@ def test_density_sources():
     assert set(np.unique(x.numpy())) == {0.0, 1.0}
     np.testing.assert_array_equal(x.numpy().reshape(len(x), -1), y.numpy())
     deq = data.dequantized_digits()
-    x, _ = next(iter(deq.train.batch(2000)))
-    assert 0.0 < float(x.numpy().min()) and float(x.numpy().max()) < 1.0
+    corners, _ = next(iter(deq.train.batch(2000)))
+    levels = corners.numpy() * 17
+    np.testing.assert_allclose(levels, np.round(levels), atol=1e-4)  # k / 17, noise not yet
     assert deq.reference["levels"] == 17
+
+    def draw(seed):
+        return np.stack(
+            [
+                deq.augment(x, y, seed=tf.constant([seed, i], tf.int64))[0].numpy()
+                for i, (x, y) in enumerate(deq.train.take(200))
+            ]
+        )
+
+    first, again, other = draw(0), draw(0), draw(1)
+    np.testing.assert_array_equal(first, again)  # a function of the seed: resumes replay it
+    noise = (first - corners.numpy()[:200]) * 17
+    assert noise.min() >= 0.0 and noise.max() < 1.0
+    # U(0, 1) per pixel: mean 1/2 within 5 standard errors (sd 1/sqrt(12), 12,800 draws).
+    assert abs(noise.mean() - 0.5) < 5 * np.sqrt(1 / 12 / noise.size)
+    assert np.abs(other - first).max() * 17 > 0.5  # a fresh draw for another epoch
+    test_a, test_b = (next(iter(deq.test.batch(400)))[0].numpy() for _ in range(2))
+    np.testing.assert_array_equal(test_a, test_b)  # the test points are fixed
+    assert 0.0 < test_a.min() and test_a.max() < 1.0
     ring = data.gaussian_ring_2d(num_train=100, num_test=10)
     assert ring.task == "density" and ring.reference["entropy"] > 0
     with tfds.testing.mock_data(num_examples=8):
         mnist = data.tfds_images("mnist", dequantize=True, flatten=True)
-        x, y = next(iter(mnist.train.batch(4)))
+        x, y = next(iter(mnist.test.batch(4)))
+        assert mnist.augment is not None
     assert mnist.input_shape == (784,) and mnist.reference == {"levels": 256}
     assert 0.0 < float(x.numpy().min()) and float(x.numpy().max()) < 1.0

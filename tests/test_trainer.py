@@ -160,8 +160,14 @@ def test_first_non_finite_layer_checks_kl_too():
     )
 
 
-def test_resume_continues_from_the_checkpoint(tmp_path):
+def _jitter(features, target, seed):
+    return features + 0.3 * tf.random.stateless_normal(tf.shape(features), seed), target
+
+
+@pytest.mark.parametrize("augment", [None, _jitter], ids=["plain", "augmented"])
+def test_resume_continues_from_the_checkpoint(tmp_path, augment):
     digits = _small_digits()
+    digits.augment = augment  # per-example noise: a resumed run must replay its draws
     kwargs = {
         "data": digits,
         "model": _mlp,

@@ -5,7 +5,14 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
-__all__ = ["Data", "from_arrays", "standardize", "standardized_regression"]
+__all__ = [
+    "Data",
+    "dequantization",
+    "fixed_dequantization",
+    "from_arrays",
+    "standardize",
+    "standardized_regression",
+]
 
 
 @dataclasses.dataclass
@@ -25,6 +32,10 @@ class Data:
       reference: known quantities for reports, e.g. `{'entropy': ...}` of a synthetic density.
       target_mean, target_scale: regression targets were standardized as
         `(y - target_mean) / target_scale`; metrics are reported in the original units.
+      augment: optional `fn(features, target, seed) -> (features, target)` the trainer applies
+        to each training example as it is drawn, e.g. fresh dequantization noise every epoch.
+        `seed` is a stateless seed (int64, shape [2]) fixed by the run's seed, the epoch and the
+        example, so a resumed run replays the same draws; use `tf.random.stateless_*` ops.
     """
 
     name: str
@@ -40,6 +51,7 @@ class Data:
     target_mean: float = 0.0
     target_scale: float = 1.0
     reference: dict = dataclasses.field(default_factory=dict)
+    augment: object = None
 
     def __post_init__(self):
         if self.task not in ("classification", "regression", "density"):
@@ -122,3 +134,27 @@ def standardized_regression(name, x_train, y_train, x_test, y_test):
         target_mean=y_mean,
         target_scale=y_scale,
     )
+
+
+def dequantization(levels):
+    """`augment` for density data whose features are integer levels scaled to `k / levels`:
+    adds `u / levels`, `u ~ U(0, 1)` drawn afresh per example and epoch, so a flow cannot
+    memorize one noise draw (Theis et al., 2016). Targets are the features, flattened."""
+
+    def augment(features, target, seed):
+        noise = tf.random.stateless_uniform(tf.shape(features), seed, dtype=features.dtype)
+        features = features + noise / levels
+        return features, tf.reshape(features, tf.shape(target))
+
+    return augment
+
+
+def fixed_dequantization(dataset, levels, seed):
+    """The test-split counterpart of `dequantization`: one noise draw per example, a function
+    of `seed` and the example's position, so every evaluation sees the same points."""
+    augment = dequantization(levels)
+
+    def apply(index, example):
+        return augment(*example, seed=tf.stack([tf.constant(seed, tf.int64), index]))
+
+    return dataset.enumerate().map(apply)

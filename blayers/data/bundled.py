@@ -12,7 +12,12 @@ import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn.model_selection import train_test_split
 
-from blayers.data.base import from_arrays, standardized_regression
+from blayers.data.base import (
+    dequantization,
+    fixed_dequantization,
+    from_arrays,
+    standardized_regression,
+)
 
 __all__ = ["binarized_digits", "dequantized_digits", "diabetes", "digits", "mnist_subset"]
 
@@ -77,16 +82,18 @@ def binarized_digits(test_fraction=0.2, split_seed=0, flatten=False, threshold=0
 @gin.configurable(module="blayers.data")
 def dequantized_digits(test_fraction=0.2, split_seed=0, seed=0):
     """scikit-learn digits (17 intensity levels) dequantized for flows: `(k + u) / 17` with
-    `u ~ U(0, 1)`, 64 features, task 'density'. A density `p` here is one on the 17-level
-    images via `p(k) >= p(x) / 17^64`, so `bits_per_dim + log2(17)` bounds the discrete bits per
-    pixel (Theis et al., 2016)."""
+    `u ~ U(0, 1)` drawn afresh for every training example each epoch (a fixed draw per test
+    example), 64 features, task 'density'. A density `p` here is one on the 17-level images via
+    `p(k) >= p(x) / 17^64`, so `bits_per_dim + log2(17)` bounds the discrete bits per pixel
+    (Theis et al., 2016)."""
     raw = sk_datasets.load_digits()
-    rng = np.random.RandomState(seed)
-    x = ((raw.data + rng.uniform(size=raw.data.shape)) / 17.0).astype(np.float32)
+    x = (raw.data / 17.0).astype(np.float32)
     x_train, x_test = train_test_split(
         x, test_size=test_fraction, random_state=split_seed, stratify=raw.target
     )
     data = from_arrays("dequantized_digits", "density", x_train, x_train, x_test, x_test)
+    data.test = fixed_dequantization(data.test, 17, seed)
+    data.augment = dequantization(17)
     data.reference = {"levels": 17}
     return data
 

@@ -8,7 +8,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from blayers.data.base import Data
+from blayers.data.base import Data, dequantization, fixed_dequantization
 
 __all__ = ["tfds_dataset"]
 
@@ -163,16 +163,17 @@ def tfds_images(
 ):
     """An image data set as a density task (VAEs, flows): features are the images scaled to
     [0, 1] (uint8 sources) or as stored (`binarized_mnist`), targets the flattened images.
-    `dequantize`: `(k + u) / 256` with `u ~ U(0, 1)` (for flows; bits per dimension then bound
-    the discrete ones after adding 8); `flatten`: features as vectors."""
+    `dequantize`: `(k + u) / 256` with `u ~ U(0, 1)` drawn afresh per training example and epoch
+    and fixed per test example (for flows; bits per dimension then bound the discrete ones
+    after adding 8); `flatten`: features as vectors."""
 
     def prepare(example):
         image = example[image_key]
         x = tf.cast(image, tf.float32)
         if image.dtype == tf.uint8 and name != "binarized_mnist":
             x = x / 255.0
-        if dequantize:
-            x = (tf.cast(image, tf.float32) + tf.random.uniform(tf.shape(image), seed=seed)) / 256.0
+        if dequantize:  # k / 256 here; the noise comes per epoch (train) or fixed (test)
+            x = tf.cast(image, tf.float32) / 256.0
         if binarize:
             x = tf.cast(x > 0.5, tf.float32)
         if flatten:
@@ -180,9 +181,12 @@ def tfds_images(
         return x, tf.reshape(x, [-1])
 
     _, common = _load(name, train_split, test_split, data_dir, download, prepare)
+    if dequantize:
+        common["test"] = fixed_dequantization(common["test"], 256, seed)
     return Data(
         task="density",
         target_dim=int(np.prod(common["input_shape"])),
         reference={"levels": 256} if dequantize else {},
+        augment=dequantization(256) if dequantize else None,
         **common,
     )
