@@ -65,6 +65,12 @@ def test_density_sources():
     assert binary.task == "density" and binary.num_outputs == 64 and x.shape[1:] == (8, 8, 1)
     assert set(np.unique(x.numpy())) == {0.0, 1.0}
     np.testing.assert_array_equal(x.numpy().reshape(len(x), -1), y.numpy())
+    mnist = data.binarized_mnist_subset(flatten=True)
+    x, y = next(iter(mnist.train.batch(4000)))
+    assert (mnist.num_train, mnist.num_test, mnist.input_shape) == (4000, 1000, (784,))
+    assert set(np.unique(x.numpy())) == {0.0, 1.0}
+    assert 0.05 < float(x.numpy().mean()) < 0.3  # MNIST strokes cover about 13% of pixels
+    np.testing.assert_array_equal(x.numpy(), y.numpy())
     deq = data.dequantized_digits()
     corners, _ = next(iter(deq.train.batch(2000)))
     levels = corners.numpy() * 17

