@@ -28,6 +28,7 @@ from absl import logging
 
 from blayers import config as config_lib
 from blayers import evaluation, objectives, plots, seeds
+from blayers.data.base import augment_indexed
 from blayers.random_variable import RandomVariable
 
 __all__ = ["NonFiniteLossError", "first_non_finite_layer", "make_optimizer", "train"]
@@ -252,13 +253,7 @@ def train(
             min(num_train, shuffle_buffer), seed=epoch_seed, reshuffle_each_iteration=False
         )
         if data.augment is not None:
-            ds = ds.map(
-                lambda index, example: data.augment(
-                    *example, seed=tf.stack([tf.constant(epoch_seed, tf.int64), index])
-                ),
-                num_parallel_calls=tf.data.AUTOTUNE,
-                deterministic=True,
-            )
+            ds = augment_indexed(ds, data.augment, epoch_seed)
         ds = ds.batch(batch_size, drop_remainder=True).skip(skip).prefetch(tf.data.AUTOTUNE)
         return strategy.experimental_distribute_dataset(ds)
 

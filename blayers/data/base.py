@@ -7,6 +7,7 @@ import tensorflow as tf
 
 __all__ = [
     "Data",
+    "augment_indexed",
     "dequantization",
     "fixed_dequantization",
     "from_arrays",
@@ -149,12 +150,18 @@ def dequantization(levels):
     return augment
 
 
-def fixed_dequantization(dataset, levels, seed):
-    """The test-split counterpart of `dequantization`: one noise draw per example, a function
-    of `seed` and the example's position, so every evaluation sees the same points."""
-    augment = dequantization(levels)
+def augment_indexed(indexed, augment, seed):
+    """Maps the `(index, (features, target))` pairs of `dataset.enumerate()` through
+    `augment(features, target, seed=[seed, index])`: each example's draw is a function of
+    `seed` and its index, wherever a shuffle has moved it."""
 
     def apply(index, example):
         return augment(*example, seed=tf.stack([tf.constant(seed, tf.int64), index]))
 
-    return dataset.enumerate().map(apply)
+    return indexed.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def fixed_dequantization(dataset, levels, seed):
+    """The test-split counterpart of `dequantization`: one noise draw per example, a function
+    of `seed` and the example's position, so every evaluation sees the same points."""
+    return augment_indexed(dataset.enumerate(), dequantization(levels), seed)
