@@ -28,7 +28,7 @@ from absl import logging
 
 from blayers import config as config_lib
 from blayers import evaluation, objectives, plots, seeds
-from blayers.data.base import augment_indexed
+from blayers.data.augment import augment_indexed
 from blayers.random_variable import RandomVariable
 
 __all__ = ["NonFiniteLossError", "first_non_finite_layer", "make_optimizer", "train"]

@@ -103,3 +103,41 @@ def test_density_sources():
         assert mnist.augment is not None
     assert mnist.input_shape == (784,) and mnist.reference == {"levels": 256}
     assert 0.0 < float(x.numpy().min()) and float(x.numpy().max()) < 1.0
+
+
+def test_random_crop_flip_takes_windows_of_the_padded_image():
+    from blayers.data.augment import random_crop_flip
+
+    image = np.random.RandomState(0).uniform(size=(6, 5, 3)).astype(np.float32)
+    padded = np.pad(image, [(2, 2), (2, 2), (0, 0)])
+    augment = random_crop_flip(2)
+    flips, offsets = 0, set()
+    trials = 400
+    for i in range(trials):
+        out, label = augment(tf.constant(image), 7, seed=tf.constant([3, i], tf.int64))
+        out = out.numpy()
+        assert out.shape == image.shape and label == 7
+        matches = [
+            (flip, top, left)
+            for flip in (False, True)
+            for top in range(5)
+            for left in range(5)
+            if np.array_equal(out[:, ::-1] if flip else out, padded[top : top + 6, left : left + 5])
+        ]
+        assert matches, "not a window of the padded image"
+        flips += matches[0][0]
+        offsets.add(matches[0][1:])
+    # Flip with probability 1/2: within 5 standard errors of trials / 2.
+    assert abs(flips - trials / 2) < 5 * np.sqrt(trials / 4)
+    assert len(offsets) == 25  # every window position occurs
+    again, _ = augment(tf.constant(image), 7, seed=tf.constant([3, 0], tf.int64))
+    first, _ = augment(tf.constant(image), 7, seed=tf.constant([3, 0], tf.int64))
+    np.testing.assert_array_equal(again.numpy(), first.numpy())
+
+
+def test_tfds_dataset_crop_padding():
+    with tfds.testing.mock_data(num_examples=8):
+        cifar = data.tfds_dataset("cifar10", crop_padding=4)
+    assert cifar.augment is not None and cifar.input_shape == (32, 32, 3)
+    with pytest.raises(ValueError, match="crop_padding"):
+        data.tfds_dataset("cifar10", crop_padding=4, flatten=True)

@@ -7,9 +7,6 @@ import tensorflow as tf
 
 __all__ = [
     "Data",
-    "augment_indexed",
-    "dequantization",
-    "fixed_dequantization",
     "from_arrays",
     "standardize",
     "standardized_regression",
@@ -34,7 +31,8 @@ class Data:
       target_mean, target_scale: regression targets were standardized as
         `(y - target_mean) / target_scale`; metrics are reported in the original units.
       augment: optional `fn(features, target, seed) -> (features, target)` the trainer applies
-        to each training example as it is drawn, e.g. fresh dequantization noise every epoch.
+        to each training example as it is drawn, e.g. fresh dequantization noise every epoch
+        or random crops (`blayers.data.augment`).
         `seed` is a stateless seed (int64, shape [2]) fixed by the run's seed, the epoch and the
         example, so a resumed run replays the same draws; use `tf.random.stateless_*` ops.
     """
@@ -135,33 +133,3 @@ def standardized_regression(name, x_train, y_train, x_test, y_test):
         target_mean=y_mean,
         target_scale=y_scale,
     )
-
-
-def dequantization(levels):
-    """`augment` for density data whose features are integer levels scaled to `k / levels`:
-    adds `u / levels`, `u ~ U(0, 1)` drawn afresh per example and epoch, so a flow cannot
-    memorize one noise draw (Theis et al., 2016). Targets are the features, flattened."""
-
-    def augment(features, target, seed):
-        noise = tf.random.stateless_uniform(tf.shape(features), seed, dtype=features.dtype)
-        features = features + noise / levels
-        return features, tf.reshape(features, tf.shape(target))
-
-    return augment
-
-
-def augment_indexed(indexed, augment, seed):
-    """Maps the `(index, (features, target))` pairs of `dataset.enumerate()` through
-    `augment(features, target, seed=[seed, index])`: each example's draw is a function of
-    `seed` and its index, wherever a shuffle has moved it."""
-
-    def apply(index, example):
-        return augment(*example, seed=tf.stack([tf.constant(seed, tf.int64), index]))
-
-    return indexed.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
-
-
-def fixed_dequantization(dataset, levels, seed):
-    """The test-split counterpart of `dequantization`: one noise draw per example, a function
-    of `seed` and the example's position, so every evaluation sees the same points."""
-    return augment_indexed(dataset.enumerate(), dequantization(levels), seed)

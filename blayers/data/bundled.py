@@ -13,12 +13,8 @@ import numpy as np
 from sklearn import datasets as sk_datasets
 from sklearn.model_selection import train_test_split
 
-from blayers.data.base import (
-    dequantization,
-    fixed_dequantization,
-    from_arrays,
-    standardized_regression,
-)
+from blayers.data.augment import dequantization, fixed_dequantization
+from blayers.data.base import from_arrays, standardized_regression
 
 __all__ = [
     "binarized_digits",

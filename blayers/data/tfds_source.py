@@ -8,7 +8,8 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from blayers.data.base import Data, dequantization, fixed_dequantization
+from blayers.data.augment import dequantization, fixed_dequantization, random_crop_flip
+from blayers.data.base import Data
 
 __all__ = ["tfds_dataset"]
 
@@ -69,6 +70,7 @@ def tfds_dataset(
     flatten=False,
     image_size=None,
     download=False,
+    crop_padding=None,
 ):
     """A TFDS classification data set as `Data` (features scaled to [0, 1]).
 
@@ -80,7 +82,11 @@ def tfds_dataset(
       flatten: flatten images to vectors (for MLPs).
       image_size: resize square images (e.g. 32 for small-scale smoke runs).
       download: let TFDS download and prepare (needs the network).
+      crop_padding: augment training images by `random_crop_flip(crop_padding)` (zero-pad,
+        random crop, random flip; 4 for CIFAR). Not with `flatten`.
     """
+    if crop_padding and flatten:
+        raise ValueError("tfds_dataset: crop_padding augments images; it cannot go with flatten.")
     prepare = _prepare(flatten, image_size)
     info, common = _load(
         name, train_split, test_split, data_dir, download, prepare, as_supervised=True
@@ -93,7 +99,11 @@ def tfds_dataset(
             .map(lambda x, y: x)
         )
     return Data(
-        task="classification", num_classes=info.features["label"].num_classes, ood=ood_ds, **common
+        task="classification",
+        num_classes=info.features["label"].num_classes,
+        ood=ood_ds,
+        augment=random_crop_flip(crop_padding) if crop_padding else None,
+        **common,
     )
 
 
