@@ -180,10 +180,10 @@ def tfds_images(
     def prepare(example):
         image = example[image_key]
         x = tf.cast(image, tf.float32)
-        if image.dtype == tf.uint8 and name != "binarized_mnist":
-            x = x / 255.0
         if dequantize:  # k / 256 here; the noise comes per epoch (train) or fixed (test)
-            x = tf.cast(image, tf.float32) / 256.0
+            x = x / 256.0
+        elif image.dtype == tf.uint8 and name != "binarized_mnist":
+            x = x / 255.0
         if binarize:
             x = tf.cast(x > 0.5, tf.float32)
         if flatten:
