@@ -1,14 +1,14 @@
-"""Registration of blayers classes with gin and Keras serialization, in one place.
+"""The application side of gin: the config search path, parsing with validation, and the
+operative config of a run.
 
-`configurable(gin_name, module, package)` makes a class both a gin configurable (decorated in
-place, so the exported class *is* the configurable) and Keras-serializable under `package`.
-Gin wraps `__init__` in a `(*args, **kwargs)` function; Keras 3 reads constructor arguments with
-`inspect.getfullargspec`, which does not follow the wrapper, so we restore the signature.
-
-`Registry` is the `get`/`serialize`/`deserialize` trio of initializers, regularizers and
-constraints: our names first (the gin name, or the CamelCase class name), then Keras' own.
+Importing this module imports the framework's configurables (data sources, models, tasks,
+objectives, the trainer), so every name a gin file may use is registered before parsing. Nothing
+in the library imports it back: it sits at the top with the CLIs (`blayers.train`,
+`launch.sweep`, experiment scripts). Registration itself lives at the bottom, in
+`blayers.registry`.
 """
 
+import contextlib
 import inspect
 import logging
 import os
@@ -17,81 +17,15 @@ import re
 import gin
 import keras
 
-__all__ = ["Registry", "configurable"]
+from blayers import data, models, objectives, tasks, trainer  # noqa: F401 - registers configurables
 
+__all__ = [
+    "config_search_path",
+    "find_config_file",
+    "parse",
+    "validate_bindings",
+]
 
-def configurable(gin_name, module, package):
-    def decorator(cls):
-        original = inspect.signature(cls.__init__)
-        cls = keras.saving.register_keras_serializable(package)(cls)
-        cls = gin.configurable(gin_name, module=module)(cls)
-        cls.__init__.__signature__ = original
-        return cls
-
-    return decorator
-
-
-def _snake_case(name):
-    return re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower()
-
-
-class Registry:
-    """Named classes of one kind (`'initializer'`, ...) with Keras' registry as the fallback.
-
-    Args:
-      kind: word used in error messages.
-      package: the Keras serialization package and gin module of the registered classes.
-      keras_get: Keras' `get` for the same kind (`keras.initializers.get`).
-      keras_examples: a few Keras names, quoted in the error for an unknown name.
-    """
-
-    def __init__(self, kind, package, keras_get, keras_examples):
-        self.kind, self.package = kind, package
-        self._keras_get, self._keras_examples = keras_get, keras_examples
-        self.classes = {}
-
-    def register(self, gin_name):
-        """Class decorator: gin configurable `gin_name`, Keras-serializable, and gettable."""
-
-        def decorator(cls):
-            cls = configurable(gin_name, self.package, self.package)(cls)
-            self.classes[gin_name] = cls
-            return cls
-
-        return decorator
-
-    def get(self, identifier):
-        """An instance from None, a name, a config dict, or an object (returned as is)."""
-        if identifier is None:
-            return None
-        if isinstance(identifier, str):
-            key = identifier if identifier in self.classes else _snake_case(identifier)
-            if key in self.classes:
-                return self.classes[key]()
-            try:
-                return self._keras_get(identifier)
-            except ValueError:
-                raise ValueError(
-                    f"Unknown {self.kind} {identifier!r}. blayers {self.kind}s: "
-                    f"{sorted(self.classes)}; or a Keras {self.kind} name such as "
-                    f"{self._keras_examples}."
-                ) from None
-        if isinstance(identifier, dict):
-            return self.deserialize(identifier)
-        if callable(identifier):
-            return identifier
-        raise ValueError(f"Could not interpret {self.kind} identifier: {identifier!r}.")
-
-    @staticmethod
-    def serialize(obj):
-        return None if obj is None else keras.saving.serialize_keras_object(obj)
-
-    @staticmethod
-    def deserialize(config):
-        return keras.saving.deserialize_keras_object(config)
-
-
-# -- gin files: search path, parsing with validation, operative config ---------------------------
 
 _PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _KERAS_LAYER_KWARGS = {
@@ -195,39 +129,24 @@ class _QuietGinSearch(logging.Filter):
         return not record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
 
 
-logging.getLogger().addFilter(_QuietGinSearch())
+@contextlib.contextmanager
+def _quiet_gin_search():
+    """Gin logs its include misses on the root logger; filter them only while parsing."""
+    root, quiet = logging.getLogger(), _QuietGinSearch()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
 
 
 def parse(gin_files=(), gin_params=()):
     """Parses gin files (names found on the search path, later files override earlier ones)
     and then `gin_params` bindings, and validates every binding before anything runs."""
-    # Import the framework's configurables (data sources, models, trainer) before parsing.
-    from blayers import data, models, objectives, trainer  # noqa: F401
-
     for folder in config_search_path():
         gin.add_config_file_search_path(folder)
     paths = [find_config_file(name) for name in gin_files]
-    gin.parse_config_files_and_bindings(paths, list(gin_params))
+    with _quiet_gin_search():
+        gin.parse_config_files_and_bindings(paths, list(gin_params))
     validate_bindings(paths)
     return paths
-
-
-def write_operative_config(model_dir):
-    """Writes `operative_config.gin`: every gin parameter the run used (gin.tf's hook does not
-    import on TF 2.21, so we write it ourselves)."""
-    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
-        f.write(gin.operative_config_str())
-
-
-def _register_externals():
-    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay`."""
-    schedules = keras.optimizers.schedules
-    for name, cls in (
-        ("cosine_decay", schedules.CosineDecay),
-        ("exponential_decay", schedules.ExponentialDecay),
-        ("polynomial_decay", schedules.PolynomialDecay),
-    ):
-        gin.external_configurable(cls, name=name, module="keras.optimizers.schedules")
-
-
-_register_externals()

@@ -12,7 +12,7 @@ optimizer works in an unconstrained space (Blundell et al., 2015, use `softplus`
 import keras
 import tensorflow as tf
 
-from blayers.config import Registry
+from blayers.registry import Registry
 
 __all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize"]
 

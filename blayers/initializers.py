@@ -27,7 +27,7 @@ import tensorflow_probability as tfp
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
 from blayers import regularizers, seeds
-from blayers.config import Registry
+from blayers.registry import Registry
 
 tfd = tfp.distributions
 
@@ -147,6 +147,11 @@ class TrainableInitializer(keras.layers.Layer):
 
     def _distribution(self, params, shape):
         raise NotImplementedError  # abstract; intentional
+
+    def get_build_config(self):
+        # Built by the owning layer's `build`, inside its name scope, so the variables' paths
+        # (`dense_flipout/trainable_normal/mean`) are the same after `keras.models.load_model`.
+        return None
 
     def get_config(self):
         config = super().get_config()

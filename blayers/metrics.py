@@ -9,6 +9,7 @@ the equal-weight mixture.
 import math
 
 import numpy as np
+import scipy.stats
 from scipy.special import logsumexp
 from sklearn.metrics import roc_auc_score
 
@@ -19,10 +20,13 @@ __all__ = [
     "coverage",
     "ece",
     "entropy",
+    "interval_coverage",
     "mutual_information",
     "nll",
     "nlpd",
     "ood_auroc",
+    "predictive_cdf",
+    "quantile_calibration",
     "regression_metrics",
     "reliability_bins",
     "rmse",
@@ -125,6 +129,31 @@ def coverage(means, stddevs, targets, z=1.959964):
     """Fraction of targets inside the moment-matched central interval `mean +- z sd` (95%)."""
     mean, variance = _mixture_moments(means, stddevs)
     return float(np.mean(np.abs(targets - mean) <= z * np.sqrt(variance)))
+
+
+def predictive_cdf(means, stddevs, targets):
+    """`P(Y <= y)` under the mixture predictive `1/S sum_s N(m_s, s_s^2)`, per example and
+    target dimension (the probability integral transform; uniform when calibrated)."""
+    means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
+    return scipy.stats.norm.cdf((np.asarray(targets, np.float64) - means) / stddevs).mean(0)
+
+
+def quantile_calibration(means, stddevs, targets, levels):
+    """For each predicted quantile level `p`, the observed fraction of targets below the
+    predictive's `p`-quantile, i.e. of PIT values `<= p` (equal to `p` when calibrated)."""
+    pit = predictive_cdf(means, stddevs, targets).ravel()
+    return np.array([np.mean(pit <= p) for p in levels])
+
+
+def interval_coverage(means, stddevs, targets, levels, scale=1.0):
+    """For central intervals of nominal probability `levels` (moment-matched Normal
+    `mean +- z sd`): `(levels, observed coverage, mean width in original units)`."""
+    mean, variance = _mixture_moments(means, stddevs)
+    sd = np.sqrt(variance)
+    z = scipy.stats.norm.ppf(0.5 + np.asarray(levels) / 2.0)
+    covered = np.array([np.mean(np.abs(targets - mean) <= zi * sd) for zi in z])
+    width = np.array([2.0 * zi * scale * np.mean(sd) for zi in z])
+    return np.asarray(levels), covered, width
 
 
 def classification_metrics(probs, labels, ood_probs=None, num_bins=15):

@@ -6,57 +6,31 @@ the minibatch mean of the negative log-likelihood and takes the KL from `model.l
 term there is treated as part of the KL, i.e. of the negative log prior), divided by the number
 of training examples `N` and weighted by an annealing schedule `beta_t`.
 
-The likelihood comes from the model's output: a `RandomVariable` gives its own distribution;
-logits give a Categorical (classification); for regression, the output's last axis holds a mean
-and a raw scale per target dimension, giving `Normal(mean, softplus(raw) + 1e-3)`.
+The likelihood `p(y | f_theta(x))` belongs to the task (`blayers.tasks`): a `RandomVariable`
+output gives its own distribution; otherwise the task reads the output's layout (logits, or a
+mean and raw scale per target).
+
+In `keras.Model.fit`, Keras adds `model.losses` to the loss unscaled. `set_kl_scale(model,
+num_train)` sets every weight's KL regularizer to `KL / num_train`, so `fit` with a per-example
+NLL loss optimizes the per-example negative ELBO.
 """
 
 import gin
 import keras
 import tensorflow as tf
-import tensorflow_probability as tfp
 
+from blayers.layers.base import LocalLosses
 from blayers.random_variable import RandomVariable
-
-tfd = tfp.distributions
+from blayers.regularizers import DistributionRegularizer
 
 __all__ = [
-    "MIN_SCALE",
     "NegativeLogLikelihood",
     "constant_kl_weight",
     "linear_kl_annealing",
-    "negative_log_likelihood",
-    "predictive_distribution",
+    "set_kl_scale",
     "sigmoid_kl_annealing",
+    "split_losses",
 ]
-
-MIN_SCALE = 1e-3
-
-
-def predictive_distribution(outputs, task):
-    """The likelihood `p(y | outputs)` as a TFP distribution (batch shape = examples)."""
-    if isinstance(outputs, RandomVariable):
-        return outputs.distribution
-    outputs = tf.convert_to_tensor(outputs)
-    if task == "classification":
-        return tfd.Categorical(logits=outputs)
-    if task == "density":
-        raise ValueError(
-            "A density model must return a RandomVariable (e.g. a flow applied to "
-            f"a base distribution), got a {type(outputs).__name__}."
-        )
-    if task == "regression":
-        loc, raw_scale = tf.split(outputs, 2, axis=-1)
-        return tfd.Independent(tfd.Normal(loc, tf.nn.softplus(raw_scale) + MIN_SCALE), 1)
-    raise ValueError(f"Unknown task {task!r}.")
-
-
-def negative_log_likelihood(outputs, targets, task):
-    """Per-example `-log p(y | outputs)` (summed over any sequence axis)."""
-    log_prob = predictive_distribution(outputs, task).log_prob(targets)
-    if log_prob.shape.rank > 1:
-        log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
-    return -log_prob
 
 
 @gin.configurable(module="blayers.objectives")
@@ -121,16 +95,48 @@ def split_losses(model):
 
     Global terms (weights' KL, regularizers) are per data set and the ELBO divides them by the
     number of training examples. Local terms are per-example averages already (a VAE's latent
-    KL, a VQ-VAE's codebook and commitment losses): layers mark them with `local_losses = True`
-    and they join the likelihood term unscaled.
+    KL, a VQ-VAE's codebook and commitment losses): layers say so by mixing in
+    `blayers.layers.base.LocalLosses`, and their losses join the likelihood term unscaled.
     """
     local = [
         loss
         for layer in _leaf_layers(model)
-        if getattr(layer, "local_losses", False)
+        if isinstance(layer, LocalLosses)
         for loss in layer.losses
     ]
     local_ids = {id(loss) for loss in local}
     global_ = [loss for loss in model.losses if id(loss) not in local_ids]
     zero = tf.constant(0.0)
     return (tf.add_n(local) if local else zero), (tf.add_n(global_) if global_ else zero)
+
+
+def _distribution_regularizers(model):
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for name, value in vars(layer).items():
+            if name.endswith("regularizer") and isinstance(value, DistributionRegularizer):
+                yield value
+
+
+def set_kl_scale(model, num_train):
+    """Scales every weight's KL regularizer in `model` by `1 / num_train`, for `model.fit`.
+
+    Keras' `fit` minimizes `mean_batch loss(y, y_pred) + sum(model.losses)`; with each KL
+    divided by the training-set size, that is the per-example negative ELBO
+    `E_q[-log p(y | x, w)] + KL[q(w) || p(w)] / N` (Tran et al., 2019, Sec. 2.1):
+
+        blayers.set_kl_scale(model, len(x_train))
+        model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        model.fit(x_train, y_train)
+
+    Build the model first (its weights' regularizers exist once it is built). Returns the
+    number of regularizers scaled. The scale is saved with the model. Do not use it with the
+    blayers trainer, which divides the KL by `N` itself.
+    """
+    if not model.built:
+        raise ValueError("set_kl_scale: build the model first (call it once on a batch).")
+    if not num_train or num_train <= 0:
+        raise ValueError(f"set_kl_scale needs a positive num_train, got {num_train!r}.")
+    regularizers = list({id(r): r for r in _distribution_regularizers(model)}.values())
+    for regularizer in regularizers:
+        regularizer.scale_factor = 1.0 / float(num_train)
+    return len(regularizers)

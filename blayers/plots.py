@@ -1,40 +1,110 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed)."""
 
+import os
+
 import matplotlib
 
 matplotlib.use("Agg")
 
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 import numpy as np
 
 from blayers import metrics as metrics_lib
 
-__all__ = ["regression_1d", "reliability_diagram", "training_curves"]
+__all__ = [
+    "density_2d",
+    "flow_samples",
+    "image_grid",
+    "png_to_tensorboard",
+    "regression_1d",
+    "regression_calibration",
+    "reliability_diagram",
+    "training_curves",
+]
+
+
+def _log_axis(ax):
+    """Log y-axis with plain-number ticks (0.1, 1, 10) instead of 10^-1 labels."""
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+# Evaluation metrics drawn on a shared [0, 1] axis; the others get one axis each.
+_UNIT_METRICS = (
+    "accuracy",
+    "ece",
+    "brier",
+    "coverage_95",
+    "ood_auroc_entropy",
+    "ood_auroc_mutual_information",
+)
 
 
 def training_curves(history, path):
-    """Training NLL / KL / loss and evaluation metrics against the step."""
+    """The training objective's terms, the KL weight, and each evaluation metric against the
+    step, one panel per scale: the NLL and per-example local loss (a VAE's latent KL), the
+    weights' KL per example (log axis), the KL weight `beta_t` (annealing is a schedule, not
+    divergence), the [0, 1] metrics together, and every other metric on its own axis."""
     train = [h for h in history if h["kind"] == "train"]
     evals = [h for h in history if h["kind"] == "eval"]
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    if train:
-        steps = [h["step"] for h in train]
-        for key in ("loss", "nll", "kl_per_example"):
-            axes[0].plot(steps, [h[key] for h in train], label=key)
-        axes[0].set_xlabel("step")
-        axes[0].set_title("training objective (per example)")
-        axes[0].legend()
-        axes[0].set_yscale("symlog", linthresh=1e-2)
-    if evals:
-        steps = [h["step"] for h in evals]
-        for key in sorted(k for k in evals[0] if k not in ("kind", "step")):
-            axes[1].plot(steps, [h[key] for h in evals], marker="o", label=key)
-        axes[1].set_xlabel("step")
-        axes[1].set_title("test metrics")
-        axes[1].legend(fontsize=7)
+    metric_keys = sorted({k for h in evals for k in h} - {"kind", "step"})
+    unit = [k for k in metric_keys if k in _UNIT_METRICS]
+    other = [k for k in metric_keys if k not in _UNIT_METRICS]
+    panels = ["objective", "kl", "kl_weight"] if train else []
+    panels += (["unit"] if unit else []) + other
+    panels = panels or ["empty"]
+    columns = min(len(panels), 3)
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+    axes = axes.ravel()
+    for ax in axes[len(panels) :]:
+        ax.axis("off")
+    steps = [h["step"] for h in train]
+    for ax, panel in zip(axes, panels):
+        ax.set_xlabel("step")
+        if panel == "objective":
+            ax.plot(steps, [h["nll"] for h in train], label="NLL")
+            if any(h.get("local_loss", 0.0) for h in train):
+                ax.plot(steps, [h["local_loss"] for h in train], label="local (latent KL)")
+            ax.plot(steps, [h["loss"] for h in train], label="loss (annealed)", alpha=0.6)
+            ax.set_title("training objective per example")
+            ax.legend(fontsize=7)
+        elif panel == "kl":
+            kl = [h["kl_per_example"] for h in train]
+            ax.plot(steps, kl, "C3")
+            if all(v > 0 for v in kl):
+                _log_axis(ax)
+            ax.set_title("weights' KL / N")
+        elif panel == "kl_weight":
+            ax.plot(steps, [h.get("kl_weight", 1.0) for h in train], "C2")
+            ax.set_ylim(-0.05, 1.05 * max(1.0, *[h.get("kl_weight", 1.0) for h in train]))
+            ax.set_title("KL weight beta_t")
+        elif panel == "unit":
+            for key in unit:
+                ax.plot([h["step"] for h in evals], [h[key] for h in evals], marker="o", label=key)
+            ax.set_ylim(-0.02, 1.02)
+            ax.set_title("test metrics in [0, 1]")
+            ax.legend(fontsize=6)
+        elif panel == "empty":
+            ax.set_title("no records")
+        else:
+            ax.plot([h["step"] for h in evals], [h[panel] for h in evals], marker="o", color="C4")
+            ax.set_title(f"test {panel}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def png_to_tensorboard(path, name=None):
+    """Writes the PNG at `path` as a TensorBoard image (under the default summary writer)."""
+    import tensorflow as tf  # plots are drawn without TF; only this writer needs it
+
+    with open(path, "rb") as f:
+        image = tf.image.decode_png(f.read(), channels=4)
+    name = name or os.path.splitext(os.path.basename(path))[0]
+    tf.summary.image(f"plots/{name}", image[None])
 
 
 def reliability_diagram(probs, labels, path, num_bins=15):
@@ -118,15 +188,16 @@ def density_2d(model, samples, path, grid_size=200):
     plt.close(fig)
 
 
-def image_grid(model, images, path, count=10):
-    """Test images, their reconstructions and prior samples of a VAE-like model (rows)."""
+def image_grid(model, images, path, count=10, sample_label="sample"):
+    """Test images, their reconstructions and `model.sample` draws of a VAE-like model (rows);
+    `sample_label` names the last row for what it is (a VQ-VAE decodes uniform codes)."""
     count = min(count, len(images))  # a small test split has fewer images than the grid
     images = images[:count]
     shape = images.shape[1:3] if images.ndim == 4 else (int(np.sqrt(images.shape[-1])),) * 2
     rows = [
         ("data", images),
         ("reconstruction", np.asarray(model.reconstruct(images))),
-        ("sample", np.asarray(model.sample(count, seed=0))),
+        (sample_label, np.asarray(model.sample(count, seed=0))),
     ]
     fig, axes = plt.subplots(len(rows), count, figsize=(count, len(rows) + 0.5), squeeze=False)
     for r, (title, row) in enumerate(rows):
@@ -143,8 +214,8 @@ def flow_samples(model, data, path, count=10):
     """Test images above samples of a density model whose output is a random variable (a flow:
     base draws pushed through the layers)."""
     side = int(np.sqrt(data.shape[-1]))
-    if side * side != data.shape[-1]:
-        return
+    if data.ndim != 2 or side * side != data.shape[-1]:
+        return False
     count = min(count, len(data))
     samples = np.asarray(model(data[:count]).distribution.sample(seed=(0, 0)))
     fig, axes = plt.subplots(2, count, figsize=(count, 2.5), squeeze=False)
@@ -156,6 +227,33 @@ def flow_samples(model, data, path, count=10):
             axes[r, c].axis("off")
     axes[0, 0].set_title("data", fontsize=8, loc="left")
     axes[1, 0].set_title("samples", fontsize=8, loc="left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True
+
+
+def regression_calibration(means, stddevs, targets, path, scale=1.0):
+    """Calibration of a regression's Monte Carlo predictive (any number of inputs): predicted
+    against observed quantiles (the PIT of the mixture-of-Normals predictive; the diagonal is
+    perfect calibration), and coverage of central intervals by their width (original units),
+    with the nominal levels marked."""
+    levels = np.linspace(0.05, 0.95, 19)
+    observed = metrics_lib.quantile_calibration(means, stddevs, targets, levels)
+    nominal, coverage, width = metrics_lib.interval_coverage(means, stddevs, targets, levels, scale)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.2))
+    left.plot([0, 1], [0, 1], "k--", label="perfect calibration")
+    left.plot(levels, observed, "o-", label="model")
+    left.set_xlabel("predicted quantile")
+    left.set_ylabel("observed fraction of targets below it")
+    left.set_title("quantile calibration")
+    left.legend(loc="upper left")
+    right.plot(width, nominal, "k--", label="nominal")
+    right.plot(width, coverage, "o-", label="observed")
+    right.set_xlabel("mean central-interval width (target units)")
+    right.set_ylabel("coverage")
+    right.set_title("coverage by interval width")
+    right.legend(loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -13,17 +13,19 @@ with the forward pass for the reparameterization estimator). For a point mass q
 
 import math
 
+import gin
 import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers.config import Registry
 from blayers.random_variable import RandomVariable
+from blayers.registry import Registry
 from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
 
 __all__ = [
+    "PRIOR",
     "DistributionRegularizer",
     "HalfCauchyKLDivergence",
     "LogUniformKLDivergence",
@@ -32,6 +34,7 @@ __all__ = [
     "deserialize",
     "get",
     "normal_parameters",
+    "prior",
     "serialize",
 ]
 
@@ -203,6 +206,29 @@ class HalfCauchyKLDivergence(DistributionRegularizer):
         return {**super().get_config(), "loc": self.loc, "scale": self.scale}
 
 
-get = _REGISTRY.get
+PRIOR = "prior"
+
+
+@gin.configurable("prior", module="blayers.regularizers")
+def prior(regularizer=None):
+    """The default prior of every Bayesian layer family: the regularizer a layer gets for the
+    name `'prior'`, its default `kernel_regularizer` (dense, convolutional, recurrent kernels,
+    embeddings, attention projections). `None` is `normal_kl_divergence()`, the KL to N(0, 1).
+
+    One gin binding swaps it everywhere (`configs/priors/*.gin`):
+
+        prior.regularizer = @scale_mixture_kl_divergence()
+    """
+    return regularizer if regularizer is not None else NormalKLDivergence()
+
+
+def get(identifier):
+    """A regularizer from None, a name (`'prior'`: the configured default prior; a blayers or
+    Keras regularizer name), a config dict, or an instance."""
+    if identifier == PRIOR:
+        return prior()
+    return _REGISTRY.get(identifier)
+
+
 serialize = _REGISTRY.serialize
 deserialize = _REGISTRY.deserialize

@@ -36,7 +36,7 @@ def format_metrics(metrics):
 def main(argv):
     del argv
     # Import after absl parsed flags: TF and the configurables load here.
-    from blayers import config, data, models, objectives, strategy, trainer  # noqa: F401
+    from blayers import config, run_files, strategy, trainer
 
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
@@ -57,6 +57,12 @@ def main(argv):
     except trainer.NonFiniteLossError as error:
         logging.error("%s", error)
         sys.exit(3)
+    except (run_files.RunLockedError, trainer.ChangedBindingsError) as error:
+        logging.error("%s", error)
+        sys.exit(4)
+    except ValueError as error:  # a bad argument found while building (a binding, a shape)
+        logging.error("Bad configuration:\n%s", error)
+        sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
     print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
 

@@ -1,18 +1,30 @@
-"""The training and evaluation loop: ELBO on a `tf.distribute` strategy, with checkpoints,
-resume, a non-finite-loss guard, TensorBoard scalars, metrics and plots.
+"""The trainer: the ELBO on a `tf.distribute` strategy, in phases an experiment overrides.
 
-Everything in `model_dir`:
+`Trainer.run()` goes through the phases, each a method (dopamine's `Runner` is the model):
 
-* `checkpoints/` (`tf.train.CheckpointManager`: model, optimizer, step);
-* `operative_config.gin` (the gin bindings the run used);
-* `history.jsonl` (one record per log interval and per evaluation), `metrics.json` (final);
-* `tensorboard/` scalars; `training_curves.png`, `reliability.png` or `regression_1d.png`.
+    setup()              lock the run folder, build model and optimizer, the checkpoint
+    restore()            newest intact checkpoint (step, optimizer, seed-generator states)
+    check_bindings()     refuse a resume whose gin bindings changed in a way that cannot apply
+    write_operative_config()
+    while step < train_steps:
+        collect()        hook between training phases (a reinforcement-learning loop collects
+                         episodes here); no-op by default
+        train_phase(end) train_step(batch) per batch of `batches()`, then after_step(): log(),
+                         checkpoint(), evaluate() on their schedules
+    checkpoint(); evaluate(); write_outputs()
 
-Re-running the same command resumes from the last checkpoint: the step, the optimizer state and
-the data position (the epoch's shuffle order is a function of the seed and the epoch, and the
-batches already consumed in that epoch are skipped). Ctrl-C saves a checkpoint first.
+A graph-mode loop (Mesh TensorFlow) overrides `setup`, `train_step`, `save_checkpoint` and
+`restore`; a control task overrides `collect` and `batches`.
+
+Everything lands in `model_dir`: `checkpoints/`, `operative_config.gin`, `history.jsonl` (one
+record per log interval and per evaluation), `metrics.json` (final), `tensorboard/` (scalars and
+the task's plots as images), `training_curves.png` and the task's plots. Re-running the same
+command resumes from the last intact checkpoint; Ctrl-C or SIGTERM saves a checkpoint first;
+evaluation never advances the training random streams, so a resumed run matches the
+uninterrupted one from any checkpoint.
 """
 
+import inspect
 import json
 import math
 import os
@@ -26,24 +38,51 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from blayers import config as config_lib
-from blayers import evaluation, objectives, plots, seeds
+from blayers import objectives, plots, run_files, seeds
 from blayers.data.augment import augment_indexed
 from blayers.random_variable import RandomVariable
+from blayers.registry import unapplied_layer_bindings
 
-__all__ = ["NonFiniteLossError", "first_non_finite_layer", "make_optimizer", "train"]
+__all__ = [
+    "ChangedBindingsError",
+    "NonFiniteLossError",
+    "Trainer",
+    "first_non_finite_layer",
+    "make_optimizer",
+    "train",
+]
+
+# Bindings a resumed run may change: they steer the loop, not the model or its optimization.
+RESUMABLE_BINDINGS = (
+    "train.train_steps",
+    "train.eval_every",
+    "train.checkpoint_every",
+    "train.log_every",
+    "train.keep_checkpoints",
+    "train.num_eval_samples",
+    "train.eval_batch_size",
+    "train.progress",
+)
 
 
 class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; the message names the step and the layer."""
 
 
+class ChangedBindingsError(ValueError):
+    """A resumed run's gin bindings differ from the checkpointed run's where they cannot apply."""
+
+
 @gin.configurable(module="blayers.trainer")
 def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
     """A Keras optimizer by name (`'adam'`, `'sgd'`, `'rmsprop'`, `'adamw'`, ...).
 
-    `schedule`: optional callable `schedule(learning_rate)` returning a Keras
-    `LearningRateSchedule`, e.g. `@cosine_decay` (see `blayers.config`).
+    Args:
+      name: a `keras.optimizers` name.
+      learning_rate: the (initial) learning rate.
+      schedule: optional callable `schedule(learning_rate)` returning a Keras
+        `LearningRateSchedule`, e.g. `@cosine_decay`.
+      **kwargs: the optimizer's other arguments (`weight_decay`, `clipnorm`, ...).
     """
     if schedule is not None:
         learning_rate = schedule(learning_rate)
@@ -54,6 +93,20 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
             f"Unknown optimizer {name!r} (a keras.optimizers name such as 'adam', 'sgd')."
         ) from None
     return cls(learning_rate=learning_rate, **kwargs)
+
+
+def _register_schedules():
+    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay`."""
+    schedules = keras.optimizers.schedules
+    for name, cls in (
+        ("cosine_decay", schedules.CosineDecay),
+        ("exponential_decay", schedules.ExponentialDecay),
+        ("polynomial_decay", schedules.PolynomialDecay),
+    ):
+        gin.external_configurable(cls, name=name, module="keras.optimizers.schedules")
+
+
+_register_schedules()
 
 
 def _current(step):
@@ -93,45 +146,30 @@ def first_non_finite_layer(model, inputs):
     return None
 
 
-class _StopOnInterrupt:
-    """Turns the first Ctrl-C (SIGINT) into a request to stop after the current step, so the
-    checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at once."""
+class _StopRequest:
+    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
+    so the checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at
+    once."""
 
     def __init__(self):
         self.requested = False
-        self._previous = None
+        self.signal = None
+        self._previous = {}
 
     def _handle(self, signum, frame):
-        self.requested = True
-        signal.signal(signal.SIGINT, self._previous)
+        self.requested, self.signal = True, signum
+        signal.signal(signum, self._previous[signum])
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
-            self._previous = signal.signal(signal.SIGINT, self._handle)
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
         return self
 
     def __exit__(self, *exc):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         return False
-
-
-class _History:
-    """Append-only JSON lines, truncated to the restored step on resume."""
-
-    def __init__(self, path, resume_step):
-        self.path = path
-        self.records = []
-        if os.path.exists(path):
-            with open(path) as f:
-                self.records = [r for r in map(json.loads, f) if r["step"] <= resume_step]
-        with open(path, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.records)
-
-    def add(self, record):
-        self.records.append(record)
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
 
 
 def _jsonable(metrics):
@@ -140,248 +178,423 @@ def _jsonable(metrics):
     }
 
 
-@gin.configurable(module="blayers.trainer", denylist=["model_dir", "strategy"])
-def train(
-    model_dir,
-    strategy=None,
-    data=gin.REQUIRED,
-    model=gin.REQUIRED,
-    optimizer=make_optimizer,
-    batch_size=128,
-    train_steps=1000,
-    kl_schedule=objectives.constant_kl_weight,
-    eval_every=None,
-    num_eval_samples=10,
-    checkpoint_every=None,
-    log_every=50,
-    keep_checkpoints=3,
-    seed=0,
-    shuffle_buffer=10_000,
-    progress=True,
-    eval_batch_size=500,
-):
+def _bindings():
+    """`{'selector.param': value text}` of every gin binding in force (scope-qualified)."""
+    out = {}
+    for (scope, selector), params in gin.config._CONFIG.items():
+        name = selector.split(".")[-1]
+        prefix = f"{scope}/{name}" if scope else name
+        for param, value in params.items():
+            out[f"{prefix}.{param}"] = repr(value)
+    return out
+
+
+class Trainer:
     """Trains `model(data.input_shape, data.num_outputs)` on `data` with the ELBO.
+
+    Per example, `loss = NLL + local + beta_t * KL / N`: the task's negative log-likelihood,
+    the per-example local losses (a VAE's latent KL), and the weights' KL divided by the number
+    of training examples and weighted by `kl_schedule`.
 
     Args:
       model_dir: output folder; an existing run there is resumed.
+      data: a `blayers.data.Data` (its `task` owns likelihood, metrics and plots).
+      model: model builder `fn(input_shape, num_outputs)`.
       strategy: a `tf.distribute.Strategy` (default: the default strategy).
-      data: a `blayers.data.Data` (in gin: `train.data = @digits()`).
-      model: model builder `fn(input_shape, num_outputs)` (in gin: `train.model = @mlp`).
       optimizer: optimizer factory (default `make_optimizer`, Adam 1e-3).
       batch_size: global batch size (split across replicas).
       train_steps: optimizer steps in total.
-      kl_schedule: `fn(step) -> beta_t`, weight of `KL / num_train` in the loss.
+      kl_schedule: `fn(step) -> beta_t`, the weight of `KL / N`.
       eval_every: steps between evaluations (default: only at the end).
       num_eval_samples: Monte Carlo posterior draws per evaluation.
-      checkpoint_every: steps between checkpoints (default: `max(eval_every, 100)`-ish).
+      checkpoint_every: steps between checkpoints (default `min(eval_every, 500)`).
       log_every: steps between logged training scalars.
+      keep_checkpoints: checkpoints kept on disk.
       seed: seeds weights, noise and the data order.
-
-    Returns:
-      The final test metrics (dict).
+      shuffle_buffer: examples shuffled at a time.
+      progress: show Keras' progress bar.
+      eval_batch_size: examples per evaluation batch.
     """
-    strategy = strategy or tf.distribute.get_strategy()
-    os.makedirs(model_dir, exist_ok=True)
-    seeds.set_seed(seed)
-    num_train = int(data.num_train)
-    batch_size = min(batch_size, num_train)
-    steps_per_epoch = max(num_train // batch_size, 1)
-    checkpoint_every = checkpoint_every or max(min(eval_every or train_steps, 500), 1)
 
-    with strategy.scope():
-        net = model(data.input_shape, data.num_outputs)
-        opt = optimizer()
-        opt.build(net.trainable_variables)
-        step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
-    # Keras does not checkpoint seed-generator states; without them a resumed run would replay
-    # the weight noise of its first steps.
-    seed_states = [v for v in net.variables if v.path.endswith("seed_generator_state")]
-    checkpoint = tf.train.Checkpoint(model=net, optimizer=opt, step=step, seed_states=seed_states)
-    manager = tf.train.CheckpointManager(
-        checkpoint, os.path.join(model_dir, "checkpoints"), max_to_keep=keep_checkpoints
-    )
-    if manager.latest_checkpoint:
-        checkpoint.restore(manager.latest_checkpoint).assert_existing_objects_matched()
-        print(f"Resumed from {manager.latest_checkpoint} at step {_current(step)}.")
-    config_lib.write_operative_config(model_dir)
-    start_step = _current(step)
-    history = _History(os.path.join(model_dir, "history.jsonl"), start_step)
-    writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
+    def __init__(
+        self,
+        model_dir,
+        data,
+        model,
+        strategy=None,
+        optimizer=make_optimizer,
+        batch_size=128,
+        train_steps=1000,
+        kl_schedule=objectives.constant_kl_weight,
+        eval_every=None,
+        num_eval_samples=10,
+        checkpoint_every=None,
+        log_every=50,
+        keep_checkpoints=3,
+        seed=0,
+        shuffle_buffer=10_000,
+        progress=True,
+        eval_batch_size=500,
+    ):
+        for name, value in (("train_steps", train_steps), ("batch_size", batch_size)):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
+        for name, value in (("log_every", log_every), ("num_eval_samples", num_eval_samples)):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
+        self.model_dir = model_dir
+        self.data, self.model_fn = data, model
+        self.strategy = strategy or tf.distribute.get_strategy()
+        self.optimizer_fn = optimizer
+        self.num_train = int(data.num_train)
+        self.batch_size = min(int(batch_size), self.num_train)
+        self.steps_per_epoch = max(self.num_train // self.batch_size, 1)
+        self.train_steps = int(train_steps)
+        self.kl_schedule = kl_schedule
+        self.eval_every = eval_every
+        self.num_eval_samples = int(num_eval_samples)
+        self.checkpoint_every = checkpoint_every or max(min(eval_every or train_steps, 500), 1)
+        self.log_every = int(log_every)
+        self.keep_checkpoints = keep_checkpoints
+        self.seed = seed
+        self.shuffle_buffer = shuffle_buffer
+        self.progress = progress
+        self.eval_batch_size = eval_batch_size
+        self.phase_steps = None  # steps per training phase between collect() calls (None: one)
 
-    @tf.function
-    def train_step(batch):
-        def replica_step(x, y):
-            with tf.GradientTape() as tape:
-                outputs = net(x, training=True)
-                nll_per_example = objectives.negative_log_likelihood(outputs, y, data.task)
-                nll = tf.nn.compute_average_loss(nll_per_example, global_batch_size=batch_size)
-                local, kl = objectives.split_losses(net)
-                nll += local / strategy.num_replicas_in_sync  # per-example terms (latent KL)
-                kl_weight = tf.cast(kl_schedule(step), kl.dtype)
-                loss = nll + tf.nn.scale_regularization_loss(kl_weight * kl / num_train)
-            grads = tape.gradient(loss, net.trainable_variables)
-            dense = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
-            finite = tf.math.is_finite(loss)
-            if dense:
-                finite = tf.logical_and(finite, tf.math.is_finite(tf.linalg.global_norm(dense)))
-            # A non-finite step changes no weight: the host stops the run and diagnoses it.
-            grads = [
-                g
-                if isinstance(g, tf.IndexedSlices) or g is None
-                else tf.where(finite, g, tf.zeros_like(g))
-                for g in grads
-            ]
-            opt.apply_gradients(zip(grads, net.trainable_variables))
-            return nll, kl, kl_weight, 1.0 - tf.cast(finite, tf.float32)
+    # -- phases ----------------------------------------------------------------------------------
+    def run(self):
+        """All phases; returns the final test metrics (dict)."""
+        os.makedirs(self.model_dir, exist_ok=True)
+        with run_files.RunLock(self.model_dir):
+            self.setup()
+            self.start_step = self.restore()
+            self.check_bindings()
+            self.write_operative_config()
+            self.history = run_files.History(
+                os.path.join(self.model_dir, "history.jsonl"), self.start_step
+            )
+            self.writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "tensorboard"))
+            self._window = (self.start_step, time.time(), np.zeros(4))
+            with _StopRequest() as self.stop:
+                while self.step_value() < self.train_steps and not self.stop.requested:
+                    self.collect()
+                    end = self.train_steps
+                    if self.phase_steps:
+                        end = min(self.step_value() + self.phase_steps, end)
+                    self.train_phase(end)
+            if self.stop.requested:
+                self.save_checkpoint()
+                logging.warning(
+                    "Stopped by signal %s at step %d; checkpoint saved, re-run to resume.",
+                    self.stop.signal,
+                    self.step_value(),
+                )
+                raise KeyboardInterrupt
+            self.checkpoint(final=True)
+            metrics, arrays = self.evaluate()
+            self.writer.flush()
+            self.write_outputs(metrics, arrays)
+            self.write_operative_config()
+        return metrics
 
-        nll, kl, kl_weight, non_finite = strategy.run(replica_step, args=batch)
-        step.assign_add(1)
-        reduce = tf.distribute.ReduceOp
-        return (
-            strategy.reduce(reduce.SUM, nll, axis=None),
-            strategy.reduce(reduce.MEAN, kl, axis=None),
-            strategy.reduce(reduce.MEAN, kl_weight, axis=None),
-            strategy.reduce(reduce.SUM, non_finite, axis=None),  # replicas with a bad step
+    def setup(self):
+        """Seeds, the model, the optimizer, the step and the checkpoint object."""
+        seeds.set_seed(self.seed)
+        with self.strategy.scope():
+            self.model = self.model_fn(self.data.input_shape, self.data.num_outputs)
+            self.optimizer = self.optimizer_fn()
+            self.optimizer.build(self.model.trainable_variables)
+            self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        unapplied = unapplied_layer_bindings(self.model)
+        if unapplied:
+            raise ValueError(
+                "These gin bindings did not take effect (the model builder passes the argument "
+                "itself, and the caller wins):\n  " + "\n  ".join(unapplied)
+            )
+        # Keras does not checkpoint seed-generator states; without them a resumed run would
+        # replay the weight noise of its first steps.
+        self.seed_states = [
+            v for v in self.model.variables if v.path.endswith("seed_generator_state")
+        ]
+        self.checkpoint_object = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, step=self.step, seed_states=self.seed_states
         )
+        self._train_step_fn = self._make_train_step()
 
-    def epoch_batches(epoch, skip):
-        epoch_seed = seed * 100_003 + epoch
+    def restore(self):
+        """Restores the newest intact checkpoint; returns the step to start from."""
+        directory = os.path.join(self.model_dir, "checkpoints")
+        restored = run_files.restore_newest_intact(self.checkpoint_object, directory)
+        self.manager = tf.train.CheckpointManager(
+            self.checkpoint_object, directory, max_to_keep=self.keep_checkpoints
+        )
+        if restored:
+            print(f"Resumed from {restored} at step {self.step_value()}.")
+        return self.step_value()
+
+    def check_bindings(self):
+        """On resume, refuses gin bindings that differ from the checkpointed run's (a restored
+        optimizer would silently ignore a new learning rate, and the operative config would
+        misstate the run); only `RESUMABLE_BINDINGS` may change."""
+        path = os.path.join(self.model_dir, "bindings.json")
+        current = _bindings()
+        if self.start_step > 0 and os.path.exists(path):
+            with open(path) as f:
+                previous = json.load(f)
+            changed = sorted(
+                key
+                for key in set(previous) | set(current)
+                if previous.get(key) != current.get(key) and key not in RESUMABLE_BINDINGS
+            )
+            if changed:
+                lines = [
+                    f"{key}: {previous.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
+                    for key in changed
+                ]
+                raise ChangedBindingsError(
+                    f"{self.model_dir} holds a run at step {self.start_step} trained with other "
+                    "gin bindings; resuming would not apply these changes:\n  "
+                    + "\n  ".join(lines)
+                    + "\nUse a new --model_dir, or the original bindings. (Only "
+                    + ", ".join(RESUMABLE_BINDINGS)
+                    + " may change on resume.)"
+                )
+        with open(path, "w") as f:
+            json.dump(current, f, indent=1, sort_keys=True)
+
+    def write_operative_config(self):
+        """`operative_config.gin`: every gin parameter the run used."""
+        with open(os.path.join(self.model_dir, "operative_config.gin"), "w") as f:
+            f.write(gin.operative_config_str())
+
+    def collect(self):
+        """Hook between training phases (e.g. collect episodes into a replay buffer)."""
+
+    def train_phase(self, end_step):
+        """Trains until `end_step` (or a stop request), epoch by epoch from the data position
+        the step implies."""
+        while self.step_value() < end_step and not self.stop.requested:
+            epoch, skip = divmod(self.step_value(), self.steps_per_epoch)
+            for batch in self.batches(epoch, skip):
+                values = [float(v) for v in self.train_step(batch)]
+                self.after_step(batch, *values)
+                if self.step_value() >= end_step or self.stop.requested:
+                    break
+
+    def batches(self, epoch, skip):
+        """The distributed batches of `epoch`, less the first `skip`: the shuffle order and any
+        augmentation are functions of the seed, the epoch and the example."""
+        data = self.data
+        epoch_seed = self.seed * 100_003 + epoch
         ds = data.train
         if data.augment is not None:  # index examples first: their noise follows them
             ds = ds.enumerate()
         ds = ds.shuffle(
-            min(num_train, shuffle_buffer), seed=epoch_seed, reshuffle_each_iteration=False
+            min(self.num_train, self.shuffle_buffer),
+            seed=epoch_seed,
+            reshuffle_each_iteration=False,
         )
         if data.augment is not None:
             ds = augment_indexed(ds, data.augment, epoch_seed)
-        ds = ds.batch(batch_size, drop_remainder=True).skip(skip).prefetch(tf.data.AUTOTUNE)
-        return strategy.experimental_distribute_dataset(ds)
+        ds = ds.batch(self.batch_size, drop_remainder=True).skip(skip)
+        ds = ds.prefetch(tf.data.AUTOTUNE)
+        return self.strategy.experimental_distribute_dataset(ds)
 
-    def run_eval():
-        metrics, arrays = evaluation.evaluate(net, data, num_eval_samples, eval_batch_size)
-        current = _current(step)
-        history.add({"kind": "eval", "step": current, **_jsonable(metrics)})
-        with writer.as_default(step=current):
+    def train_step(self, batch):
+        """One optimizer step; returns `(nll, local, kl, kl_weight, bad_replicas)`."""
+        return self._train_step_fn(batch)
+
+    def after_step(self, batch, nll, local, kl, kl_weight, bad_replicas):
+        """Non-finite guard, then logging, checkpoints and evaluation on their schedules."""
+        current = self.step_value()
+        loss = nll + local + kl_weight * kl / self.num_train
+        if not math.isfinite(loss) or bad_replicas > 0:
+            self._raise_non_finite(batch, current, nll, kl)
+        start, started, sums = self._window
+        sums += (loss, nll, local, kl / self.num_train)
+        if current % self.log_every == 0 or current == self.train_steps:
+            self.log(current, current - start, sums, kl_weight, time.time() - started)
+            self._window = (current, time.time(), np.zeros(4))
+        if current % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        if self.eval_every and current % self.eval_every == 0 and current < self.train_steps:
+            self.evaluate()
+
+    def log(self, step, count, sums, kl_weight, seconds):
+        """One training record: means over the `count` steps since the last record."""
+        record = dict(zip(("loss", "nll", "local_loss", "kl_per_example"), sums / max(count, 1)))
+        # The (un-annealed) ELBO per example; `loss` is its annealed negative.
+        record["elbo"] = -(record["nll"] + record["local_loss"] + record["kl_per_example"])
+        record.update(
+            kind="train",
+            step=step,
+            kl_weight=kl_weight,
+            steps_per_second=count / max(seconds, 1e-9),
+        )
+        self.history.add(record)
+        with self.writer.as_default(step=step):
+            for key in ("loss", "nll", "local_loss", "kl_per_example", "elbo", "kl_weight"):
+                tf.summary.scalar(f"train/{key}", record[key])
+        self._progress_bar().update(
+            step,
+            [("loss", record["loss"]), ("nll", record["nll"]), ("kl", record["kl_per_example"])],
+        )
+
+    def save_checkpoint(self):
+        """Writes a checkpoint numbered by the step."""
+        self.manager.save(checkpoint_number=self.step_value())
+
+    def checkpoint(self, final=False):
+        """Saves unless the latest checkpoint is of the current step already."""
+        latest = self.manager.latest_checkpoint
+        if not final or latest is None or not latest.endswith(f"-{self.step_value()}"):
+            self.save_checkpoint()
+
+    def evaluate(self):
+        """The task's evaluation of the current model, logged; the training random streams
+        (seed-generator states) are restored afterwards, so evaluating never changes the
+        weight noise of the steps that follow."""
+        saved = [v.numpy() for v in self.seed_states]
+        try:
+            metrics, arrays = self.data.task.evaluate(
+                self.model, self.data, self.num_eval_samples, self.eval_batch_size
+            )
+        finally:
+            for variable, value in zip(self.seed_states, saved):
+                variable.assign(value)
+        current = self.step_value()
+        self.history.add({"kind": "eval", "step": current, **_jsonable(metrics)})
+        with self.writer.as_default(step=current):
             for key, value in metrics.items():
                 tf.summary.scalar(f"eval/{key}", value)
         return metrics, arrays
 
-    bar = keras.utils.Progbar(
-        train_steps, verbose=1 if progress else 0, stateful_metrics=["nll", "kl", "loss"]
-    )
-    start_time, sums = time.time(), np.zeros(3)
-    with _StopOnInterrupt() as stop:
-        while _current(step) < train_steps and not stop.requested:
-            current = _current(step)
-            epoch, skip = divmod(current, steps_per_epoch)
-            for batch in epoch_batches(epoch, skip):
-                last_batch = batch
-                nll, kl, kl_weight, bad_replicas = (float(v) for v in train_step(batch))
-                current = _current(step)
-                loss = nll + kl_weight * kl / num_train
-                if not math.isfinite(loss) or bad_replicas > 0:
-                    _raise_non_finite(net, strategy, last_batch, current, nll, kl, manager)
-                sums += (loss, nll, kl / num_train)
-                if current % log_every == 0 or current == train_steps:
-                    count = (current - 1) % log_every + 1
-                    record = dict(zip(("loss", "nll", "kl_per_example"), sums / count))
-                    # The (un-annealed) ELBO per example; `loss` is its annealed negative.
-                    record["elbo"] = -(record["nll"] + record["kl_per_example"])
-                    record.update(
-                        kind="train",
-                        step=current,
-                        kl_weight=kl_weight,
-                        steps_per_second=count / max(time.time() - start_time, 1e-9),
+    def write_outputs(self, metrics, arrays):
+        """`metrics.json`, `training_curves.png`, the task's plots (also to TensorBoard)."""
+        summary = {
+            "status": "finished",
+            "step": self.step_value(),
+            "resumed_from_step": self.start_step,
+            "data": self.data.name,
+            "task": self.data.task.name,
+            "num_train": self.num_train,
+            "final": _jsonable(metrics),
+        }
+        with open(os.path.join(self.model_dir, "metrics.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        curves = os.path.join(self.model_dir, "training_curves.png")
+        plots.training_curves(self.history.records, curves)
+        images = [curves, *self.data.task.plot(self.model, self.data, arrays, self.model_dir)]
+        with self.writer.as_default(step=self.step_value()):
+            for path in images:
+                plots.png_to_tensorboard(path)
+        self.writer.flush()
+
+    # -- helpers ---------------------------------------------------------------------------------
+    def step_value(self):
+        return _current(self.step)
+
+    def _progress_bar(self):
+        if not hasattr(self, "_bar"):
+            self._bar = keras.utils.Progbar(
+                self.train_steps,
+                verbose=1 if self.progress else 0,
+                stateful_metrics=["nll", "kl", "loss"],
+            )
+        return self._bar
+
+    def _make_train_step(self):
+        net, opt, step, strategy = self.model, self.optimizer, self.step, self.strategy
+        task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
+        kl_schedule = self.kl_schedule
+
+        @tf.function
+        def train_step(batch):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    outputs = net(x, training=True)
+                    nll_per_example = task.negative_log_likelihood(outputs, y)
+                    nll = tf.nn.compute_average_loss(nll_per_example, global_batch_size=batch_size)
+                    local, kl = objectives.split_losses(net)
+                    local = local / strategy.num_replicas_in_sync  # per-example (latent KL)
+                    kl_weight = tf.cast(kl_schedule(step), kl.dtype)
+                    loss = (
+                        nll
+                        + tf.cast(local, nll.dtype)
+                        + tf.cast(
+                            tf.nn.scale_regularization_loss(kl_weight * kl / num_train), nll.dtype
+                        )
                     )
-                    history.add(record)
-                    with writer.as_default(step=current):
-                        for key in ("loss", "nll", "kl_per_example", "elbo", "kl_weight"):
-                            tf.summary.scalar(f"train/{key}", record[key])
-                    bar.update(
-                        current,
-                        [
-                            ("loss", record["loss"]),
-                            ("nll", record["nll"]),
-                            ("kl", record["kl_per_example"]),
-                        ],
-                    )
-                    sums[:] = 0
-                    start_time = time.time()
-                if current % checkpoint_every == 0:
-                    manager.save(checkpoint_number=current)
-                if eval_every and current % eval_every == 0 and current < train_steps:
-                    run_eval()
-                if current >= train_steps or stop.requested:
-                    break
-    if stop.requested:
-        manager.save(checkpoint_number=_current(step))
-        logging.warning(
-            "Interrupted at step %d; checkpoint saved, re-run to resume.", _current(step)
-        )
-        raise KeyboardInterrupt
-    if manager.latest_checkpoint is None or not manager.latest_checkpoint.endswith(
-        f"-{_current(step)}"
-    ):
-        manager.save(checkpoint_number=_current(step))
+                grads = tape.gradient(loss, net.trainable_variables)
+                dense = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
+                finite = tf.math.is_finite(loss)
+                if dense:
+                    finite = tf.logical_and(finite, tf.math.is_finite(tf.linalg.global_norm(dense)))
+                # A non-finite step changes no weight: the host stops the run and diagnoses it.
+                grads = [
+                    g
+                    if isinstance(g, tf.IndexedSlices) or g is None
+                    else tf.where(finite, g, tf.zeros_like(g))
+                    for g in grads
+                ]
+                opt.apply_gradients(zip(grads, net.trainable_variables))
+                return (
+                    tf.cast(nll, tf.float32),
+                    tf.cast(local, tf.float32),
+                    tf.cast(kl, tf.float32),
+                    tf.cast(kl_weight, tf.float32),
+                    1.0 - tf.cast(finite, tf.float32),
+                )
 
-    metrics, arrays = run_eval()
-    writer.flush()
-    _write_outputs(model_dir, data, metrics, arrays, history.records, _current(step), start_step)
-    config_lib.write_operative_config(model_dir)
-    return metrics
-
-
-def _raise_non_finite(net, strategy, batch, step, nll, kl, manager):
-    x = strategy.experimental_local_results(batch[0])[0]
-    culprit = first_non_finite_layer(net, x)
-    where = (
-        f"first non-finite value in layer '{culprit[0]}' ({culprit[1]})"
-        if culprit
-        else "no layer reproduced a non-finite value on a second pass"
-    )
-    raise NonFiniteLossError(
-        f"Non-finite loss or gradient at step {step} (nll={nll}, kl={kl}): {where}. Training "
-        f"stopped; the last good checkpoint is {manager.latest_checkpoint}."
-    )
-
-
-def _write_outputs(model_dir, data, metrics, arrays, records, step, start_step):
-    summary = {
-        "status": "finished",
-        "step": step,
-        "resumed_from_step": start_step,
-        "data": data.name,
-        "task": data.task,
-        "num_train": data.num_train,
-        "final": _jsonable(metrics),
-    }
-    with open(os.path.join(model_dir, "metrics.json"), "w") as f:
-        json.dump(summary, f, indent=2)
-    plots.training_curves(records, os.path.join(model_dir, "training_curves.png"))
-    if data.task == "classification":
-        plots.reliability_diagram(
-            arrays["probs"], arrays["labels"], os.path.join(model_dir, "reliability.png")
-        )
-    elif data.task == "density":
-        if hasattr(arrays["density_model"], "reconstruct") and "inputs" in arrays:
-            plots.image_grid(
-                arrays["density_model"], arrays["inputs"], os.path.join(model_dir, "samples.png")
+            nll, local, kl, kl_weight, non_finite = strategy.run(replica_step, args=batch)
+            step.assign_add(1)
+            reduce = tf.distribute.ReduceOp
+            return (
+                strategy.reduce(reduce.SUM, nll, axis=None),
+                strategy.reduce(reduce.SUM, local, axis=None),
+                strategy.reduce(reduce.MEAN, kl, axis=None),
+                strategy.reduce(reduce.MEAN, kl_weight, axis=None),
+                strategy.reduce(reduce.SUM, non_finite, axis=None),  # replicas with a bad step
             )
-        elif arrays["targets"].ndim == 2 and arrays["targets"].shape[1] > 2:
-            plots.flow_samples(
-                arrays["density_model"], arrays["inputs"], os.path.join(model_dir, "samples.png")
-            )
-        elif arrays["targets"].ndim == 2 and arrays["targets"].shape[1] == 2:
-            plots.density_2d(
-                arrays["density_model"], arrays["targets"], os.path.join(model_dir, "density.png")
-            )
-    elif arrays["inputs"].ndim == 2 and arrays["inputs"].shape[1] == 1:
-        plots.regression_1d(
-            arrays["inputs"],
-            arrays["means"],
-            arrays["stddevs"],
-            arrays["targets"],
-            os.path.join(model_dir, "regression_1d.png"),
-            arrays["scale"],
-            arrays["shift"],
+
+        return train_step
+
+    def _raise_non_finite(self, batch, step, nll, kl):
+        x = self.strategy.experimental_local_results(batch[0])[0]
+        culprit = first_non_finite_layer(self.model, x)
+        where = (
+            f"first non-finite value in layer '{culprit[0]}' ({culprit[1]})"
+            if culprit
+            else "no layer reproduced a non-finite value on a second pass"
         )
+        raise NonFiniteLossError(
+            f"Non-finite loss or gradient at step {step} (nll={nll}, kl={kl}): {where}. Training "
+            f"stopped; the last good checkpoint is {self.manager.latest_checkpoint}."
+        )
+
+
+def train(
+    model_dir, strategy=None, data=gin.REQUIRED, model=gin.REQUIRED, trainer_class=Trainer, **kwargs
+):
+    """Trains with `trainer_class` (default `Trainer`; an experiment's subclass overrides its
+    phases) and returns the final test metrics. The gin entry point: `train.data = @digits()`,
+    `train.model = @mlp`, `train.train_steps = 1500`, ...; the other arguments are `Trainer`'s
+    (see its docstring).
+    """
+    return trainer_class(model_dir, data, model, strategy=strategy, **kwargs).run()
+
+
+# `train` takes exactly Trainer's arguments: its signature says so, so that gin and
+# `blayers.config.validate_bindings` reject a misspelt `train.trian_steps` before anything runs.
+train.__signature__ = inspect.Signature(
+    [
+        *list(inspect.signature(train).parameters.values())[:5],
+        *(
+            p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
+            for name, p in inspect.signature(Trainer.__init__).parameters.items()
+            if name not in ("self", "model_dir", "data", "model", "strategy")
+        ),
+    ]
+)
+train = gin.configurable(module="blayers.trainer", denylist=["model_dir", "strategy"])(train)

@@ -5,6 +5,8 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from blayers import tasks as tasks_lib
+
 __all__ = [
     "Data",
     "from_arrays",
@@ -19,8 +21,10 @@ class Data:
 
     Attributes:
       name: a short name for logs and tables.
-      task: `'classification'` (integer labels), `'regression'` (float targets, shape [d]) or
-        `'density'` (targets are the points themselves; the model outputs a random variable).
+      task: a `blayers.tasks.Task` or its name: `'classification'` (integer labels),
+        `'regression'` (float targets, shape [d]) or `'density'` (targets are the points
+        themselves; the model outputs a random variable). The task owns the output layout, the
+        likelihood, the metrics and the plots.
       train, test: unbatched `tf.data.Dataset`s of `(features, target)` pairs.
       num_train, num_test: their sizes (the ELBO divides the KL by `num_train`).
       input_shape: shape of one example's features.
@@ -38,7 +42,7 @@ class Data:
     """
 
     name: str
-    task: str
+    task: tasks_lib.Task
     train: tf.data.Dataset
     test: tf.data.Dataset
     num_train: int
@@ -53,21 +57,18 @@ class Data:
     augment: object = None
 
     def __post_init__(self):
-        if self.task not in ("classification", "regression", "density"):
-            raise ValueError(
-                f"Data {self.name!r}: task must be 'classification', 'regression' or "
-                f"'density', got {self.task!r}."
-            )
+        try:
+            self.task = tasks_lib.get(self.task)
+        except ValueError as error:
+            raise ValueError(f"Data {self.name!r}: {error}") from None
         if self.num_train <= 0:
             raise ValueError(f"Data {self.name!r} has no training examples.")
 
     @property
     def num_outputs(self):
-        """Model outputs the trainer expects: class logits, or a mean and a raw scale per
-        target dimension (a heteroscedastic Normal likelihood)."""
-        if self.task == "classification":
-            return self.num_classes
-        return self.target_dim if self.task == "density" else 2 * self.target_dim
+        """Size of the model's output the task expects (`task.output_size`): class logits, a
+        mean and a raw scale per regression target, or the points' dimension."""
+        return self.task.output_size(self)
 
 
 def standardize(train, *others):
@@ -92,7 +93,8 @@ def from_arrays(
 ):
     """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d])."""
     x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
-    if task == "classification":
+    task = tasks_lib.get(task)
+    if task.integer_targets:
         y_train, y_test = np.asarray(y_train, np.int32), np.asarray(y_test, np.int32)
         target_dim = None
     else:

@@ -1,85 +1,43 @@
-"""Bayesian layers, one module per family: `dense`, `convolutional`, `recurrent`, `attention`,
-`embeddings`, `dropout` (and later Gaussian-process, stochastic-output and reversible layers).
-The forward passes of the estimators live once in `estimators`."""
+"""Bayesian layers, one module per family.
 
-from blayers.layers.attention import MultiHeadAttentionFlipout, MultiHeadAttentionReparameterization
-from blayers.layers.base import BayesianLayer
-from blayers.layers.convolutional import *
-from blayers.layers.convolutional import __all__ as _conv_names
-from blayers.layers.dense import (
-    DenseDVI,
-    DenseFlipout,
-    DenseLocalReparameterization,
-    DenseReparameterization,
-)
-from blayers.layers.dropout import MCDropout
-from blayers.layers.embeddings import EmbeddingReparameterization
-from blayers.layers.gaussian_process import (
-    GaussianLikelihood,
-    GaussianProcess,
-    RandomFourierFeatures,
-    SparseGaussianProcess,
-)
-from blayers.layers.recurrent import (
-    GRUCellFlipout,
-    GRUCellReparameterization,
-    LSTMCellFlipout,
-    LSTMCellReparameterization,
-)
-from blayers.layers.reversible import (
-    MADE,
-    ActNorm,
-    Permute,
-    RealNVP,
-    Reverse,
-    ReversibleLayer,
-    RevNetBlock,
-    RevNetStack,
-)
-from blayers.layers.stochastic_output import (
-    Bernoulli,
-    Categorical,
-    Discretize,
-    MixtureLogistic,
-    MixtureNormal,
-    Normal,
-    Poisson,
-)
-from blayers.layers.vector_quantizer import VectorQuantizer
+`dense`, `convolutional`, `recurrent`, `attention`, `embeddings`, `dropout`,
+`gaussian_process`, `stochastic_output`, `reversible`, `vector_quantizer`; the estimators'
+forward passes live once in `estimators` and the weight-distribution mechanism in `base`.
 
-__all__ = [  # noqa: PLE0604 - includes the convolution names
+The public names of this package are the layers registered with `blayers.registry.
+register_layer` (the `@register` decorator of `base`): one decorator makes a new layer a name
+here, a gin configurable and Keras-serializable. A new family module is added to `_FAMILIES`.
+"""
+
+import importlib
+
+from blayers.layers.base import BayesianLayer, NestedLayers, SeededLayer
+from blayers.registry import LAYERS as _LAYERS
+
+_FAMILIES = (
+    "dense",
+    "convolutional",
+    "recurrent",
+    "attention",
+    "embeddings",
+    "dropout",
+    "gaussian_process",
+    "stochastic_output",
+    "reversible",
+    "vector_quantizer",
+)
+for _family in _FAMILIES:
+    importlib.import_module(f"blayers.layers.{_family}")
+del _family
+
+from blayers.layers.reversible import ReversibleLayer
+
+globals().update(_LAYERS)
+# Base classes to subclass, then every registered layer.
+__all__ = [  # noqa: PLE0604
     "BayesianLayer",
-    "DenseReparameterization",
-    "DenseFlipout",
-    "DenseLocalReparameterization",
-    "DenseDVI",
-    "MCDropout",
-    *_conv_names,
-    "LSTMCellReparameterization",
-    "LSTMCellFlipout",
-    "GRUCellReparameterization",
-    "GRUCellFlipout",
-    "MultiHeadAttentionReparameterization",
-    "MultiHeadAttentionFlipout",
-    "EmbeddingReparameterization",
-    "GaussianProcess",
-    "SparseGaussianProcess",
-    "RandomFourierFeatures",
-    "GaussianLikelihood",
-    "Normal",
-    "Bernoulli",
-    "Categorical",
-    "Poisson",
-    "MixtureLogistic",
-    "MixtureNormal",
-    "Discretize",
-    "VectorQuantizer",
+    "NestedLayers",
     "ReversibleLayer",
-    "Reverse",
-    "Permute",
-    "ActNorm",
-    "MADE",
-    "RealNVP",
-    "RevNetBlock",
-    "RevNetStack",
+    "SeededLayer",
+    *sorted(_LAYERS),
 ]

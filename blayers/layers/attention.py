@@ -34,7 +34,7 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         attention_axes=None,
         kernel_initializer="trainable_normal",
         bias_initializer="zeros",
-        kernel_regularizer="normal_kl_divergence",
+        kernel_regularizer="prior",
         bias_regularizer=None,
         seed=None,
         **kwargs,

@@ -18,24 +18,34 @@ When a random weight's value is *fixed* (an interceptor such as `blayers.take_me
 import keras
 import tensorflow as tf
 
-from blayers import constraints, initializers, regularizers, sampling
-from blayers.config import configurable
+from blayers import constraints, initializers, regularizers, sampling, seeds
 from blayers.random_variable import RandomVariable
+from blayers.registry import register_layer
 
-__all__ = ["BayesianLayer", "NestedLayers", "is_fixed", "register"]
+__all__ = [
+    "BayesianLayer",
+    "LocalLosses",
+    "NestedLayers",
+    "SeededLayer",
+    "is_fixed",
+    "register",
+]
 
 
-def register(cls):
-    """Registers a layer class for Keras serialization and as a gin configurable (in place, so
-    the exported class is the configurable: `DenseFlipout.units = 7` changes
-    `blayers.layers.DenseFlipout()`)."""
-    return configurable(cls.__name__, "blayers.layers", "blayers.layers")(cls)
+register = register_layer  # the one decorator of a public layer (see `blayers.registry`)
 
 
 def is_fixed(weight):
     """True if `weight` is deterministic: a variable/tensor, or a random variable whose value an
     interceptor fixed (it was constructed with a value)."""
     return not isinstance(weight, RandomVariable) or weight.has_value
+
+
+class LocalLosses:
+    """Marker mixin: this layer's `losses` are per-example averages already (a VAE's latent KL,
+    a VQ-VAE's codebook and commitment losses), so the ELBO adds them to the likelihood term
+    as they are instead of dividing them by the data-set size like a weight's KL
+    (`blayers.objectives.split_losses`)."""
 
 
 class NestedLayers:
@@ -59,24 +69,20 @@ class NestedLayers:
         return cls(**config)
 
 
-class BayesianLayer(keras.layers.Layer):
-    """Base class for layers whose weights may be random variables.
+class SeededLayer(keras.layers.Layer):
+    """A layer that draws fresh stateless seeds on every call: stochastic output layers, MC
+    dropout, GP layers, and (through `BayesianLayer`) every layer with random weights.
 
-    Subclasses call `self._configure_weight(name, initializer, regularizer, constraint)` in
-    `__init__`, `self.add_bayesian_weight(name, shape)` in `build`, and `self.call_weights()` at
-    the start of `call` (recurrent cells: once per sequence). `seed` seeds the layer's own noise
-    (Flipout signs, local-reparameterization noise); initializers carry their own seeds.
+    Args:
+      seed: seeds the layer's `keras.random.SeedGenerator` (None: from the global seed set by
+        `blayers.set_seed`). Its state is a variable of the layer, so checkpoints carry it.
+      **kwargs: `keras.layers.Layer` arguments (`name`, `dtype`, `trainable`, ...).
     """
 
     def __init__(self, seed=None, **kwargs):
-        activity_regularizer = kwargs.pop("activity_regularizer", None)
-        super().__init__(
-            activity_regularizer=keras.regularizers.get(activity_regularizer), **kwargs
-        )
+        super().__init__(**kwargs)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
-        self._bayesian_weights = {}  # name -> shape, in build order
-        self._random_weight_names = []
 
     # Keras' jit_compile='auto' asks every layer; XLA's CPU random kernels are slow.
     @property
@@ -86,6 +92,53 @@ class BayesianLayer(keras.layers.Layer):
     @supports_jit.setter
     def supports_jit(self, value):
         self._supports_jit = value
+
+    def next_seed(self):
+        """A fresh stateless seed (int32, shape [2]) for one random op of this call."""
+        return seeds.next_seed(self.seed_generator)
+
+    def get_config(self):
+        return {**super().get_config(), "seed": self.seed}
+
+
+class BayesianLayer(SeededLayer):
+    """Base class for layers whose weights may be random variables.
+
+    The contract a subclass fulfils:
+
+    * `__init__`: `self._configure_weight(name, initializer, regularizer, constraint)` for each
+      weight (a distribution initializer such as `'trainable_normal'` makes it random, a Keras
+      one deterministic; the regularizer `'prior'` is the gin-configurable default prior,
+      `blayers.regularizers.prior`);
+    * `build`: `self.add_bayesian_weight(name, shape)` for each weight;
+    * `call`: `self.call_weights()` first (recurrent cells: once per sequence), then
+      `self.apply_kernel(inputs)` for the linear part and `self.add_bias_and_activate(outputs)`;
+    * the hooks it defines: `_linear(inputs, kernel)`, the deterministic linear map of the
+      family (dense matmul, convolution, einsum); and the attributes `use_bias` and
+      `activation` read by `add_bias_and_activate`;
+    * the hook an estimator mixin (`blayers.layers.estimators`) supplies: `linear_fn(kernel_rv)`,
+      the forward pass under a random kernel (Reparameterization, Flipout, local
+      reparameterization), and thus `_random_linear(inputs, kernel_rv)`.
+
+    Weights follow the layer's dtype (`dtype='float64'` gives float64 variational parameters).
+
+    Args:
+      seed: seeds the layer's own noise (Flipout signs, local-reparameterization noise);
+        initializers carry their own seeds.
+      activity_regularizer: as in Keras.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    use_bias = False
+    activation = None
+
+    def __init__(self, seed=None, **kwargs):
+        activity_regularizer = kwargs.pop("activity_regularizer", None)
+        super().__init__(
+            seed=seed, activity_regularizer=keras.regularizers.get(activity_regularizer), **kwargs
+        )
+        self._bayesian_weights = {}  # name -> shape, in build order
+        self._random_weight_names = []
 
     # -- declaration -----------------------------------------------------------------------------
     def _configure_weight(self, name, initializer, regularizer, constraint):
@@ -106,7 +159,8 @@ class BayesianLayer(keras.layers.Layer):
         reg = getattr(self, f"{name}_regularizer")
         self._bayesian_weights[name] = shape
         if initializers.is_distribution_initializer(init):
-            if not init.built:  # on load, Keras may have built it already
+            if not init.built:
+                init.dtype_policy = self.dtype_policy  # float64 layers get float64 parameters
                 init.build(shape)
             self._random_weight_names.append(name)
             setattr(self, name, None)  # filled by call_weights
@@ -146,10 +200,33 @@ class BayesianLayer(keras.layers.Layer):
     def apply_kernel(self, inputs, name="kernel"):
         """`_linear(inputs, kernel)`: deterministic for a fixed kernel, else the estimator's
         `_random_linear` (supplied by an estimator mixin, see `blayers.layers.estimators`)."""
+        return self.kernel_fn(name)(inputs)
+
+    def kernel_fn(self, name="kernel"):
+        """`x -> _linear(x, kernel)` with this call's draw of weight `name` fixed: every
+        application shares one weight draw (and, for Flipout, one set of sign seeds), as the
+        steps of one sequence do in a recurrent cell."""
         kernel = getattr(self, name)
         if is_fixed(kernel):
-            return self._linear(inputs, tf.convert_to_tensor(kernel))
-        return self._random_linear(inputs, kernel)
+            fixed = tf.convert_to_tensor(kernel)
+            return lambda x: self._linear(x, fixed)
+        return self.linear_fn(kernel)
+
+    def _linear(self, inputs, kernel):
+        raise NotImplementedError(  # a declared hook; intentional
+            f"{type(self).__name__} defines no `_linear(inputs, kernel)`, the deterministic "
+            "linear map that BayesianLayer.apply_kernel needs."
+        )
+
+    def linear_fn(self, kernel):
+        raise TypeError(
+            f"{type(self).__name__} has a random kernel but no estimator: mix in one of "
+            "blayers.layers.estimators' ReparameterizationEstimator, FlipoutEstimator or "
+            "LocalReparameterizationEstimator."
+        )
+
+    def _random_linear(self, inputs, kernel):
+        return self.linear_fn(kernel)(inputs)
 
     def add_bias_and_activate(self, outputs):
         """`activation(outputs + bias)`, the common tail of the layers with `use_bias` and
@@ -173,7 +250,6 @@ class BayesianLayer(keras.layers.Layer):
 
     def get_config(self):
         config = super().get_config()
-        config["seed"] = self.seed
         if self.activity_regularizer is not None:
             config["activity_regularizer"] = keras.regularizers.serialize(self.activity_regularizer)
         return config

@@ -63,7 +63,7 @@ class _DenseBase(BayesianLayer):
         use_bias=True,
         kernel_initializer="trainable_normal",
         bias_initializer="zeros",
-        kernel_regularizer="normal_kl_divergence",
+        kernel_regularizer="prior",
         bias_regularizer=None,
         activity_regularizer=None,
         kernel_constraint=None,

@@ -10,14 +10,13 @@ as the identity: the usual deterministic "weight-scaling" prediction.
 import tensorflow as tf
 
 from blayers import distributions as rv_lib
-from blayers import seeds
-from blayers.layers.base import BayesianLayer, register
+from blayers.layers.base import SeededLayer, register
 
 __all__ = ["MCDropout"]
 
 
 @register
-class MCDropout(BayesianLayer):
+class MCDropout(SeededLayer):
     """Dropout active in training *and* at prediction: `x * mask / (1 - rate)`,
     `mask ~ Bernoulli(1 - rate)` of shape `noise_shape` (default: the input's shape).
 
@@ -51,7 +50,7 @@ class MCDropout(BayesianLayer):
         self.mask = rv_lib.Bernoulli(
             probs=tf.fill(self._noise_shape(inputs), tf.constant(keep, inputs.dtype)),
             dtype=inputs.dtype,
-            seed=seeds.next_seed(self.seed_generator),
+            seed=self.next_seed(),
             name="dropout_mask",
         )
         # Under take_mean the mask's value is its mean, `keep`, and the output equals the input.

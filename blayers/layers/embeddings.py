@@ -27,7 +27,7 @@ class EmbeddingReparameterization(BayesianLayer):
         input_dim,
         output_dim,
         embeddings_initializer="trainable_normal",
-        embeddings_regularizer="normal_kl_divergence",
+        embeddings_regularizer="prior",
         embeddings_constraint=None,
         mask_zero=False,
         seed=None,

@@ -1,8 +1,9 @@
 """The estimators, written once for any linear operation `op(inputs, kernel)`.
 
-A Bayesian layer family (dense, convolution, transposed convolution, einsum) defines its
-deterministic linear map `_linear(inputs, kernel)`; mixing in one of these classes supplies
-`_random_linear(inputs, kernel_rv)`, the forward pass under a random kernel:
+A Bayesian layer family (dense, convolution, transposed convolution, einsum, the projections of
+recurrent cells and attention) defines its deterministic linear map `_linear(inputs, kernel)`;
+mixing in one of these classes supplies `linear_fn(kernel_rv)`, the forward pass under one draw
+of a random kernel (a function of the inputs, reused by a recurrent cell for every step):
 
 * `ReparameterizationEstimator`: `op(x, W)` with one draw `W ~ q` per call.
 * `FlipoutEstimator` (Wen et al., 2018): `op(x, M) + op(x * s, dW) * r` with one perturbation
@@ -18,7 +19,6 @@ Everything is exact for a mean-field Normal q (`normal_parameters`); other q fal
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers import seeds
 from blayers.sampling import normal_parameters, rademacher, standard_normal
 
 __all__ = [
@@ -60,34 +60,47 @@ def channel_sign_shape(tensor):
 class ReparameterizationEstimator:
     """`op(x, W)`, one kernel draw per call shared by the batch."""
 
-    def _random_linear(self, inputs, kernel):
-        return self._linear(inputs, kernel.value)
+    def linear_fn(self, kernel):
+        weight = kernel.value
+        return lambda x: self._linear(x, weight)
 
 
 class FlipoutEstimator:
-    """`op(x, M) + op(x * s, dW) * r`, signs per example and per channel."""
+    """`op(x, M) + op(x * s, dW) * r`, signs per example and per channel.
 
-    def _random_linear(self, inputs, kernel):
-        noise_seed, in_seed, out_seed = tfp.random.split_seed(
-            seeds.next_seed(self.seed_generator), n=3
-        )
-        mean, perturbation = kernel_perturbation(kernel, noise_seed, inputs.dtype)
-        outputs = self._linear(inputs, mean)
-        sign_in = rademacher(channel_sign_shape(inputs), in_seed, inputs.dtype)
-        perturbed = self._linear(inputs * sign_in, perturbation)
-        sign_out = rademacher(channel_sign_shape(perturbed), out_seed, inputs.dtype)
-        return outputs + perturbed * sign_out
+    One perturbation `dW` and one pair of sign seeds per draw: applied again (the steps of a
+    sequence), the stateless signs repeat, so each example keeps its weight for the sequence.
+    """
+
+    def linear_fn(self, kernel):
+        noise_seed, in_seed, out_seed = tfp.random.split_seed(self.next_seed(), n=3)
+        mean, perturbation = kernel_perturbation(kernel, noise_seed, self.compute_dtype)
+
+        def apply(x):
+            outputs = self._linear(x, mean)
+            sign_in = rademacher(channel_sign_shape(x), in_seed, x.dtype)
+            perturbed = self._linear(x * sign_in, perturbation)
+            sign_out = rademacher(channel_sign_shape(perturbed), out_seed, x.dtype)
+            return outputs + perturbed * sign_out
+
+        return apply
 
 
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
 
-    def _random_linear(self, inputs, kernel):
+    def linear_fn(self, kernel):
         mean, stddev = kernel_moments(kernel)
         if stddev.shape != kernel.shape:
             stddev = tf.broadcast_to(stddev, kernel.shape)
-        loc = self._linear(inputs, mean)
-        variance = self._linear(tf.square(inputs), tf.square(stddev))
-        noise = standard_normal(tf.shape(loc), seeds.next_seed(self.seed_generator), loc.dtype)
-        # The small floor keeps sqrt's gradient finite where an input patch is all zeros.
-        return loc + tf.sqrt(variance + 1e-12) * noise
+        variance_kernel = tf.square(stddev)
+        seed = self.next_seed()
+
+        def apply(x):
+            loc = self._linear(x, mean)
+            variance = self._linear(tf.square(x), variance_kernel)
+            noise = standard_normal(tf.shape(loc), seed, loc.dtype)
+            # The small floor keeps sqrt's gradient finite where an input patch is all zeros.
+            return loc + tf.sqrt(variance + 1e-12) * noise
+
+        return apply

@@ -34,8 +34,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
-from blayers import seeds
-from blayers.layers.base import BayesianLayer, NestedLayers, register
+from blayers.layers.base import NestedLayers, SeededLayer, register
 from blayers.layers.dense import DenseReparameterization
 from blayers.random_variable import RandomVariable
 
@@ -102,7 +101,7 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
         return tf.identity(chol)
 
 
-class _GPBase(BayesianLayer):
+class _GPBase(SeededLayer):
     """Kernel and mean-function variables, shared by the GP layers."""
 
     def __init__(
@@ -293,7 +292,7 @@ class GaussianProcess(_GPBase):
             loc=tf.cast(mean, out_dtype),
             scale_row=tf.linalg.LinearOperatorLowerTriangular(tf.cast(chol, out_dtype)),
             scale_column=tf.linalg.LinearOperatorIdentity(self.units, dtype=out_dtype),
-            seed=seeds.next_seed(self.seed_generator),
+            seed=self.next_seed(),
         )
 
     def get_config(self):
@@ -421,9 +420,7 @@ class SparseGaussianProcess(_GPBase):
     def call(self, inputs):
         mean, variance, kl = self.predict_marginals(inputs)
         self.add_loss(kl)
-        return rv_lib.Normal(
-            loc=mean, scale=tf.sqrt(variance), seed=seeds.next_seed(self.seed_generator)
-        )
+        return rv_lib.Normal(loc=mean, scale=tf.sqrt(variance), seed=self.next_seed())
 
     def get_config(self):
         return {
@@ -439,7 +436,7 @@ class SparseGaussianProcess(_GPBase):
 
 
 @register
-class RandomFourierFeatures(NestedLayers, BayesianLayer):
+class RandomFourierFeatures(NestedLayers, SeededLayer):
     """Random-feature GP approximation (Rahimi & Recht, 2007; Cutajar et al., 2017).
 
     `phi(x) = amplitude * sqrt(2 / D) cos(x / length_scale @ Omega + b)` with fixed

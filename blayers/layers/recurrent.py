@@ -20,12 +20,10 @@ explicit `initial_state`), it draws its weights on that first step.
 
 import keras
 import tensorflow as tf
-import tensorflow_probability as tfp
 
-from blayers import seeds
-from blayers.layers.base import BayesianLayer, is_fixed, register
-from blayers.layers.estimators import kernel_perturbation
-from blayers.sampling import rademacher
+from blayers.layers.base import BayesianLayer, register
+from blayers.layers.dense import dense_matmul
+from blayers.layers.estimators import FlipoutEstimator, ReparameterizationEstimator
 
 __all__ = [
     "GRUCellFlipout",
@@ -33,28 +31,6 @@ __all__ = [
     "LSTMCellFlipout",
     "LSTMCellReparameterization",
 ]
-
-
-class _ReparameterizationCell:
-    """One draw of each random kernel per sequence: `x @ W`."""
-
-    def _sequence_projection(self, kernel, batch_size):
-        weight = kernel.value
-        return lambda x: tf.matmul(x, weight)
-
-
-class _FlipoutCell:
-    """One perturbation and one set of per-example signs per sequence (Wen et al., 2018)."""
-
-    def _sequence_projection(self, kernel, batch_size):
-        noise_seed, in_seed, out_seed = tfp.random.split_seed(
-            seeds.next_seed(self.seed_generator), n=3
-        )
-        mean, perturbation = kernel_perturbation(kernel, noise_seed, self.compute_dtype)
-        fan_in, fan_out = kernel.shape
-        sign_in = rademacher(tf.stack([batch_size, fan_in]), in_seed, self.compute_dtype)
-        sign_out = rademacher(tf.stack([batch_size, fan_out]), out_seed, self.compute_dtype)
-        return lambda x: tf.matmul(x, mean) + tf.matmul(x * sign_in, perturbation) * sign_out
 
 
 class _CellBase(BayesianLayer):
@@ -72,8 +48,8 @@ class _CellBase(BayesianLayer):
         kernel_initializer="trainable_normal",
         recurrent_initializer="trainable_normal",
         bias_initializer="zeros",
-        kernel_regularizer="normal_kl_divergence",
-        recurrent_regularizer="normal_kl_divergence",
+        kernel_regularizer="prior",
+        recurrent_regularizer="prior",
         bias_regularizer=None,
         kernel_constraint=None,
         recurrent_constraint=None,
@@ -124,14 +100,8 @@ class _CellBase(BayesianLayer):
         self._sequence_losses.clear()
         self.call_weights()
         self._num_draws += 1
-        projections = {}
-        for name in ("kernel", "recurrent_kernel"):
-            weight = getattr(self, name)
-            if is_fixed(weight):
-                fixed = tf.convert_to_tensor(weight)
-                projections[name] = lambda x, w=fixed: tf.matmul(x, w)
-            else:
-                projections[name] = self._sequence_projection(weight, batch_size)
+        del batch_size  # Flipout's signs take their shape from each step's inputs
+        projections = {name: self.kernel_fn(name) for name in ("kernel", "recurrent_kernel")}
         bias = tf.convert_to_tensor(self.bias) if self.use_bias else None
         object.__setattr__(self, "_sequence", (projections, bias))
 
@@ -144,16 +114,21 @@ class _CellBase(BayesianLayer):
             batch_size = inputs
         if batch_size is None:
             raise ValueError(f"{type(self).__name__}.get_initial_state needs inputs or batch_size.")
-        if not self.built:
-            raise ValueError(
-                f"{type(self).__name__}.get_initial_state: build the cell first "
-                "(call it once, or cell.build(input_shape))."
-            )
+        if not self.built:  # the paper's Figure 1 asks for the state before the first call
+            if inputs is None or isinstance(inputs, int) or inputs.shape[-1] is None:
+                raise ValueError(
+                    f"{type(self).__name__}.get_initial_state on an unbuilt cell needs `inputs` "
+                    "with a known last (feature) axis, or call cell.build(input_shape) first."
+                )
+            self.build((None, int(inputs.shape[-1])))
         self.begin_sequence(batch_size)
         return [
             tf.zeros(tf.stack([batch_size, self.units]), self.compute_dtype)
             for _ in range(self._num_states)
         ]
+
+    def _linear(self, inputs, kernel):
+        return dense_matmul(inputs, kernel)
 
     def call(self, inputs, states, training=None):
         if self._sequence is None:
@@ -257,20 +232,20 @@ class _GRUCell(_CellBase):
 
 
 @register
-class LSTMCellReparameterization(_ReparameterizationCell, _LSTMCell):
+class LSTMCellReparameterization(ReparameterizationEstimator, _LSTMCell):
     """Bayesian LSTM cell: kernel and recurrent kernel drawn once per sequence."""
 
 
 @register
-class LSTMCellFlipout(_FlipoutCell, _LSTMCell):
+class LSTMCellFlipout(FlipoutEstimator, _LSTMCell):
     """Bayesian LSTM cell, Flipout: one perturbation and per-example signs per sequence."""
 
 
 @register
-class GRUCellReparameterization(_ReparameterizationCell, _GRUCell):
+class GRUCellReparameterization(ReparameterizationEstimator, _GRUCell):
     """Bayesian GRU cell (reset_after=True): weights drawn once per sequence."""
 
 
 @register
-class GRUCellFlipout(_FlipoutCell, _GRUCell):
+class GRUCellFlipout(FlipoutEstimator, _GRUCell):
     """Bayesian GRU cell, Flipout: one perturbation and per-example signs per sequence."""

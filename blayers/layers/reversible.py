@@ -28,6 +28,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from blayers import distributions as rv_lib
 from blayers.layers.base import NestedLayers, register
 from blayers.random_variable import RandomVariable
 
@@ -42,6 +43,7 @@ __all__ = [
     "RevNetBlock",
     "Reverse",
     "ReversibleLayer",
+    "StandardNormalBase",
 ]
 
 
@@ -518,3 +520,19 @@ class RevNetStack(NestedLayers, ReversibleLayer):
 
     def get_config(self):
         return {**super().get_config(), **self._nested_config()}
+
+
+@register
+class StandardNormalBase(keras.layers.Layer):
+    """A standard Normal random variable shaped like the input: the base of a flow.
+
+    `StandardNormalBase()(x)` returns `blayers.Normal(zeros_like(x), 1)`; reversible layers
+    applied to it carry its `log_prob` through their bijectors (`realnvp_flow`). The input only
+    sets the shape and the batch size."""
+
+    def call(self, inputs):
+        zeros = tf.zeros_like(tf.convert_to_tensor(inputs, self.compute_dtype))
+        return rv_lib.Normal(loc=zeros, scale=1.0)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape

@@ -23,8 +23,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
-from blayers import seeds
-from blayers.layers.base import BayesianLayer, register
+from blayers.layers.base import LocalLosses, SeededLayer, register
 from blayers.random_variable import RandomVariable
 
 tfd = tfp.distributions
@@ -43,7 +42,7 @@ __all__ = [
 _MIN_SCALE = 1e-5
 
 
-class _OutputLayer(BayesianLayer):
+class _OutputLayer(SeededLayer):
     """A projection to `parameters_per_unit * units` when `units` is set; subclasses map the
     (projected) tensor to a distribution."""
 
@@ -72,15 +71,12 @@ class _OutputLayer(BayesianLayer):
             x = self.projection(x)
         return self._random_variable(x)
 
-    def _seed(self):
-        return seeds.next_seed(self.seed_generator)
-
     def get_config(self):
         return {**super().get_config(), "units": self.units}
 
 
 @register
-class Normal(_OutputLayer):
+class Normal(LocalLosses, _OutputLayer):
     """`N(loc, scale)`: `loc = x` with a trainable per-feature scale, or (with `units`)
     `loc, raw = split(Dense(2 units)(x))`, `scale = softplus(raw) + 1e-5`.
 
@@ -95,10 +91,6 @@ class Normal(_OutputLayer):
         if prior not in (None, "standard_normal"):
             raise ValueError(f"Normal: prior must be None or 'standard_normal', got {prior!r}.")
         self.prior = prior
-
-    @property
-    def local_losses(self):
-        return self.prior is not None
 
     def call(self, inputs):
         rv = super().call(inputs)
@@ -125,7 +117,7 @@ class Normal(_OutputLayer):
         else:
             loc, raw = tf.split(x, 2, axis=-1)
             scale = tf.nn.softplus(raw) + _MIN_SCALE
-        return rv_lib.Normal(loc=loc, scale=scale, seed=self._seed())
+        return rv_lib.Normal(loc=loc, scale=scale, seed=self.next_seed())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -136,7 +128,7 @@ class Bernoulli(_OutputLayer):
     """`Bernoulli(logits = x)` (or `Dense(units)(x)`); values are float 0/1."""
 
     def _random_variable(self, x):
-        return rv_lib.Bernoulli(logits=x, dtype=x.dtype, seed=self._seed())
+        return rv_lib.Bernoulli(logits=x, dtype=x.dtype, seed=self.next_seed())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -147,7 +139,7 @@ class Poisson(_OutputLayer):
     """`Poisson(log_rate = x)` (or `Dense(units)(x)`)."""
 
     def _random_variable(self, x):
-        return rv_lib.Poisson(log_rate=x, seed=self._seed())
+        return rv_lib.Poisson(log_rate=x, seed=self.next_seed())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -159,7 +151,7 @@ class Categorical(_OutputLayer):
     the output drops that axis."""
 
     def _random_variable(self, x):
-        return rv_lib.Categorical(logits=x, seed=self._seed())
+        return rv_lib.Categorical(logits=x, seed=self.next_seed())
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1])
@@ -187,7 +179,7 @@ class _Mixture(_OutputLayer):
         return rv_lib.MixtureSameFamily(
             mixture_distribution=tfd.Categorical(logits=logits),
             components_distribution=self.component(loc=loc, scale=scale),
-            seed=self._seed(),
+            seed=self.next_seed(),
         )
 
     def compute_output_shape(self, input_shape):

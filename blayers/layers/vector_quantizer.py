@@ -10,13 +10,13 @@ call's code indices and `layer.perplexity` the exponentiated entropy of their us
 import keras
 import tensorflow as tf
 
-from blayers.layers.base import register
+from blayers.layers.base import LocalLosses, register
 
 __all__ = ["VectorQuantizer"]
 
 
 @register
-class VectorQuantizer(keras.layers.Layer):
+class VectorQuantizer(LocalLosses, keras.layers.Layer):
     """Nearest-code quantization with straight-through gradients and a commitment loss.
 
     Args:

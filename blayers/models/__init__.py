@@ -2,8 +2,8 @@
 a `keras.Model`.
 
 A model is a registered Python function (`mlp`) or written in gin alone as a list of layer specs
-(`sequential`). Layers are named by class: `blayers.layers` first (`'DenseFlipout'`), then
-`keras.layers` (`'Dense'`), so an estimator is swapped by one binding
+(`sequential`). Layers are named by class (`blayers.registry.get_layer`): registered blayers
+layers first (`'DenseFlipout'`), then `keras.layers` (`'Dense'`), so an estimator is swapped by one binding
 (`mlp.dense_layer = 'DenseReparameterization'`) and the deterministic twin is
 `mlp.dense_layer = 'Dense'`.
 """
@@ -14,10 +14,10 @@ import keras
 from blayers import layers as blayers_layers
 from blayers.models.flows import realnvp_flow
 from blayers.models.gaussian_process import deep_gp
-from blayers.models.registry import get_layer_class
 from blayers.models.resnet import resnet
 from blayers.models.sequence import lstm_sequence_model
 from blayers.models.vae import VAE, VQVAE, vae, vqvae
+from blayers.registry import get_layer as get_layer_class
 
 __all__ = [
     "NUM_OUTPUTS",

@@ -12,25 +12,10 @@ the trainer minimizes `-log_prob(features)` (task 'density').
 
 import gin
 import keras
-import tensorflow as tf
 
-from blayers import distributions as rv_lib
-from blayers.layers.base import register
-from blayers.layers.reversible import MADE, ActNorm, RealNVP
+from blayers.layers.reversible import MADE, ActNorm, RealNVP, StandardNormalBase
 
-__all__ = ["StandardNormalBase", "realnvp_flow"]
-
-
-@register
-class StandardNormalBase(keras.layers.Layer):
-    """A standard Normal random variable shaped like the input (the flow's base)."""
-
-    def call(self, inputs):
-        zeros = tf.zeros_like(tf.convert_to_tensor(inputs, self.compute_dtype))
-        return rv_lib.Normal(loc=zeros, scale=1.0)
-
-    def compute_output_shape(self, input_shape):
-        return input_shape
+__all__ = ["realnvp_flow"]
 
 
 @gin.configurable(module="blayers.models")

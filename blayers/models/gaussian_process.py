@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from blayers.layers.gaussian_process import GaussianLikelihood, SparseGaussianProcess
+from blayers.tasks import Regression
 
 __all__ = ["deep_gp"]
 
@@ -31,8 +32,8 @@ def deep_gp(
 ):
     """`depth` SVGP layers with `num_inducing` inducing points each, then `GaussianLikelihood`.
 
-    `num_outputs` is the trainer's regression output size (2 per target dimension); the GP
-    predicts `num_outputs // 2` targets and the likelihood supplies the noise.
+    `num_outputs` is the regression task's output size; the GP predicts its
+    `Regression.target_dim(num_outputs)` targets and the likelihood supplies the noise.
     """
     if depth < 1:
         raise ValueError(f"deep_gp needs depth >= 1, got {depth}.")
@@ -55,7 +56,7 @@ def deep_gp(
         )
     model_layers.append(
         SparseGaussianProcess(
-            max(num_outputs // 2, 1),
+            Regression.target_dim(num_outputs),
             num_inducing=num_inducing,
             covariance_fn=covariance_fn,
             whiten=whiten,

@@ -15,7 +15,7 @@ is the 7x7/2 convolution and 3x3/2 max-pool; `stem='cifar'` a 3x3/1 convolution 
 import gin
 import keras
 
-from blayers.models.registry import get_layer_class
+from blayers.registry import get_layer as get_layer_class
 
 __all__ = ["resnet"]
 

@@ -8,7 +8,7 @@ The cell's weights are drawn once per sequence; their KL joins `model.losses`.
 import gin
 import keras
 
-from blayers.models.registry import get_layer_class
+from blayers.registry import get_layer as get_layer_class
 
 __all__ = ["lstm_sequence_model"]
 

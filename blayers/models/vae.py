@@ -100,6 +100,10 @@ class VQVAE(keras.Model):
     """VQ-VAE (van den Oord et al., 2017): encoder -> `VectorQuantizer` -> decoder ending in a
     stochastic output layer. Its codebook and commitment losses are local losses."""
 
+    # No prior over codes is fitted here: `sample` decodes uniformly random codes, and the
+    # sample grid says so.
+    sample_label = "uniform codes"
+
     def __init__(self, encoder, quantizer, decoder, **kwargs):
         super().__init__(**kwargs)
         self.encoder, self.quantizer, self.decoder = encoder, quantizer, decoder

@@ -1,0 +1,114 @@
+"""The `Task` interface, and the name -> task registry."""
+
+import numpy as np
+import tensorflow as tf
+
+from blayers.random_variable import RandomVariable
+
+__all__ = ["Task", "get", "register_task"]
+
+_TASKS = {}
+
+
+def register_task(cls):
+    """Class decorator: makes `cls` gettable by its `name` (`Data(task='regression')`)."""
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def get(task):
+    """A `Task` from an instance (returned as is) or a registered name."""
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, str) and task in _TASKS:
+        return _TASKS[task]()
+    raise ValueError(f"Unknown task {task!r}: a Task instance or one of {sorted(_TASKS)}.")
+
+
+class Task:
+    """What a model's outputs mean and how a run is judged.
+
+    Subclasses define:
+      name: a short name for logs and `metrics.json`.
+      output_size(data): the size of the model's last axis the task expects.
+      likelihood(outputs): `p(y | outputs)`, a TFP distribution whose batch shape is the examples.
+      evaluate(model, data, num_samples, batch_size): `(metrics, arrays)` on `data.test`.
+      plot(model, data, arrays, model_dir): writes PNGs, returns their paths (the trainer also
+        sends them to TensorBoard).
+    """
+
+    name = None
+    integer_targets = False  # labels (int32) rather than float targets of shape [n, d]
+
+    def __eq__(self, other):  # a task equals its name, so `data.task == 'regression'` reads well
+        if isinstance(other, str):
+            return other == self.name
+        return type(other) is type(self)
+
+    def __hash__(self):
+        return hash(self.name)
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"
+
+    def output_size(self, data):
+        raise NotImplementedError(f"{type(self).__name__}.output_size")
+
+    def likelihood(self, outputs):
+        """`p(y | outputs)`; a model returning a `RandomVariable` supplies its own."""
+        if isinstance(outputs, RandomVariable):
+            return outputs.distribution
+        return self.likelihood_from_tensor(tf.convert_to_tensor(outputs))
+
+    def likelihood_from_tensor(self, outputs):
+        raise ValueError(
+            f"A {self.name} model must return a RandomVariable, got a tensor of shape "
+            f"{outputs.shape}."
+        )
+
+    def negative_log_likelihood(self, outputs, targets):
+        """Per-example `-log p(y | outputs)` (summed over any sequence or event axis)."""
+        log_prob = self.likelihood(outputs).log_prob(targets)
+        if log_prob.shape.rank > 1:
+            log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
+        return -log_prob
+
+    def evaluate(self, model, data, num_samples=10, batch_size=500):
+        raise NotImplementedError(f"{type(self).__name__}.evaluate")
+
+    def plot(self, model, data, arrays, model_dir):
+        del model, data, arrays, model_dir
+        return []
+
+    # Shared by the tasks' evaluations.
+    def predictive_samples(self, model, dataset, num_samples, batch_size=500):
+        """Arrays `[num_samples, n, ...]` of `predictive_parameters` over an unbatched dataset,
+        one fresh posterior draw per pass (memory grows with samples x examples x outputs,
+        never with activations)."""
+
+        @tf.function
+        def parameters(x):
+            return self.predictive_parameters(self.likelihood(model(x, training=False)))
+
+        batched = dataset.batch(batch_size)
+        draws = []
+        for _ in range(num_samples):
+            parts = [parameters(x[0] if isinstance(x, tuple) else x) for x in batched]
+            draws.append(
+                [np.concatenate([p[i].numpy() for p in parts]) for i in range(len(parts[0]))]
+            )
+        return [np.stack([d[i] for d in draws]) for i in range(len(draws[0]))]
+
+    def predictive_parameters(self, distribution):
+        """The per-example parameters an evaluation keeps from one posterior draw."""
+        return distribution.mean(), distribution.stddev()
+
+
+def features(dataset):
+    """All features of an unbatched `(features, target)` dataset, as one array."""
+    return np.concatenate([x.numpy() for x, _ in dataset.batch(4096)])
+
+
+def targets(dataset):
+    """All targets of an unbatched `(features, target)` dataset, as one array."""
+    return np.concatenate([y.numpy() for _, y in dataset.batch(4096)])
