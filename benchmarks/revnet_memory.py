@@ -8,20 +8,29 @@ backward pass does, so `activation_mb = peak_mb - grad_mb` is the figure that sh
 The slope (MB per block, least squares over depths) summarizes each.
 
     python benchmarks/revnet_memory.py --out benchmarks/results/revnet_memory.json
+
+It runs in a process of its own (the allocator is chosen when TensorFlow starts);
+`tests/test_reversible.py` runs it at a small size.
 """
 
 import argparse
 import os
+import sys
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+# TF counts CPU memory (get_memory_info, reset_memory_stats) only with its BFC allocator, which
+# it reads once at start-up: set here, before TensorFlow loads, so no one sets it by hand.
+os.environ["TF_CPU_ALLOCATOR_USE_BFC"] = "true"
 
 import keras
 import numpy as np
 import tensorflow as tf
-from common import write_json
 
-import blayers
-from blayers.layers import RevNetBlock, RevNetStack
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
+from common import write_json  # noqa: E402
+
+import blayers  # noqa: E402
+from blayers.layers import RevNetBlock, RevNetStack  # noqa: E402
 
 
 def _halves(width):
@@ -85,13 +94,13 @@ def slope(points):
     return float(np.polyfit(depths, mbs, 1)[0])
 
 
-def main():
+def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--out", default="benchmarks/results/revnet_memory.json")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     blayers.set_seed(0)
     kinds = {"revnet_stack": "stack", "revnet_blocks": True, "plain": False}
     results = {

@@ -8,17 +8,18 @@ Layers over distributions of functions, as drop-in Keras layers:
     loss = nll + sum(model.losses) / num_examples     # KL terms in model.losses
 
 Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Normal`, ...),
-`trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `predict`, `set_seed`, and the
-subpackages `layers`, `initializers`, `regularizers`, `constraints`.
+`trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `predict`, `set_seed`,
+`set_kl_scale` (the per-example ELBO in `model.fit`), and the subpackages `layers`,
+`initializers`, `regularizers`, `constraints`.
+
+Importing blayers registers its classes (gin, Keras serialization) and nothing else: it sets no
+environment variable and installs no logging filter; quieting TensorFlow is the CLI's job.
 """
-
-import os as _os
-
-_os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 from blayers import constraints, initializers, layers, regularizers
 from blayers.distributions import *
 from blayers.distributions import __all__ as _distribution_names
+from blayers.objectives import set_kl_scale
 from blayers.predict import Prediction, predict
 from blayers.random_variable import RandomVariable
 from blayers.seeds import set_seed
@@ -36,6 +37,7 @@ __all__ = [  # noqa: PLE0604
     "predict",
     "Prediction",
     "set_seed",
+    "set_kl_scale",
     "layers",
     "initializers",
     "regularizers",

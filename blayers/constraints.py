@@ -10,16 +10,32 @@ optimizer works in an unconstrained space (Blundell et al., 2015, use `softplus`
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 
 from blayers.registry import Registry
 
-__all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize"]
+__all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize", "softplus_inverse"]
 
 _REGISTRY = Registry(
     "constraint", "blayers.constraints", keras.constraints.get, "'non_neg', 'max_norm'"
 )
 _register = _REGISTRY.register
+
+
+def softplus_inverse(y):
+    """`softplus^{-1}(y) = log(expm1(y)) = y + log(-expm1(-y))`, stable for small and large `y`
+    (the naive form overflows to inf for `y` above about 88 in float32 and 709 in float64).
+
+    A Python number or NumPy array gives a NumPy float64 result (for initial values); a tensor
+    gives a tensor.
+    """
+    if tf.is_tensor(y):
+        return y + tf.math.log(-tf.math.expm1(-y))
+    y = np.asarray(y, np.float64)
+    if np.any(y <= 0):
+        raise ValueError(f"softplus_inverse needs positive values, got {y}.")
+    return y + np.log(-np.expm1(-y))
 
 
 @_register("softplus")
@@ -30,9 +46,8 @@ class Softplus(keras.constraints.Constraint):
         return tf.nn.softplus(w)
 
     def inverse(self, y):
-        """`softplus^{-1}(y) = log(expm1(y))`, computed stably for small and large `y`."""
-        y = tf.convert_to_tensor(y)
-        return y + tf.math.log(-tf.math.expm1(-y))
+        """`softplus^{-1}(y)`, stably (`softplus_inverse`)."""
+        return softplus_inverse(tf.convert_to_tensor(y))
 
     def get_config(self):
         return {}

@@ -18,8 +18,6 @@ stddev lies between 1e-3 and 5e-2 (uniform in the unconstrained space, i.e. `rho
 initializer names (deterministic weights), dicts from `serialize`, and instances.
 """
 
-import math
-
 import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
@@ -48,8 +46,8 @@ __all__ = [
 ]
 
 # softplus^{-1}(1e-3) and softplus^{-1}(5e-2): the initial stddev range of the Normal family.
-_RHO_MIN = math.log(math.expm1(1e-3))
-_RHO_MAX = math.log(math.expm1(5e-2))
+_RHO_MIN = float(constraints_lib.softplus_inverse(1e-3))
+_RHO_MAX = float(constraints_lib.softplus_inverse(5e-2))
 _REGISTRY = Registry(
     "initializer",
     "blayers.initializers",

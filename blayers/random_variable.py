@@ -116,6 +116,9 @@ class RandomVariable:
         """A fresh draw from the distribution (does not change `value`)."""
         return self._distribution.sample(sample_shape, seed=seed)
 
+    # -- the distribution's methods (the paper's `predictions.mean()`, `rv.log_prob(x)`,
+    # `encoding.kl_divergence(blayers.Normal(0., 1.))`) are forwarded; see _forward below.
+
     def __repr__(self):
         value = ""
         if self._value is not None and tf.executing_eagerly():
@@ -180,6 +183,50 @@ class RandomVariable:
                 if expected.is_compatible_with(value.shape):
                     return RandomVariable(distribution, value=value)
         return value
+
+
+def _unwrap(value):
+    """A random variable argument stands for its distribution where one is expected (the
+    other side of a KL) and for its value elsewhere."""
+    return value.distribution if isinstance(value, RandomVariable) else value
+
+
+def _forward(name, takes_distribution=False):
+    method = getattr(tfd.Distribution, name)
+
+    def forwarded(self, *args, **kwargs):
+        if takes_distribution:
+            args = tuple(_unwrap(a) for a in args)
+            kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
+        else:
+            args = tuple(a.value if isinstance(a, RandomVariable) else a for a in args)
+        return getattr(self._distribution, name)(*args, **kwargs)
+
+    forwarded.__name__ = name
+    forwarded.__doc__ = f"`self.distribution.{name}(...)` (TFP's `Distribution.{name}`)." + (
+        "" if method.__doc__ is None else "\n\n" + method.__doc__.split("\n")[0]
+    )
+    setattr(RandomVariable, name, forwarded)
+
+
+for _name in (
+    "mean",
+    "mode",
+    "stddev",
+    "variance",
+    "covariance",
+    "entropy",
+    "log_prob",
+    "prob",
+    "cdf",
+    "log_cdf",
+    "survival_function",
+    "log_survival_function",
+    "quantile",
+):
+    _forward(_name)
+for _name in ("kl_divergence", "cross_entropy"):
+    _forward(_name, takes_distribution=True)
 
 
 def _convert(rv, dtype=None, name=None, as_ref=False):

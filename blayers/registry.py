@@ -162,9 +162,9 @@ def unapplied_layer_bindings(model):
         if scope:
             continue
         configurable_ = gin.config._REGISTRY.get_match(selector)
-        if configurable_ is not None and inspect.isclass(configurable_.wrapped):
-            if issubclass(configurable_.wrapped, keras.layers.Layer):
-                classes[configurable_.wrapped] = (configurable_.name, params)
+        wrapped = configurable_.wrapped if configurable_ is not None else None
+        if inspect.isclass(wrapped) and issubclass(wrapped, keras.layers.Layer):
+            classes[configurable_.wrapped] = (configurable_.name, params)
     if not classes:
         return []
     problems = []

@@ -1,6 +1,13 @@
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
 """Reversible layers and the vector quantizer: inverses, log-det-Jacobians against autodiff,
 MADE's triangular Jacobian, a flow's density integrating to 1, RevNet gradients, VQ-VAE
 straight-through gradients and losses."""
+
 
 import keras
 import numpy as np
@@ -221,48 +228,31 @@ def test_revnet_stack_gradients_equal_plain_stack_and_it_inverts():
     assert len(stack.trainable_variables) == 12
 
 
-def _activation_megabytes(depth, stack):
-    """Peak memory of a graph-mode gradient step, less the parameter gradients."""
-    from blayers.layers import RevNetStack
-
-    width, batch = 128, 512
-    blocks = [
-        RevNetBlock(keras.layers.Dense(width, activation="relu"), keras.layers.Dense(width))
-        for _ in range(depth)
-    ]
-    x = tf.random.normal([batch, 2 * width])
-    model = RevNetStack(blocks) if stack else None
-    if model is not None:
-        model(x)
-    for block in blocks:
-        block.build(x.shape)
-    variables = [v for block in blocks for v in block.trainable_variables]
-
-    @tf.function
-    def step(x):
-        with tf.GradientTape() as tape:
-            h = x
-            if model is not None:
-                h = model(h)
-            else:  # plain residual blocks, the same f and g
-                for block in blocks:
-                    h = RevNetStack._plain(block, h)
-            loss = tf.reduce_sum(tf.square(h))
-        return tape.gradient(loss, variables)
-
-    step.get_concrete_function(x)
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    step(x)
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    grads = sum(v.shape.num_elements() for v in variables) * 4
-    return (peak - base - grads) / 2**20
-
-
-def test_revnet_stack_activation_memory_is_flat_in_depth():
+def test_revnet_stack_activation_memory_is_flat_in_depth(tmp_path):
     """The plain stack keeps about 0.7 MB of activations per block here (0.25 MB per stored
-    [512, 128] tensor); the RevNet stack rebuilds them in the backward pass."""
-    plain = _activation_megabytes(16, False) - _activation_megabytes(4, False)
-    reversible = _activation_megabytes(16, True) - _activation_megabytes(4, True)
+    [512, 128] tensor); the RevNet stack rebuilds them in the backward pass. Measured by the
+    benchmark script in a process of its own, which sets up TF's CPU memory accounting itself
+    (nothing set by hand)."""
+    root = pathlib.Path(__file__).resolve().parents[1]
+    out = tmp_path / "revnet.json"
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
+    subprocess.run(
+        [
+            sys.executable,
+            str(root / "benchmarks" / "revnet_memory.py"),
+            "--batch=512",
+            "--width=128",
+            "--depths",
+            "4",
+            "16",
+            f"--out={out}",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    activation = json.loads(out.read_text())["activation_mb"]
+    plain = activation["plain"]["16"] - activation["plain"]["4"]
+    reversible = activation["revnet_stack"]["16"] - activation["revnet_stack"]["4"]
     assert plain > 5.0  # 12 more blocks
     assert reversible < 1.5, (reversible, plain)

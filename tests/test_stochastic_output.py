@@ -25,8 +25,8 @@ X = RNG.randn(8, 6).astype("float32")
         (so.Poisson(2), (8, 2), tfd.Poisson),
         (so.Categorical(), (8,), tfd.Categorical),
         (so.Categorical(4), (8,), tfd.Categorical),
-        (so.MixtureLogistic(2), (8,), tfd.MixtureSameFamily),
-        (so.MixtureNormal(2, units=3), (8, 3), tfd.MixtureSameFamily),
+        (so.MixtureLogistic(num_components=2), (8,), tfd.MixtureSameFamily),
+        (so.MixtureNormal(3, num_components=2), (8, 3), tfd.MixtureSameFamily),
     ],
 )
 def test_output_random_variables(layer, shape, family):
@@ -74,7 +74,7 @@ def test_stochastic_output_feeds_the_next_layer():
 
 
 def test_discretize_integrates_unit_bins_with_tail_edges():
-    continuous = so.MixtureLogistic(2)(X[:, :6] * 3.0 + 5.0)
+    continuous = so.MixtureLogistic(num_components=2)(X[:, :6] * 3.0 + 5.0)
     discrete = so.Discretize(low=0, high=10)(continuous)
     values = tf.range(11.0)[:, None]
     probs = tf.exp(discrete.distribution.log_prob(values)).numpy()

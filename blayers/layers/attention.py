@@ -40,6 +40,7 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
+        self.supports_masking = True
         if attention_axes is not None:
             raise ValueError(
                 f"{type(self).__name__} attends over the length axis only (attention_axes=None)."
@@ -90,19 +91,36 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         query,
         value,
         key=None,
+        query_mask=None,
+        value_mask=None,
+        key_mask=None,
         attention_mask=None,
         return_attention_scores=False,
         training=None,
         use_causal_mask=False,
     ):
+        key_given = key is not None and key is not value
         key = value if key is None else key
+        # Keras masks of the inputs (e.g. from `Embedding(mask_zero=True)`), as Keras' own
+        # MultiHeadAttention: padded queries and keys take no part in the attention.
+        masks = []
+        if query_mask is not None:
+            masks.append(tf.cast(query_mask, tf.bool)[:, :, None])  # [B, T, 1]
+        if value_mask is not None:
+            masks.append(tf.cast(value_mask, tf.bool)[:, None, :])  # [B, 1, S]
+        if key_mask is not None and key_given:
+            masks.append(tf.cast(key_mask, tf.bool)[:, None, :])
         q = self._split_heads(self.query_dense(query), self.key_dim)
         k = self._split_heads(self.key_dense(key), self.key_dim)
         v = self._split_heads(self.value_dense(value), self.value_dim)
         logits = tf.matmul(q, k, transpose_b=True) / math.sqrt(self.key_dim)
-        mask = None
         if attention_mask is not None:
-            mask = tf.cast(attention_mask, tf.bool)[:, None]  # broadcast over heads
+            masks.append(tf.cast(attention_mask, tf.bool))
+        mask = None
+        for part in masks:
+            mask = part if mask is None else tf.logical_and(mask, part)
+        if mask is not None:
+            mask = mask[:, None]  # broadcast over heads
         if use_causal_mask:
             length_q, length_k = tf.shape(logits)[-2], tf.shape(logits)[-1]
             causal = tf.linalg.band_part(tf.ones([length_q, length_k], tf.bool), -1, 0)
@@ -118,6 +136,11 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         )
         output = self.output_dense(attended)
         return (output, scores) if return_attention_scores else output
+
+    def compute_mask(self, query, mask=None, *args, **kwargs):
+        """The output keeps the query's mask (as in Keras' MultiHeadAttention); Keras passes
+        the first input and its mask."""
+        return mask
 
     def compute_output_shape(self, query_shape, value_shape=None, key_shape=None):
         return tuple(query_shape[:-1]) + (self._output_dim or query_shape[-1],)

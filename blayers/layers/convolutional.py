@@ -85,6 +85,7 @@ class _ConvBase(BayesianLayer):
         self._configure_weight("kernel", kernel_initializer, kernel_regularizer, kernel_constraint)
         self._configure_weight("bias", bias_initializer, bias_regularizer, bias_constraint)
         self.input_spec = keras.layers.InputSpec(ndim=self.rank + 2)
+        self.supports_masking = True
 
     def build(self, input_shape):
         channels = input_shape[-1]
@@ -110,11 +111,19 @@ class _ConvBase(BayesianLayer):
             inputs, kernel, self.strides, self.padding, dilation_rate=self.dilation_rate
         )
 
-    def call(self, inputs):
+    def call(self, inputs, mask=None):
         self.call_weights()
-        return self.add_bias_and_activate(
-            self.apply_kernel(tf.convert_to_tensor(inputs, dtype=self.compute_dtype))
-        )
+        inputs = tf.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        if mask is not None:  # padded steps contribute nothing to their neighbours' outputs
+            inputs = inputs * tf.cast(mask, inputs.dtype)[..., None]
+        return self.add_bias_and_activate(self.apply_kernel(inputs))
+
+    def compute_mask(self, inputs, mask=None):
+        """A mask (e.g. of a padded sequence) passes on where the output keeps the input's
+        positions: stride 1, 'same' padding, no transposition; otherwise it is dropped."""
+        if mask is None or self.transpose or self.padding != "same":
+            return None
+        return mask if all(s == 1 for s in self.strides) else None
 
     def compute_output_shape(self, input_shape):
         twin = self._keras_twin(

@@ -82,6 +82,7 @@ class _DenseBase(BayesianLayer):
         self._configure_weight("kernel", kernel_initializer, kernel_regularizer, kernel_constraint)
         self._configure_weight("bias", bias_initializer, bias_regularizer, bias_constraint)
         self.input_spec = keras.layers.InputSpec(min_ndim=2)
+        self.supports_masking = True  # the mask of `[batch, time, features]` inputs passes on
 
     def build(self, input_shape):
         input_dim = input_shape[-1]

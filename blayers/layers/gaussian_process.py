@@ -34,6 +34,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
+from blayers.constraints import softplus_inverse
 from blayers.layers.base import NestedLayers, SeededLayer, register
 from blayers.layers.dense import DenseReparameterization
 from blayers.random_variable import RandomVariable
@@ -48,6 +49,7 @@ __all__ = [
     "RandomFourierFeatures",
     "SparseGaussianProcess",
     "jittered_cholesky",
+    "make_kernel",
 ]
 
 KERNELS = {
@@ -58,8 +60,102 @@ KERNELS = {
 }
 
 
+# Spectral density of each kernel name with unit length scale: Normal (None) for the squared
+# exponential; Student-t with 2 nu degrees of freedom for Matern-nu.
+SPECTRAL_DEGREES_OF_FREEDOM = {
+    "exponentiated_quadratic": None,
+    "matern12": 1.0,
+    "matern32": 3.0,
+    "matern52": 5.0,
+}
+
+
 def _softplus_inverse(x):
-    return float(np.log(np.expm1(x)))
+    return float(softplus_inverse(x))
+
+
+def _positive(layer_name, argument, value):
+    """`float(value)`, or a ValueError naming the layer and the argument."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise ValueError(f"{layer_name}: {argument} must be a positive number, got {value!r}.")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{layer_name}: {argument} must be positive and finite, got {value!r}.")
+    return value
+
+
+def make_kernel(covariance_fn, amplitude, length_scale):
+    """The TFP kernel a GP layer uses, from its `covariance_fn` and its trainable
+    hyperparameters (`amplitude` scalar, ARD `length_scale` [d]):
+
+    * a name in `KERNELS` or a `psd.PositiveSemidefiniteKernel` subclass:
+      `FeatureScaled(cls(amplitude=amplitude), scale_diag=length_scale)`;
+    * a callable `fn(amplitude, length_scale) -> kernel` (e.g. a `RationalQuadratic` with the
+      layer's hyperparameters, or a sum of kernels);
+    * a kernel instance: used as it is (its hyperparameters are not the layer's and do not
+      train).
+    """
+    if isinstance(covariance_fn, str):
+        covariance_fn = KERNELS[covariance_fn]
+    if isinstance(covariance_fn, psd.PositiveSemidefiniteKernel):
+        return covariance_fn
+    if isinstance(covariance_fn, type) and issubclass(
+        covariance_fn, psd.PositiveSemidefiniteKernel
+    ):
+        return psd.FeatureScaled(covariance_fn(amplitude=amplitude), scale_diag=length_scale)
+    kernel = covariance_fn(amplitude, length_scale)
+    if not isinstance(kernel, psd.PositiveSemidefiniteKernel):
+        raise TypeError(
+            f"covariance_fn {covariance_fn!r} returned {type(kernel).__name__}, not a TFP "
+            "PositiveSemidefiniteKernel."
+        )
+    return kernel
+
+
+def _check_covariance_fn(layer_name, covariance_fn):
+    if isinstance(covariance_fn, str):
+        if covariance_fn not in KERNELS:
+            raise ValueError(
+                f"{layer_name}: unknown covariance_fn {covariance_fn!r}; choose one of "
+                f"{sorted(KERNELS)}, a tfp.math.psd_kernels kernel (class or instance), or a "
+                "callable fn(amplitude, length_scale) returning one."
+            )
+    elif not (isinstance(covariance_fn, psd.PositiveSemidefiniteKernel) or callable(covariance_fn)):
+        raise TypeError(
+            f"{layer_name}: covariance_fn must be a kernel name, a TFP PSD kernel (class or "
+            f"instance) or a callable, got {covariance_fn!r}."
+        )
+
+
+def _serialize_covariance_fn(covariance_fn):
+    if isinstance(covariance_fn, str):
+        return covariance_fn
+    if isinstance(covariance_fn, type):
+        return {"psd_kernel_class": covariance_fn.__name__}
+    if isinstance(covariance_fn, psd.PositiveSemidefiniteKernel):
+        parameters = {}
+        for key, value in covariance_fn.parameters.items():
+            if key in ("name", "validate_args") or value is None:
+                continue
+            if isinstance(value, (psd.PositiveSemidefiniteKernel, tf.Variable)):
+                raise NotImplementedError(  # saving nested kernels is not supported; intentional
+                    f"Cannot serialize the kernel {covariance_fn.name}: its parameter {key!r} is "
+                    "a kernel or a variable. Pass a callable fn(amplitude, length_scale) instead."
+                )
+            parameters[key] = np.asarray(value).tolist()
+        return {"psd_kernel": type(covariance_fn).__name__, "parameters": parameters}
+    return keras.saving.serialize_keras_object(covariance_fn)
+
+
+def _deserialize_covariance_fn(config):
+    if isinstance(config, dict) and "psd_kernel_class" in config:
+        return getattr(psd, config["psd_kernel_class"])
+    if isinstance(config, dict) and "psd_kernel" in config:
+        return getattr(psd, config["psd_kernel"])(**config["parameters"])
+    if isinstance(config, dict):
+        return keras.saving.deserialize_keras_object(config)
+    return config
 
 
 def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
@@ -118,23 +214,31 @@ class _GPBase(SeededLayer):
         **kwargs,
     ):
         super().__init__(seed=seed, **kwargs)
-        name = type(self).__name__
-        if not isinstance(units, int) or units <= 0:
+        name = f"{type(self).__name__} ({self.name})"
+        if not isinstance(units, (int, np.integer)) or isinstance(units, bool) or units <= 0:
             raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
-        if covariance_fn not in KERNELS:
-            raise ValueError(
-                f"{name}: unknown covariance_fn {covariance_fn!r}; choose one of {sorted(KERNELS)}."
-            )
+        covariance_fn = _deserialize_covariance_fn(covariance_fn)
+        _check_covariance_fn(name, covariance_fn)
         if mean_fn not in ("zero", "constant", "linear"):
             raise ValueError(
                 f"{name}: mean_fn must be 'zero', 'constant' or 'linear', got {mean_fn!r}."
             )
-        self.units, self.mean_fn, self.covariance_fn = units, mean_fn, covariance_fn
-        self.amplitude_init, self.length_scale_init = float(amplitude), float(length_scale)
-        self.jitter, self.max_jitter_tries = float(jitter), int(max_jitter_tries)
+        self.units, self.mean_fn, self.covariance_fn = int(units), mean_fn, covariance_fn
+        self.amplitude_init = _positive(name, "amplitude", amplitude)
+        self.length_scale_init = _positive(name, "length_scale", length_scale)
+        self.jitter = _positive(name, "jitter", jitter)
+        if not isinstance(max_jitter_tries, (int, np.integer)) or max_jitter_tries < 1:
+            raise ValueError(f"{name}: max_jitter_tries must be >= 1, got {max_jitter_tries!r}.")
+        self.max_jitter_tries = int(max_jitter_tries)
+        self.input_dim = None
         self.cholesky_dtype = cholesky_dtype
 
     def _build_kernel_and_mean(self, input_dim):
+        if input_dim is None:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) needs a known number of input features."
+            )
+        self.input_dim = int(input_dim)
         constant = keras.initializers.Constant
         self.raw_amplitude = self.add_weight(
             name="amplitude", shape=(), initializer=constant(_softplus_inverse(self.amplitude_init))
@@ -158,13 +262,12 @@ class _GPBase(SeededLayer):
             )
 
     def kernel(self, dtype=None):
-        """The layer's current TFP kernel (ARD: `FeatureScaled` by the length scales)."""
+        """The layer's current TFP kernel (`make_kernel` of `covariance_fn` and the trainable
+        amplitude and ARD length scales)."""
         dtype = dtype or self.compute_dtype
         amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), dtype)
         length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), dtype)
-        return psd.FeatureScaled(
-            KERNELS[self.covariance_fn](amplitude=amplitude), scale_diag=length_scale
-        )
+        return make_kernel(self.covariance_fn, amplitude, length_scale)
 
     def mean(self, x):
         """The prior mean `m(x)`, `[batch, units]`."""
@@ -184,12 +287,17 @@ class _GPBase(SeededLayer):
             matrix, self.jitter, self.max_jitter_tries, f"{what} of layer '{self.name}'"
         )
 
-    def _inputs(self, inputs):
+    def _inputs(self, inputs, argument="inputs"):
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
         if x.shape.rank != 2:
             raise ValueError(
-                f"{type(self).__name__} ({self.name}) takes inputs of shape "
+                f"{type(self).__name__} ({self.name}) takes {argument} of shape "
                 f"[batch, features], got {x.shape}."
+            )
+        if self.input_dim is not None and x.shape[-1] not in (None, self.input_dim):
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) was built for {self.input_dim} input "
+                f"features; {argument} have {x.shape[-1]} (shape {x.shape})."
             )
         return x
 
@@ -201,7 +309,7 @@ class _GPBase(SeededLayer):
             **super().get_config(),
             "units": self.units,
             "mean_fn": self.mean_fn,
-            "covariance_fn": self.covariance_fn,
+            "covariance_fn": _serialize_covariance_fn(self.covariance_fn),
             "amplitude": self.amplitude_init,
             "length_scale": self.length_scale_init,
             "jitter": self.jitter,
@@ -232,25 +340,45 @@ class GaussianProcess(_GPBase):
         **kwargs,
     ):
         super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
+        name = f"GaussianProcess ({self.name})"
         if (conditional_inputs is None) != (conditional_outputs is None):
             raise ValueError(
-                "GaussianProcess needs both conditional_inputs and conditional_outputs, or neither."
+                f"{name} needs both conditional_inputs and conditional_outputs, or neither."
             )
-        self.conditional_inputs = (
-            None if conditional_inputs is None else np.asarray(conditional_inputs, "float32")
-        )
+        self.conditional_inputs = None
         self.conditional_outputs = None
-        if conditional_outputs is not None:
-            outputs = np.asarray(conditional_outputs, "float32")
-            self.conditional_outputs = outputs.reshape(len(outputs), -1)
-            if self.conditional_outputs.shape[1] != units:
+        if conditional_inputs is not None:
+            inputs = np.asarray(conditional_inputs, "float32")
+            if inputs.ndim != 2:
                 raise ValueError(
-                    f"GaussianProcess: conditional_outputs have "
-                    f"{self.conditional_outputs.shape[1]} columns, units={units}."
+                    f"{name}: conditional_inputs must be [num_points, features], got shape "
+                    f"{inputs.shape}."
                 )
-        self.noise_init = float(observation_noise_variance)
+            outputs = np.asarray(conditional_outputs, "float32")
+            outputs = outputs.reshape(len(outputs), -1) if outputs.ndim else outputs
+            if outputs.ndim != 2 or len(outputs) != len(inputs):
+                raise ValueError(
+                    f"{name}: conditional_inputs have {len(inputs)} rows but "
+                    f"conditional_outputs have shape {np.shape(conditional_outputs)}; they must "
+                    "have one row per point."
+                )
+            if outputs.shape[1] != units:
+                raise ValueError(
+                    f"{name}: conditional_outputs have {outputs.shape[1]} columns, units={units}."
+                )
+            self.conditional_inputs, self.conditional_outputs = inputs, outputs
+        self.noise_init = _positive(name, "observation_noise_variance", observation_noise_variance)
 
     def build(self, input_shape):
+        if (
+            self.conditional_inputs is not None
+            and input_shape[-1] is not None
+            and self.conditional_inputs.shape[1] != input_shape[-1]
+        ):
+            raise ValueError(
+                f"GaussianProcess ({self.name}): inputs have {input_shape[-1]} features but "
+                f"conditional_inputs have {self.conditional_inputs.shape[1]}."
+            )
         self._build_kernel_and_mean(input_shape[-1])
         self.raw_noise_variance = self.add_weight(
             name="observation_noise_variance",
@@ -341,9 +469,20 @@ class SparseGaussianProcess(_GPBase):
                 f"SparseGaussianProcess: variational must be 'full' or "
                 f"'mean_field', got {variational!r}."
             )
+        name = f"SparseGaussianProcess ({self.name})"
+        if (
+            not isinstance(num_inducing, (int, np.integer))
+            or isinstance(num_inducing, bool)
+            or num_inducing < 1
+        ):
+            raise ValueError(
+                f"{name}: num_inducing must be a positive integer, got {num_inducing!r}."
+            )
         self.num_inducing, self.whiten = int(num_inducing), bool(whiten)
         self.variational = variational
-        self.initial_variational_scale = float(initial_variational_scale)
+        self.initial_variational_scale = _positive(
+            name, "initial_variational_scale", initial_variational_scale
+        )
         self.inducing_inputs_initializer = keras.initializers.get(inducing_inputs_initializer)
 
     def build(self, input_shape):
@@ -439,11 +578,24 @@ class SparseGaussianProcess(_GPBase):
 class RandomFourierFeatures(NestedLayers, SeededLayer):
     """Random-feature GP approximation (Rahimi & Recht, 2007; Cutajar et al., 2017).
 
-    `phi(x) = amplitude * sqrt(2 / D) cos(x / length_scale @ Omega + b)` with fixed
-    `Omega ~ N(0, I)` `[d, D]` and `b ~ U(0, 2 pi)`, so `phi(x)^T phi(y)` approximates the
-    ExponentiatedQuadratic kernel with error O(1 / sqrt(D)); `f(x) = phi(x)^T w` with a Bayesian
-    output layer (`output_layer`, default `DenseReparameterization` without bias) whose KL
-    regularizes `w` toward `N(0, I)`, making `f` approximately `GP(0, k)` a priori.
+    `phi(x) = amplitude * sqrt(2 / D) cos(x / length_scale @ Omega + b)` with fixed frequencies
+    `Omega` `[d, D]` drawn from the kernel's spectral density (Bochner's theorem) and
+    `b ~ U(0, 2 pi)`, so `phi(x)^T phi(y)` approximates the stationary kernel `k(x - y)` with
+    error O(1 / sqrt(D)); `f(x) = phi(x)^T w` with a Bayesian output layer (`output_layer`,
+    default `DenseReparameterization` without bias) whose KL regularizes `w` toward `N(0, I)`,
+    making `f` approximately `GP(0, k)` a priori.
+
+    Args:
+      units: output functions.
+      num_features: random features D.
+      covariance_fn: `'exponentiated_quadratic'` (`Omega ~ N(0, I)`), `'matern12'`,
+        `'matern32'`, `'matern52'` (Matern-nu: multivariate Student-t with `2 nu` degrees of
+        freedom), or a callable `fn(rng, shape) -> frequencies` sampling the spectral density
+        of another stationary kernel with unit length scale (`rng`: a NumPy `RandomState`).
+      amplitude: the kernel's amplitude (fixed).
+      length_scale: initial ARD length scale (trainable unless `trainable_length_scale=False`).
+      output_layer: the Bayesian linear layer on the features.
+      seed: seeds the frequencies and phases.
     """
 
     nested_layer_args = ("output_layer",)
@@ -452,6 +604,7 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
         self,
         units,
         num_features=1024,
+        covariance_fn="exponentiated_quadratic",
         amplitude=1.0,
         length_scale=1.0,
         trainable_length_scale=True,
@@ -460,8 +613,21 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
         **kwargs,
     ):
         super().__init__(seed=seed, **kwargs)
+        name = f"RandomFourierFeatures ({self.name})"
+        for argument, value in (("units", units), ("num_features", num_features)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: {argument} must be a positive integer, got {value!r}.")
+        if isinstance(covariance_fn, dict):
+            covariance_fn = keras.saving.deserialize_keras_object(covariance_fn)
+        if not (callable(covariance_fn) or covariance_fn in SPECTRAL_DEGREES_OF_FREEDOM):
+            raise ValueError(
+                f"{name}: covariance_fn must be one of {sorted(SPECTRAL_DEGREES_OF_FREEDOM)} or a "
+                f"callable sampling a spectral density, got {covariance_fn!r}."
+            )
+        self.covariance_fn = covariance_fn
         self.units, self.num_features = int(units), int(num_features)
-        self.amplitude_init, self.length_scale_init = float(amplitude), float(length_scale)
+        self.amplitude_init = _positive(name, "amplitude", amplitude)
+        self.length_scale_init = _positive(name, "length_scale", length_scale)
         self.trainable_length_scale = trainable_length_scale
         self.output_layer = output_layer or DenseReparameterization(
             units, use_bias=False, kernel_initializer="trainable_normal"
@@ -477,7 +643,7 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
             name="projection",
             shape=(d, self.num_features),
             trainable=False,
-            initializer=constant(rng.randn(d, self.num_features).astype("float32")),
+            initializer=constant(self._frequencies(rng, (d, self.num_features))),
         )
         self.phase = self.add_weight(
             name="phase",
@@ -493,6 +659,18 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
         )
         if not self.output_layer.built:
             self.output_layer.build((None, self.num_features))
+
+    def _frequencies(self, rng, shape):
+        """Draws `Omega` from the spectral density of the unit-length-scale kernel."""
+        if callable(self.covariance_fn):
+            return np.asarray(self.covariance_fn(rng, shape), "float32").reshape(shape)
+        normal = rng.randn(*shape)
+        dof = SPECTRAL_DEGREES_OF_FREEDOM[self.covariance_fn]
+        if dof is None:
+            return normal.astype("float32")
+        # Multivariate Student-t: one chi-square draw per feature (column) scales its vector.
+        chi2 = rng.chisquare(dof, size=(1, shape[1]))
+        return (normal * np.sqrt(dof / chi2)).astype("float32")
 
     def feature_map(self, inputs):
         """`phi(x)`, `[batch, num_features]`."""
@@ -511,6 +689,11 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
             **super().get_config(),
             "units": self.units,
             "num_features": self.num_features,
+            "covariance_fn": (
+                self.covariance_fn
+                if isinstance(self.covariance_fn, str)
+                else keras.saving.serialize_keras_object(self.covariance_fn)
+            ),
             "amplitude": self.amplitude_init,
             "length_scale": self.length_scale_init,
             "trainable_length_scale": self.trainable_length_scale,

@@ -10,7 +10,7 @@ feed the next layer (its value is a draw). Without `units` the input's shape is 
   `loc, scale = Dense(2 units)(x)` (heteroscedastic).
 * `Bernoulli`, `Poisson`: logits / log-rates `= x` (or `Dense(units)(x)`).
 * `Categorical`: logits `= x` over its last axis (or `Dense(units)(x)`, `units` classes).
-* `MixtureLogistic(num_components)`, `MixtureNormal(num_components)`: per output element,
+* `MixtureLogistic(units, num_components)`, `MixtureNormal(units, num_components)`: per element,
   mixture logits, locations and scales from `3 * num_components` inputs on the last axis (or
   `Dense(units * 3 K)(x)`); the output has one value per `units` (or per input position).
 * `Discretize`: a continuous random variable -> one over the integers whose probabilities are
@@ -160,7 +160,12 @@ class Categorical(_OutputLayer):
 class _Mixture(_OutputLayer):
     component = None
 
-    def __init__(self, num_components, units=None, **kwargs):
+    def __init__(self, units=None, num_components=5, **kwargs):
+        if not isinstance(num_components, int) or num_components <= 0:
+            raise ValueError(
+                f"{type(self).__name__}: num_components must be a positive int, got "
+                f"{num_components!r}."
+            )
         self.num_components = int(num_components)
         self.parameters_per_unit = 3 * self.num_components
         super().__init__(units=units, **kwargs)
@@ -193,14 +198,28 @@ class _Mixture(_OutputLayer):
 
 @register
 class MixtureLogistic(_Mixture):
-    """Mixture of `num_components` logistics per output element (PixelCNN++'s likelihood)."""
+    """Mixture of `num_components` logistics per output element (PixelCNN++'s likelihood).
+
+    Args:
+      units: output elements (the paper's Figure 6: `MixtureLogistic(3, num_components=5)`, one
+        mixture per RGB channel), projected by a trainable `Dense(3 * num_components * units)`;
+        None reads the `3 * num_components` mixture parameters (logits, locations, raw scales)
+        from the input's last axis.
+      num_components: mixture components per element.
+    """
 
     component = tfd.Logistic
 
 
 @register
 class MixtureNormal(_Mixture):
-    """Mixture of `num_components` Normals per output element (a mixture density network)."""
+    """Mixture of `num_components` Normals per output element (a mixture density network).
+
+    Args:
+      units: output elements, projected by a trainable `Dense(3 * num_components * units)`;
+        None reads the mixture parameters from the input's last axis.
+      num_components: mixture components per element.
+    """
 
     component = tfd.Normal
 
@@ -211,7 +230,13 @@ class Discretize(keras.layers.Layer):
 
     `P(k) = F(k + 1/2) - F(k - 1/2)` inside, `P(low) = F(low + 1/2)` and
     `P(high) = 1 - F(high - 1/2)` at the edges, evaluated in log space by TFP's
-    `QuantizedDistribution` (log-CDF and log-survival functions), hence stable at the edges.
+    `QuantizedDistribution`: from log-CDFs left of the median and log-survival functions right
+    of it, so both tails are stable. A mixture (`MixtureLogistic`) is discretized component by
+    component and mixed afterwards, because a mixture's survival function is `1 - CDF`, which
+    rounds to 0 in the upper tail (`log_prob = nan` at 200 for locations near 100).
+
+    Args:
+      low, high: the integer range (0 and 255 for 8-bit pixels).
     """
 
     def __init__(self, low=0, high=255, **kwargs):
@@ -224,10 +249,19 @@ class Discretize(keras.layers.Layer):
                 "Discretize takes a RandomVariable (e.g. MixtureLogistic's output), "
                 f"got {type(inputs).__name__}."
             )
+        distribution = inputs.distribution
+        if isinstance(distribution, tfd.MixtureSameFamily):
+            return rv_lib.MixtureSameFamily(
+                mixture_distribution=distribution.mixture_distribution,
+                components_distribution=self._quantize(distribution.components_distribution),
+            )
+        return RandomVariable(self._quantize(distribution))
+
+    def _quantize(self, distribution):
         shifted = tfd.TransformedDistribution(
-            inputs.distribution, tfb.Shift(tf.constant(-0.5, inputs.dtype))
+            distribution, tfb.Shift(tf.constant(-0.5, distribution.dtype))
         )
-        return rv_lib.QuantizedDistribution(shifted, low=self.low, high=self.high)
+        return tfd.QuantizedDistribution(shifted, low=self.low, high=self.high)
 
     def compute_output_shape(self, input_shape):
         return input_shape
