@@ -1,31 +1,30 @@
 """Deep GP regression on the UCI benchmarks (paper Figure 5; Salimbeni & Deisenroth, 2017).
 
-Trains `deep_gp` of each depth on each data set's standard splits through the framework's
-trainer (`configs/deep_gp_uci.gin`), then writes a table of test log-likelihood and RMSE (mean
-+- standard error over splits, original units) beside published numbers on the same splits.
+Trains `deep_gp` of each depth on each data set's standard splits, one trainer run per
+(data set, depth, split) through `launch.sweep`'s grid runner (`configs/deep_gp_uci.gin`), then
+writes a table of test log-likelihood and RMSE (mean +- standard error over splits, original
+units) beside published numbers on the same splits.
 
-    python experiments/deep_gp_uci.py --uci_dir ../shared/data/uci --root runs/deep_gp_uci
-    python experiments/deep_gp_uci.py --uci_dir ... --datasets yacht --depths 1 2 --splits 2 \
-        --gin_param "train.train_steps = 2000"
+    python -m experiments.deep_gp_uci --uci_dir=../shared/data/uci --root=runs/deep_gp_uci
+    python -m experiments.deep_gp_uci --uci_dir=... --datasets=yacht --depths=1,2 --splits=2 \
+        --gin_param="train.train_steps = 2000" --parallel=2
 
-Finished runs (a `metrics.json` in their folder) are reused, so an interrupted experiment
-continues where it stopped. Writes `results.md`, `results.csv` and `results.json` in `--root`.
+Resume, failures and Ctrl-C are the sweep's: finished runs are skipped, an interrupted run
+continues from its checkpoint. Writes `results.md`, `results.csv` and `results.json` in
+`--root` (the individual runs' table is `runs.md`).
 """
 
 import argparse
-import csv
 import json
 import math
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-import gin
 import numpy as np
+from absl import app, flags
 
-from blayers import config, trainer
-from blayers.data import uci_num_splits
+from blayers.data.uci import uci_num_splits
+from launch import sweep
 
 DATASETS = ["bostonHousing", "concrete", "energy", "wine-quality-red", "yacht"]
 # Test log-likelihood (and RMSE) on the same splits. MC dropout: Gal & Ghahramani (2016),
@@ -53,28 +52,35 @@ PUBLISHED = {
     "yacht": {"mc_dropout_ll": -1.25, "mc_dropout_rmse": 0.67},
 }
 
+FLAGS = flags.FLAGS
+flags.DEFINE_string("uci_dir", None, "Folder of the UCI data-set folders (20-split format).")
+flags.DEFINE_string("root", "runs/deep_gp_uci", "Folder of the runs and tables.")
+flags.DEFINE_list("datasets", DATASETS, "UCI data sets.")
+flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths.")
+flags.DEFINE_integer("splits", None, "First N splits of each data set (default all).")
+flags.DEFINE_string("gin_file", "deep_gp_uci", "Gin file of every run.")
+flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
+flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
-def run_one(dataset, depth, split, args):
-    model_dir = os.path.join(args.root, f"{dataset}_depth{depth}_split{split}")
-    path = os.path.join(model_dir, "metrics.json")
-    if os.path.exists(path):
-        with open(path) as f:
-            summary = json.load(f)
-        if summary.get("status") == "finished":
-            return summary["final"]
-    gin.clear_config()
-    config.parse(
-        [args.gin_file],
-        [
-            f"uci.name = '{dataset}'",
-            f"uci.split = {split}",
-            f"uci.root = '{args.uci_dir}'",
-            f"deep_gp.depth = {depth}",
-            "train.progress = False",
-            *args.gin_param,
-        ],
-    )
-    return trainer.train(model_dir)
+
+def plan(uci_dir, datasets, depths, splits=None):
+    """`[(run_name, bindings)]` for every (data set, depth, split), and `{run_name: (data set,
+    depth)}`."""
+    runs, keys = [], {}
+    for dataset in datasets:
+        count = uci_num_splits(dataset, uci_dir)
+        for depth in depths:
+            for split in range(min(splits or count, count)):
+                bindings = {
+                    "uci.name": repr(dataset),
+                    "uci.split": str(split),
+                    "uci.root": repr(os.path.abspath(uci_dir)),
+                    "deep_gp.depth": str(depth),
+                }
+                name = f"{dataset}_depth{depth}_split{split}"
+                runs.append((name, bindings))
+                keys[name] = (dataset, depth)
+    return runs, keys
 
 
 def mean_se(values):
@@ -83,96 +89,109 @@ def mean_se(values):
     return float(values.mean()), float(se)
 
 
-def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument(
-        "--uci_dir",
-        default=os.environ.get("BLAYERS_UCI_DIR"),
-        help="folder of the UCI data-set folders",
-    )
-    parser.add_argument("--root", default="runs/deep_gp_uci")
-    parser.add_argument("--datasets", nargs="+", default=DATASETS)
-    parser.add_argument("--depths", nargs="+", type=int, default=[1, 2, 3])
-    parser.add_argument("--splits", type=int, default=None, help="first N splits (default all)")
-    parser.add_argument("--gin_file", default="deep_gp_uci")
-    parser.add_argument("--gin_param", action="append", default=[])
-    args = parser.parse_args(argv)
-    if not args.uci_dir:
-        parser.error("--uci_dir (or BLAYERS_UCI_DIR) is required")
-    os.makedirs(args.root, exist_ok=True)
+def summarize(results, keys):
+    """One row per (data set, depth) from the finished runs' final metrics."""
+    groups = {}
+    for name, _, status, final in results:
+        if status.startswith(("finished", "skipped")):
+            groups.setdefault(keys[name], []).append(final)
     rows = []
-    for dataset in args.datasets:
-        count = uci_num_splits(dataset, args.uci_dir)
-        splits = range(min(args.splits or count, count))
-        for depth in args.depths:
-            finals = [run_one(dataset, depth, split, args) for split in splits]
-            ll = mean_se([f["test_log_likelihood"] for f in finals])
-            rmse = mean_se([f["rmse"] for f in finals])
-            rows.append(
-                {
-                    "dataset": dataset,
-                    "depth": depth,
-                    "splits": len(finals),
-                    "test_ll": ll[0],
-                    "test_ll_se": ll[1],
-                    "rmse": rmse[0],
-                    "rmse_se": rmse[1],
-                    **PUBLISHED.get(dataset, {}),
-                }
-            )
-            print(
-                f"{dataset:18s} DGP-{depth}: test LL {ll[0]:.3f} +- {ll[1]:.3f}, "
-                f"RMSE {rmse[0]:.3f} +- {rmse[1]:.3f} ({len(finals)} splits)",
-                flush=True,
-            )
-    write_tables(rows, args.root)
+    for (dataset, depth), finals in groups.items():
+        ll = mean_se([f["test_log_likelihood"] for f in finals])
+        rmse = mean_se([f["rmse"] for f in finals])
+        rows.append(
+            {
+                "dataset": dataset,
+                "depth": depth,
+                "splits": len(finals),
+                "test_ll": ll[0],
+                "test_ll_se": ll[1],
+                "rmse": rmse[0],
+                "rmse_se": rmse[1],
+                **PUBLISHED.get(dataset, {}),
+            }
+        )
     return rows
 
 
 def write_tables(rows, root):
     with open(os.path.join(root, "results.json"), "w") as f:
         json.dump(rows, f, indent=2)
-    keys = [
-        "dataset",
-        "depth",
-        "splits",
-        "test_ll",
-        "test_ll_se",
-        "rmse",
-        "rmse_se",
-        "mc_dropout_ll",
-        "svgp_ll",
-        "dgp2_ll",
-        "mc_dropout_rmse",
-    ]
-    with open(os.path.join(root, "results.csv"), "w", newline="") as f:
-        writer = csv.DictWriter(f, keys, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
 
     def fmt(row, key):
         value = row.get(key)
         return "" if value is None else f"{value:.2f}"
 
-    lines = [
-        (
-            "| data set | model | splits | test LL (ours) | RMSE (ours) | MC dropout LL | "
-            "SVGP LL | DGP-2 LL | MC dropout RMSE |"
-        ),
-        "|---|---|---|---|---|---|---|---|---|",
+    header = [
+        "data set",
+        "model",
+        "splits",
+        "test LL (ours)",
+        "RMSE (ours)",
+        "MC dropout LL",
+        "SVGP LL",
+        "DGP-2 LL",
+        "MC dropout RMSE",
     ]
-    for r in rows:
-        lines.append(
-            f"| {r['dataset']} | DGP-{r['depth']} | {r['splits']} | "
-            f"{r['test_ll']:.2f} +- {r['test_ll_se']:.2f} | {r['rmse']:.2f} +- "
-            f"{r['rmse_se']:.2f} | {fmt(r, 'mc_dropout_ll')} | {fmt(r, 'svgp_ll')} | "
-            f"{fmt(r, 'dgp2_ll')} | {fmt(r, 'mc_dropout_rmse')} |"
-        )
-    table = "\n".join(lines) + "\n"
-    with open(os.path.join(root, "results.md"), "w") as f:
-        f.write(table)
-    print("\n" + table)
+    table = [
+        [
+            r["dataset"],
+            f"DGP-{r['depth']}",
+            r["splits"],
+            f"{r['test_ll']:.2f} +- {r['test_ll_se']:.2f}",
+            f"{r['rmse']:.2f} +- {r['rmse_se']:.2f}",
+            fmt(r, "mc_dropout_ll"),
+            fmt(r, "svgp_ll"),
+            fmt(r, "dgp2_ll"),
+            fmt(r, "mc_dropout_rmse"),
+        ]
+        for r in rows
+    ]
+    markdown = sweep.write_table(header, table, root)
+    print("\n" + markdown)
+    return markdown
+
+
+def run_experiment(uci_dir, root, datasets, depths, splits, gin_file, gin_params, parallel):
+    """Trains every run (skipping finished ones) and writes the tables; returns the rows."""
+    runs, keys = plan(uci_dir, datasets, [int(d) for d in depths], splits)
+    args = argparse.Namespace(
+        gin_file=[gin_file],
+        gin_param=["train.progress = False", *gin_params],
+        root=root,
+        parallel=parallel,
+        strategy="cpu",
+        tpu=None,
+    )
+    results, stopped = sweep.run_grid(runs, args)
+    sweep.write_table(
+        ["run", "status"], [[name, status] for name, _, status, _ in results], root, "runs"
+    )
+    rows = summarize(results, keys)
+    write_tables(rows, root)
+    for name, _, status, _ in results:
+        if not status.startswith(("finished", "skipped")):
+            print(f"{name}: {status}", file=sys.stderr)
+    if stopped:
+        raise KeyboardInterrupt
+    return rows
+
+
+def main(argv):
+    del argv
+    if not FLAGS.uci_dir:
+        raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
+    run_experiment(
+        FLAGS.uci_dir,
+        FLAGS.root,
+        FLAGS.datasets,
+        FLAGS.depths,
+        FLAGS.splits,
+        FLAGS.gin_file,
+        FLAGS.gin_param,
+        FLAGS.parallel,
+    )
 
 
 if __name__ == "__main__":
-    main()
+    app.run(main)

@@ -8,20 +8,28 @@ Each point of the Cartesian product runs `python -m blayers.train` with its bind
 `model_dir` under `--root` (output in `log.txt` there). A failing run does not stop the others.
 The sweep writes `results.csv` and `results.md` (one row per run: its bindings, status and final
 metrics) and prints the Markdown table. Re-running the same sweep skips finished runs.
+
+Nothing outlives the sweep: each trainer gets the parent-death signal SIGTERM (Linux
+`prctl(PR_SET_PDEATHSIG)`), so `kill -9` of the sweep stops its trainers, which checkpoint on
+SIGTERM; Ctrl-C or SIGTERM of the sweep forwards SIGTERM to every running trainer, waits for
+their checkpoints, writes the tables and exits. A run folder is locked by its trainer, so a
+re-run never starts a second trainer on a run that is still going.
 """
 
 import argparse
 import ast
-import concurrent.futures
 import csv
+import ctypes
 import itertools
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 
-__all__ = ["main", "parse_sweep", "plan_runs", "run", "run_sweep"]
+__all__ = ["main", "parse_sweep", "plan_runs", "run", "run_grid", "run_sweep", "write_table"]
 
 DEFAULT_COLUMNS = (
     "accuracy",
@@ -102,12 +110,16 @@ def _finished(model_dir):
     return summary if summary.get("status") == "finished" else None
 
 
-def _run_one(run_name, bindings, args):
-    model_dir = os.path.join(args.root, run_name)
-    done = _finished(model_dir)
-    if done:
-        return run_name, bindings, "skipped (finished)", done["final"]
-    os.makedirs(model_dir, exist_ok=True)
+def _die_with_parent():
+    """In the child, before exec: SIGTERM when the sweep dies, however it dies (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: Ctrl-C and SIGTERM of the sweep still stop the children
+        pass
+
+
+def _command(model_dir, bindings, args):
     command = [
         sys.executable,
         "-m",
@@ -120,14 +132,69 @@ def _run_one(run_name, bindings, args):
     command += [f"--gin_file={f}" for f in args.gin_file]
     command += [f"--gin_param={p}" for p in args.gin_param]
     command += [f"--gin_param={name} = {value}" for name, value in bindings.items()]
-    with open(os.path.join(model_dir, "log.txt"), "w") as log:
+    return command
+
+
+class _Run:
+    """One trainer subprocess of the grid, its log in `model_dir/log.txt`."""
+
+    def __init__(self, run_name, bindings, args):
+        self.name, self.bindings = run_name, bindings
+        self.model_dir = os.path.join(args.root, run_name)
+        self.process, self.result = None, None
+        done = _finished(self.model_dir)
+        if done:
+            self.result = (run_name, bindings, "skipped (finished)", done["final"])
+
+    def start(self, args):
+        os.makedirs(self.model_dir, exist_ok=True)
+        command = _command(self.model_dir, self.bindings, args)
+        log = open(os.path.join(self.model_dir, "log.txt"), "a")  # noqa: SIM115 - child holds it
         log.write(" ".join(command) + "\n")
         log.flush()
-        code = subprocess.run(command, check=False, stdout=log, stderr=subprocess.STDOUT).returncode
-    done = _finished(model_dir)
-    if code == 0 and done:
-        return run_name, bindings, "finished", done["final"]
-    return run_name, bindings, f"failed (exit {code}, see {model_dir}/log.txt)", {}
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - the sweep starts no threads
+        )
+        log.close()
+
+    def poll(self):
+        code = self.process.poll()
+        if code is None:
+            return False
+        done = _finished(self.model_dir)
+        if code == 0 and done:
+            self.result = (self.name, self.bindings, "finished", done["final"])
+        elif code in (-signal.SIGTERM, 130, -signal.SIGINT):
+            status = f"stopped (checkpointed; re-run the sweep to resume, {self.model_dir})"
+            self.result = (self.name, self.bindings, status, {})
+        else:
+            status = f"failed (exit {code}, see {self.model_dir}/log.txt)"
+            self.result = (self.name, self.bindings, status, {})
+        return True
+
+
+class _Stop:
+    """Ctrl-C or SIGTERM of the sweep: stop starting runs and SIGTERM the running ones."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
 
 
 def _write_tables(rows, names, root, columns):
@@ -144,30 +211,66 @@ def _write_tables(rows, names, root, columns):
                 *[f"{metrics[m]:.4f}" if m in metrics else "" for m in metric_names],
             ]
         )
-    with open(os.path.join(root, "results.csv"), "w", newline="") as f:
-        csv.writer(f).writerows([header, *table])
+    return write_table(header, table, root)
+
+
+def write_table(header, rows, root, stem="results"):
+    """Writes `stem.csv` and `stem.md` (a Markdown table) in `root`; returns the Markdown."""
+    rows = [[str(cell) for cell in row] for row in rows]
+    with open(os.path.join(root, f"{stem}.csv"), "w", newline="") as f:
+        csv.writer(f).writerows([header, *rows])
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(row) + " |" for row in table]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
     markdown = "\n".join(lines) + "\n"
-    with open(os.path.join(root, "results.md"), "w") as f:
+    with open(os.path.join(root, f"{stem}.md"), "w") as f:
         f.write(markdown)
     return markdown
 
 
 def run_sweep(args):
+    """Runs the grid of `--sweep` products; returns `[(run, bindings, status, final metrics)]`."""
     sweeps = [parse_sweep(s) for s in args.sweep]
-    runs = plan_runs(sweeps)
-    os.makedirs(args.root, exist_ok=True)
-    print(f"Sweep of {len(runs)} run(s) under {args.root}, {args.parallel} at a time.")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=args.parallel) as pool:
-        futures = [pool.submit(_run_one, name, bindings, args) for name, bindings in runs]
-        for future in concurrent.futures.as_completed(futures):
-            name, _, status, _ = future.result()
-            print(f"  {name}: {status}", flush=True)
-    rows = [f.result() for f in futures]
+    rows, stopped = run_grid(plan_runs(sweeps), args)
     markdown = _write_tables(rows, [n for n, _ in sweeps], args.root, DEFAULT_COLUMNS)
     print("\n" + markdown)
+    if stopped:
+        raise KeyboardInterrupt
     return rows
+
+
+def run_grid(planned, args):
+    """Runs `[(run_name, {binding: value text})]` as trainer subprocesses, `args.parallel` at
+    a time, each in `args.root/run_name` with `args.gin_file` and `args.gin_param`; finished
+    runs are skipped. Returns `([(run, bindings, status, final metrics)], stopped)`, `stopped`
+    true when a Ctrl-C or SIGTERM stopped (and checkpointed) the runs."""
+    runs = [_Run(name, bindings, args) for name, bindings in planned]
+    os.makedirs(args.root, exist_ok=True)
+    print(f"Sweep of {len(runs)} run(s) under {args.root}, {args.parallel} at a time.")
+    pending = [r for r in runs if r.result is None]
+    for run_ in runs:
+        if run_.result is not None:
+            print(f"  {run_.name}: {run_.result[2]}", flush=True)
+    running = []
+    with _Stop() as stop:
+        while pending or running:
+            while pending and len(running) < max(args.parallel, 1) and not stop.requested:
+                run_ = pending.pop(0)
+                run_.start(args)
+                running.append(run_)
+            if stop.requested and running and not getattr(stop, "forwarded", False):
+                print("Stopping: SIGTERM to every running trainer (they checkpoint).", flush=True)
+                for run_ in running:
+                    run_.process.send_signal(signal.SIGTERM)
+                stop.forwarded = True
+            if stop.requested and not running:
+                break
+            for run_ in [r for r in running if r.poll()]:
+                running.remove(run_)
+                print(f"  {run_.name}: {run_.result[2]}", flush=True)
+            time.sleep(0.1)
+    for run_ in pending:
+        run_.result = (run_.name, run_.bindings, "not started (sweep stopped)", {})
+    return [r.result for r in runs], stop.requested
 
 
 def main(argv=None):
@@ -187,8 +290,11 @@ def main(argv=None):
     parser.add_argument("--strategy", default="cpu", help="passed to the trainer")
     parser.add_argument("--tpu", default=None, help="passed to the trainer (--strategy=tpu)")
     args = parser.parse_args(argv)
-    rows = run_sweep(args)
-    return 0 if all(not r[2].startswith("failed") for r in rows) else 1
+    try:
+        rows = run_sweep(args)
+    except KeyboardInterrupt:
+        return 130
+    return 0 if all(r[2].startswith(("finished", "skipped")) for r in rows) else 1
 
 
 def run():

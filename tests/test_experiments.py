@@ -82,33 +82,30 @@ UCI_ROOT = ROOT.parent / "shared" / "data" / "uci"
 
 @pytest.mark.skipif(not UCI_ROOT.exists(), reason="../shared/data/uci not present")
 def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
-    sys.path.insert(0, str(ROOT / "experiments"))
-    import deep_gp_uci
+    from experiments import deep_gp_uci
 
-    args = [
-        "--uci_dir",
-        str(UCI_ROOT),
-        "--datasets",
-        "yacht",
-        "--depths",
-        "1",
-        "--splits",
-        "2",
-        "--root",
-        str(tmp_path),
-        "--gin_param",
-        "train.train_steps = 20",
-        "--gin_param",
-        "deep_gp.num_inducing = 10",
-        "--gin_param",
-        "train.num_eval_samples = 2",
-    ]
-    rows = deep_gp_uci.main(args)
+    kwargs = {
+        "uci_dir": str(UCI_ROOT),
+        "root": str(tmp_path),
+        "datasets": ["yacht"],
+        "depths": ["1"],
+        "splits": 2,
+        "gin_file": "deep_gp_uci",
+        "gin_params": [
+            "train.train_steps = 20",
+            "deep_gp.num_inducing = 10",
+            "train.num_eval_samples = 2",
+        ],
+        "parallel": 2,
+    }
+    rows = deep_gp_uci.run_experiment(**kwargs)
     assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["mc_dropout_ll"] == -1.25
     table = (tmp_path / "results.md").read_text()
     assert "| yacht | DGP-1 | 2 |" in table and "MC dropout LL" in table
+    assert (tmp_path / "yacht_depth1_split1" / "checkpoints").is_dir()  # the trainer's runs
     # Finished runs are reused: a second call trains nothing and gives the same numbers.
-    assert deep_gp_uci.main(args)[0]["test_ll"] == rows[0]["test_ll"]
+    assert deep_gp_uci.run_experiment(**kwargs)[0]["test_ll"] == rows[0]["test_ll"]
+    assert "skipped (finished)" in (tmp_path / "runs.md").read_text()
 
 
 @pytest.mark.slow
