@@ -55,7 +55,11 @@ class Softplus(keras.constraints.Constraint):
 
 @_register("positive")
 class Positive(keras.constraints.Constraint):
-    """`max(w, epsilon)`: positive by clipping (gradients vanish below `epsilon`)."""
+    """`max(w, epsilon)`: positive by clipping (gradients vanish below `epsilon`).
+
+    Args:
+      epsilon: the smallest value.
+    """
 
     def __init__(self, epsilon=1e-7):
         self.epsilon = epsilon

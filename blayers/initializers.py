@@ -25,7 +25,7 @@ import tensorflow_probability as tfp
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
 from blayers import regularizers, seeds
-from blayers.registry import Registry
+from blayers.registry import ArgsDoc, Registry
 
 tfd = tfp.distributions
 
@@ -77,13 +77,18 @@ class _Parameter:
         }
 
 
-class TrainableInitializer(keras.layers.Layer):
+class TrainableInitializer(ArgsDoc, keras.layers.Layer):
     """Base class: a layer holding the variational parameters of one weight.
 
     Subclasses declare their parameters with `_parameter(name, ...)` in `__init__`, and implement
     `_distribution(params, shape)` returning the elementwise distribution (batch shape `shape`)
     from the constrained parameter tensors. Everything else (building, shape checks, the random
     variable, seeds, config) lives here once.
+
+    Args:
+      seed: seeds the weight's draws (their stateless seeds come from this initializer's own
+        `SeedGenerator`, saved with the model).
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(self, seed=None, **kwargs):
@@ -170,6 +175,16 @@ class TrainableNormal(TrainableInitializer):
     lies in [1e-3, 5e-2].
     """
 
+    _args_doc = """    Args:
+      mean_initializer: Keras initializer of the mean (default as described above).
+      stddev_initializer: Keras initializer of the unconstrained stddev parameter `rho`.
+      mean_regularizer, stddev_regularizer: Keras regularizers of those variables.
+      mean_constraint: applied to the mean at each use (default None).
+      stddev_constraint: maps `rho` to the stddev at each use (default `'softplus'`).
+      seed: seeds the weight's draws.
+      **kwargs: `keras.layers.Layer` arguments.
+"""
+
     _mean_default = staticmethod(lambda: keras.initializers.TruncatedNormal(stddev=1e-5))
 
     def __init__(
@@ -224,7 +239,16 @@ class TrainableNormalSharedStddev(TrainableNormal):
 
 @_register("trainable_normal_fixed_stddev")
 class TrainableNormalFixedStddev(TrainableInitializer):
-    """Normal with a trainable mean and a fixed, non-trainable stddev (default 1e-2)."""
+    """Normal with a trainable mean and a fixed, non-trainable stddev (default 1e-2).
+
+    Args:
+      stddev: the fixed standard deviation (positive).
+      mean_initializer: Keras initializer of the mean (default TruncatedNormal(stddev=1e-5)).
+      mean_regularizer: Keras regularizer of the mean.
+      mean_constraint: applied to the mean at each use.
+      seed: seeds the weight's draws.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
 
     def __init__(
         self,
@@ -256,6 +280,16 @@ class TrainableNormalFixedStddev(TrainableInitializer):
 @_register("trainable_log_normal")
 class TrainableLogNormal(TrainableInitializer):
     """Trainable LogNormal for positive weights: `log w ~ N(loc, softplus(rho)^2)`."""
+
+    _args_doc = """    Args:
+      loc_initializer: Keras initializer of `loc` (default TruncatedNormal(stddev=1e-5)).
+      scale_initializer: Keras initializer of the unconstrained scale `rho`.
+      loc_regularizer, scale_regularizer: Keras regularizers of those variables.
+      loc_constraint: applied to `loc` at each use (default None).
+      scale_constraint: maps `rho` to the scale at each use (default `'softplus'`).
+      seed: seeds the weight's draws.
+      **kwargs: `keras.layers.Layer` arguments.
+"""
 
     def __init__(
         self,
@@ -297,7 +331,15 @@ class TrainableHalfCauchy(TrainableLogNormal):
 @_register("trainable_deterministic")
 class TrainableDeterministic(TrainableInitializer):
     """Point mass at a trainable `loc` (default Glorot-uniform). KL regularizers then reduce to
-    the negative log prior, i.e. MAP estimation."""
+    the negative log prior, i.e. MAP estimation.
+
+    Args:
+      loc_initializer: Keras initializer of `loc` (default `'glorot_uniform'`).
+      loc_regularizer: Keras regularizer of `loc`.
+      loc_constraint: applied to `loc` at each use.
+      seed: unused by a point mass; kept for a uniform signature.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
 
     def __init__(
         self,

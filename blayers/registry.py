@@ -21,6 +21,7 @@ import keras
 
 __all__ = [
     "LAYERS",
+    "ArgsDoc",
     "Registry",
     "configurable",
     "get_layer",
@@ -184,3 +185,16 @@ def unapplied_layer_bindings(model):
                     f"{config[param]!r}"
                 )
     return sorted(set(problems))
+
+
+class ArgsDoc:
+    """Mixin: a family's shared `Args:` section (`_args_doc`) is appended to the docstring of
+    each subclass that has none of its own, so every public class documents its arguments,
+    written once per family."""
+
+    _args_doc = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if cls._args_doc and "Args:" not in (cls.__doc__ or ""):
+            cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n" + cls._args_doc

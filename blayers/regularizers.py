@@ -19,7 +19,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers.random_variable import RandomVariable
-from blayers.registry import Registry
+from blayers.registry import ArgsDoc, Registry
 from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
@@ -71,8 +71,18 @@ def normal_kl_sum(loc, scale, prior_mean, prior_stddev):
     return kl(loc, scale)
 
 
-class DistributionRegularizer(keras.regularizers.Regularizer):
-    """Base: `scale_factor * divergence(rv)` for a weight random variable `rv`."""
+class DistributionRegularizer(ArgsDoc, keras.regularizers.Regularizer):
+    """Base: `scale_factor * divergence(rv)` for a weight random variable `rv`.
+
+    Args:
+      scale_factor: multiplies the divergence (`1 / N` gives the per-example ELBO's KL term;
+        `blayers.set_kl_scale` sets it for `model.fit`).
+    """
+
+    _args_doc = """    Args:
+      scale_factor: multiplies the divergence (`1 / N` gives the per-example ELBO's KL term).
+      The prior's parameters are named in the first paragraph (all floats).
+"""
 
     def __init__(self, scale_factor=1.0):
         self.scale_factor = scale_factor

@@ -21,7 +21,33 @@ __all__ = ["MultiHeadAttentionFlipout", "MultiHeadAttentionReparameterization"]
 
 
 class _MultiHeadAttentionBase(keras.layers.Layer):
+    """Multi-head attention whose projections are Bayesian dense layers of `dense_class`.
+
+    Args:
+      num_heads: attention heads.
+      key_dim: size of each head's queries and keys.
+      value_dim: size of each head's values (default `key_dim`).
+      dropout: dropout rate on the attention probabilities.
+      use_bias: biases in the projections.
+      output_shape: size of the output's last axis (default the query's).
+      attention_axes: None only (attention over the length axis).
+      kernel_initializer, bias_initializer: of every projection (default `'trainable_normal'`
+        and `'zeros'`).
+      kernel_regularizer, bias_regularizer: of every projection (default `'prior'`, None).
+      seed: seeds the projections' noise and the dropout.
+      **kwargs: `keras.layers.Layer` arguments.
+
+    Keras masks of `query`, `value` and `key` (e.g. from `Embedding(mask_zero=True)`) mask the
+    attention as in `keras.layers.MultiHeadAttention`; the output keeps the query's mask.
+    """
+
     dense_class = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "Args:" not in (cls.__doc__ or ""):
+            base_doc = _MultiHeadAttentionBase.__doc__.split("\n\n", 1)[1]
+            cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    " + base_doc.lstrip()
 
     def __init__(
         self,

@@ -20,9 +20,22 @@ import tensorflow as tf
 
 from blayers import constraints, initializers, regularizers, sampling, seeds
 from blayers.random_variable import RandomVariable
-from blayers.registry import register_layer
+from blayers.registry import ArgsDoc, register_layer
+
+WEIGHT_ARGS = """      kernel_initializer: a distribution initializer (`'trainable_normal'`, the default, a
+        mean-field Normal; `'trainable_he_normal'`, ...) makes the kernel random; a Keras
+        initializer name (`'glorot_uniform'`) makes it deterministic.
+      bias_initializer: likewise for the bias (default `'zeros'`, deterministic).
+      kernel_regularizer: the kernel's KL term, added to `layer.losses` on every call
+        (default `'prior'`, the gin-configurable default prior, N(0, 1) unless rebound).
+      bias_regularizer: likewise for the bias (default None).
+      kernel_constraint, bias_constraint: Keras constraints of deterministic weights.
+      seed: seeds the layer's own noise (Flipout signs, local-reparameterization noise).
+      **kwargs: `keras.layers.Layer` arguments (`name`, `dtype`, `activity_regularizer`, ...).
+"""
 
 __all__ = [
+    "WEIGHT_ARGS",
     "BayesianLayer",
     "LocalLosses",
     "NestedLayers",
@@ -69,7 +82,7 @@ class NestedLayers:
         return cls(**config)
 
 
-class SeededLayer(keras.layers.Layer):
+class SeededLayer(ArgsDoc, keras.layers.Layer):
     """A layer that draws fresh stateless seeds on every call: stochastic output layers, MC
     dropout, GP layers, and (through `BayesianLayer`) every layer with random weights.
 

@@ -15,7 +15,7 @@ Arguments follow `keras.layers.Conv2D` (`filters`, `kernel_size`, `strides`, `pa
 import keras
 import tensorflow as tf
 
-from blayers.layers.base import BayesianLayer, register
+from blayers.layers.base import WEIGHT_ARGS, BayesianLayer, register
 from blayers.layers.estimators import (
     FlipoutEstimator,
     LocalReparameterizationEstimator,
@@ -40,6 +40,24 @@ def _tuple(value, rank, name):
 
 class _ConvBase(BayesianLayer):
     """Shared constructor, build, forward pass and config of the Bayesian convolutions."""
+
+    _args_doc = (
+        """    Args:
+      filters: output channels.
+      kernel_size: an int or a tuple, one entry per spatial axis.
+      strides: an int or a tuple (default 1).
+      padding: `'valid'` or `'same'`.
+      data_format: `'channels_last'` only.
+      dilation_rate: an int or a tuple (default 1).
+      activation: Keras activation (default none).
+      use_bias: add a bias per filter.
+"""
+        + WEIGHT_ARGS
+        + """
+    A Keras mask (a padded sequence) passes through with stride 1 and `'same'` padding;
+    masked steps are zeroed first, so they do not reach their neighbours' outputs.
+"""
+    )
 
     rank = None
     transpose = False

@@ -26,7 +26,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
-from blayers.layers.base import BayesianLayer, is_fixed, register
+from blayers.layers.base import WEIGHT_ARGS, BayesianLayer, is_fixed, register
 from blayers.layers.estimators import (
     FlipoutEstimator,
     LocalReparameterizationEstimator,
@@ -55,6 +55,15 @@ def dense_matmul(inputs, kernel):
 
 class _DenseBase(BayesianLayer):
     """Shared constructor, build, bias/activation and config of the dense estimators."""
+
+    _args_doc = (
+        """    Args:
+      units: output size (`keras.layers.Dense`'s `units`).
+      activation: Keras activation of `x @ W + b` (default none).
+      use_bias: add a bias.
+"""
+        + WEIGHT_ARGS
+    )
 
     def __init__(
         self,

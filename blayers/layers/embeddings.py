@@ -18,8 +18,15 @@ class EmbeddingReparameterization(BayesianLayer):
     """Embedding lookup `E[ids]` with one draw of the table per call.
 
     Args:
-      input_dim: vocabulary size. output_dim: embedding size.
-      mask_zero: id 0 is padding and produces a mask, as in Keras.
+      input_dim: vocabulary size.
+      output_dim: embedding size.
+      embeddings_initializer: a distribution initializer (default `'trainable_normal'`) makes
+        the table random; a Keras initializer name makes it deterministic.
+      embeddings_regularizer: the table's KL term (default `'prior'`).
+      embeddings_constraint: a Keras constraint of a deterministic table.
+      mask_zero: id 0 is padding and produces a Keras mask, as in `keras.layers.Embedding`.
+      seed: seeds the layer's noise.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(

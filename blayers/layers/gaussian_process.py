@@ -327,6 +327,22 @@ class GaussianProcess(_GPBase):
     `N(m(x) + K_xX (K_XX + s^2 I)^{-1} (Y - m(X)), K_xx - K_xX (K_XX + s^2 I)^{-1} K_Xx)`.
     The output is a `RandomVariable` over a `MatrixNormalLinearOperator` (event `[batch, units]`:
     rows share the covariance, units are independent).
+
+    Args:
+      units: independent output functions.
+      mean_fn: `'zero'`, `'constant'` (trainable per unit) or `'linear'` (trainable, identity
+        start).
+      covariance_fn: a kernel name (`'exponentiated_quadratic'`, `'matern12'`, `'matern32'`,
+        `'matern52'`) or a `tfp.math.psd_kernels` class, both with a trainable amplitude and
+        ARD length scales; a callable `fn(amplitude, length_scale) -> kernel` built from those
+        trainable hyperparameters; or a kernel instance, used as it is (see `make_kernel`).
+      conditional_inputs: observed inputs X `[N, d]` (or None for the prior).
+      conditional_outputs: observed outputs Y `[N, units]`, one row per row of X.
+      observation_noise_variance: initial noise variance `s^2` of the observations.
+      amplitude, length_scale: initial kernel hyperparameters (positive).
+      jitter, max_jitter_tries, cholesky_dtype: the jittered Cholesky (`jittered_cholesky`).
+      seed: seeds the output's draws.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(
@@ -444,11 +460,18 @@ class SparseGaussianProcess(_GPBase):
     and `KL[q || p]` (analytic, TFP) is added to `layer.losses` on every call.
 
     Args:
-      num_inducing: number of inducing points M.
+      units: independent output functions.
+      num_inducing: number of inducing points M (a positive integer).
+      mean_fn: `'zero'`, `'constant'` or `'linear'` (inner layers of a deep GP).
+      covariance_fn: a kernel name, a `tfp.math.psd_kernels` class or instance, or a callable
+        `fn(amplitude, length_scale) -> kernel` (as `GaussianProcess`).
+      whiten: parameterize `q` over whitened inducing outputs.
       variational: `'full'` (Cholesky `L`) or `'mean_field'` (diagonal `L`).
       initial_variational_scale: initial diagonal of `L` (small values start inner layers of a
         deep GP near deterministic, as Salimbeni & Deisenroth).
       inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points).
+      **kwargs: `GaussianProcess`'s kernel arguments (`amplitude`, `length_scale`, `jitter`,
+        `cholesky_dtype`, `seed`) and `keras.layers.Layer` arguments.
     """
 
     def __init__(
@@ -709,6 +732,10 @@ class GaussianLikelihood(keras.layers.Layer):
     reparameterized draw) and returns a `RandomVariable` over `y`: `-log_prob(y)` is a one-sample
     estimate of the ELBO's expected log-likelihood, and Monte Carlo passes average into the
     predictive mixture.
+
+    Args:
+      noise_variance: initial `sigma^2` (positive).
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(self, noise_variance=0.1, **kwargs):

@@ -38,6 +38,24 @@ class _CellBase(BayesianLayer):
     `bias`; the per-sequence draw; the sequence's KL in `losses`."""
 
     gates = None
+    _args_doc = """    Args:
+      units: state size.
+      activation: cell activation (default tanh).
+      recurrent_activation: gate activation (default sigmoid).
+      use_bias: add biases.
+      kernel_initializer, recurrent_initializer: distribution initializers (default
+        `'trainable_normal'`) make the input and recurrent kernels random, drawn once per
+        sequence; Keras initializer names make them deterministic.
+      bias_initializer: the bias's initializer (default zeros; the LSTM's forget gate starts at
+        one, `unit_forget_bias`).
+      kernel_regularizer, recurrent_regularizer: the kernels' KL terms (default `'prior'`).
+      bias_regularizer: the bias's regularizer (default None).
+      kernel_constraint, recurrent_constraint, bias_constraint: Keras constraints of
+        deterministic weights.
+      unit_forget_bias: (LSTM cells) forget-gate bias starts at 1, as Keras' LSTMCell.
+      seed: seeds the Flipout signs.
+      **kwargs: `keras.layers.Layer` arguments.
+"""
 
     def __init__(
         self,

@@ -113,7 +113,12 @@ class ReversibleLayer(keras.layers.Layer):
 
 @register
 class Reverse(NestedLayers, ReversibleLayer):
-    """The inverse of a reversible layer: `call` is its `reverse` and vice versa."""
+    """The inverse of a reversible layer: `call` is its `reverse` and vice versa.
+
+    Args:
+      layer: the reversible layer to invert.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
 
     nested_layer_args = ("layer",)
 
@@ -140,7 +145,13 @@ class Reverse(NestedLayers, ReversibleLayer):
 
 @register
 class Permute(ReversibleLayer):
-    """Fixed permutation of the last axis: `order` a list, `'reverse'`, or `'random'` (seed)."""
+    """Fixed permutation of the last axis: `order` a list, `'reverse'`, or `'random'` (seed).
+
+    Args:
+      order: a permutation of the features (list), `'reverse'`, or `'random'`.
+      seed: seeds the `'random'` permutation.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
 
     def __init__(self, order="reverse", seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -228,6 +239,14 @@ class MADE(keras.layers.Layer):
     before `i` in `order` (`'left-to-right'`, `'right-to-left'` or `'random'` with `seed`): its
     Jacobian is strictly triangular in that order. `params` is inferred by `RealNVP` (2: shift
     and log-scale) when left None.
+
+    Args:
+      hidden_dims: sizes of the masked hidden layers (the paper's `MADE([512, 512])`).
+      order: `'left-to-right'`, `'right-to-left'` or `'random'`.
+      params: outputs per feature (None: set by the layer that uses it).
+      activation: hidden activation (default relu).
+      seed: seeds a `'random'` order and the masks' degrees.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(
@@ -307,6 +326,11 @@ class RealNVP(NestedLayers, ReversibleLayer):
     computes the shift `t` and log-scale `s` from the kept half `x * m`; the other half becomes
     `x * exp(s) + t`. `parity` (0 or 1) picks the kept half; when None, successive `RealNVP`
     layers alternate.
+
+    Args:
+      network: the shift-and-log-scale network (the paper's `MADE([512, 512])`).
+      parity: 0 or 1, the kept half (None: alternate).
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     nested_layer_args = ("network",)
@@ -366,6 +390,10 @@ class RevNetBlock(NestedLayers, ReversibleLayer):
     rather than storing its inputs and `f`, `g` activations. Each block still keeps its output
     for its own backward pass, so a chain of blocks grows by one output per block; put the
     blocks in a `RevNetStack` to reconstruct through the whole stack with memory flat in depth.
+
+    Args:
+      f, g: layers mapping one half of the features to a tensor of the same shape.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     nested_layer_args = ("f", "g")
@@ -438,6 +466,10 @@ class RevNetStack(NestedLayers, ReversibleLayer):
     Measured (`benchmarks/revnet_memory.py`, batch 1024, width 256): activation memory of a
     gradient step stays flat in depth (about 0.03 MB per block, against 3.5 MB for a plain
     residual stack); only the parameter gradients grow.
+
+    Args:
+      blocks: the `RevNetBlock`s, applied in order.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     nested_layer_args = ("blocks",)

@@ -46,6 +46,13 @@ class _OutputLayer(SeededLayer):
     """A projection to `parameters_per_unit * units` when `units` is set; subclasses map the
     (projected) tensor to a distribution."""
 
+    _args_doc = """    Args:
+      units: output elements, projected from the input by a trainable `Dense` layer; None
+        reads the distribution's parameters from the input itself.
+      seed: seeds the output's draw (its `value`).
+      **kwargs: `keras.layers.Layer` arguments.
+"""
+
     parameters_per_unit = 1
 
     def __init__(self, units=None, seed=None, **kwargs):
@@ -82,6 +89,13 @@ class Normal(LocalLosses, _OutputLayer):
 
     `prior='standard_normal'` makes it a VAE latent layer: `mean_batch sum_dims KL[q || N(0,
     1)]` joins `layer.losses` as a local (per-example) loss, the ELBO's latent term.
+
+    Args:
+      units: output elements (a `Dense(2 units)` projection gives locations and raw scales);
+        None: the input is the location, with a trainable per-feature scale.
+      prior: None, or `'standard_normal'` for a VAE latent.
+      seed: seeds the output's draw.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     parameters_per_unit = 2

@@ -22,6 +22,8 @@ class VectorQuantizer(LocalLosses, keras.layers.Layer):
     Args:
       num_codes: codebook size K; the code dimension is the input's last axis.
       commitment_cost: beta, weight of `||z - sg(e)||^2` (0.25 in the paper).
+      codebook_initializer: Keras initializer of the `[num_codes, code_dim]` codebook.
+      **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(
