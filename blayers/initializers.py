@@ -153,7 +153,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
 
     def get_build_config(self):
         # Built by the owning layer's `build`, inside its name scope, so the variables' paths
-        # (`dense_flipout/trainable_normal/mean`) are the same after `keras.models.load_model`.
+        # (`dense_flipout/kernel/mean`) are the same after `keras.models.load_model`.
         return None
 
     def get_config(self):

@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 import blayers
 from blayers import data as data_lib
@@ -198,3 +199,108 @@ def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
     loaded = keras.models.load_model(path)
     for a, b in zip(model.trainable_weights, loaded.trainable_weights):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+# -- issue 11: kernels as the paper says, arguments checked --------------------------------------
+
+
+def test_softplus_inverse_is_stable_and_written_once():
+    from blayers.constraints import softplus_inverse
+
+    for y in (1e-8, 1e-3, 1.0, 50.0, 1e3, 1e6):
+        x = softplus_inverse(y)
+        assert np.isfinite(x)
+        np.testing.assert_allclose(float(tf.nn.softplus(tf.constant(x, tf.float64))), y, rtol=1e-9)
+    layer = SparseGaussianProcess(1, num_inducing=3, length_scale=1e3)
+    layer(np.zeros((2, 2), "float32"))
+    np.testing.assert_allclose(tf.nn.softplus(layer.raw_length_scale).numpy(), 1e3, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"num_inducing": 0}, "num_inducing must be a positive integer, got 0"),
+        ({"num_inducing": -5}, "num_inducing must be a positive integer, got -5"),
+        ({"length_scale": -1.0}, "length_scale must be positive"),
+        ({"covariance_fn": "rbf"}, "unknown covariance_fn 'rbf'"),
+    ],
+)
+def test_sparse_gp_names_layer_and_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message) as error:
+        SparseGaussianProcess(2, name="gp_layer", **kwargs)
+    assert "SparseGaussianProcess (gp_layer)" in str(error.value)
+
+
+def test_exact_gp_checks_conditioning_data_and_queries():
+    x = np.random.randn(5, 3).astype("float32")
+    with pytest.raises(ValueError, match="conditional_inputs have 5 rows"):
+        GaussianProcess(1, conditional_inputs=x, conditional_outputs=np.ones(4))
+    layer = GaussianProcess(1, conditional_inputs=x, conditional_outputs=np.ones(5), name="gp")
+    layer(x)
+    with pytest.raises(ValueError, match="built for 3 input features; inputs have 4"):
+        layer(np.ones((2, 4), "float32"))
+    with pytest.raises(ValueError, match="inputs have 2 features but conditional_inputs have 3"):
+        GaussianProcess(1, conditional_inputs=x, conditional_outputs=np.ones(5))(
+            np.ones((2, 2), "float32")
+        )
+
+
+def test_gp_layers_take_any_tfp_kernel():
+    psd = tfp.math.psd_kernels
+    x = np.random.RandomState(0).randn(6, 2).astype("float32")
+    fixed = psd.MaternFiveHalves(amplitude=1.5, length_scale=0.7)
+    prior = GaussianProcess(1, covariance_fn=fixed)(x)
+    scale = prior.distribution.scale_row.to_dense().numpy()
+    np.testing.assert_allclose(scale @ scale.T, fixed.matrix(x, x).numpy(), atol=1e-4)
+    built = SparseGaussianProcess(
+        1,
+        num_inducing=3,
+        covariance_fn=lambda a, l: psd.FeatureScaled(
+            psd.RationalQuadratic(a, scale_mixture_rate=2.0), l
+        ),
+    )
+    built(x)
+    assert isinstance(built.kernel().kernel, psd.RationalQuadratic)
+    # The kernel's hyperparameters are the layer's trainable variables: gradients reach them.
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(built.kernel().matrix(x, x))
+    grads = tape.gradient(loss, [built.raw_amplitude, built.raw_length_scale])
+    assert all(g is not None for g in grads)
+    as_class = SparseGaussianProcess(1, num_inducing=3, covariance_fn=psd.MaternThreeHalves)
+    as_class(x)
+    assert isinstance(as_class.kernel().kernel, psd.MaternThreeHalves)
+
+
+def test_kernel_instance_and_class_round_trip_through_keras(tmp_path):
+    psd = tfp.math.psd_kernels
+    for covariance_fn in (psd.MaternFiveHalves(amplitude=2.0, length_scale=0.5), psd.Linear):
+        model = keras.Sequential(
+            [
+                keras.Input((2,)),
+                SparseGaussianProcess(1, num_inducing=3, covariance_fn=covariance_fn),
+            ]
+        )
+        model.save(tmp_path / "gp.keras")
+        restored = keras.models.load_model(tmp_path / "gp.keras").layers[0].covariance_fn
+        if isinstance(covariance_fn, type):
+            assert restored is covariance_fn
+        else:
+            assert type(restored) is type(covariance_fn)
+            np.testing.assert_allclose(float(restored.length_scale), 0.5)
+
+
+@pytest.mark.parametrize("name, kernel", [("matern12", "exp"), ("matern32", "m32")])
+def test_random_fourier_features_approximate_matern_kernels(name, kernel):
+    """`phi(x)^T phi(y)` against the Matern kernel; the error is O(1/sqrt(D)) per entry."""
+    x = np.random.RandomState(1).randn(8, 2).astype("float32")
+    layer = RandomFourierFeatures(1, num_features=20_000, covariance_fn=name, seed=3)
+    layer.build((None, 2))
+    phi = layer.feature_map(x).numpy().astype(np.float64)
+    r = np.linalg.norm(x[:, None] - x[None], axis=-1)
+    exact = np.exp(-r) if kernel == "exp" else (1 + math.sqrt(3) * r) * np.exp(-math.sqrt(3) * r)
+    # Each entry is a mean of D terms bounded by 2: sd <= sqrt(2 / D); 5 sigma.
+    assert np.abs(phi @ phi.T - exact).max() < 5 * math.sqrt(2.0 / 20_000)
+    squared = RandomFourierFeatures(1, num_features=20_000, seed=3)
+    squared.build((None, 2))
+    phi_se = squared.feature_map(x).numpy().astype(np.float64)
+    assert np.abs(phi_se @ phi_se.T - np.exp(-0.5 * r**2)).max() < 5 * math.sqrt(2.0 / 20_000)

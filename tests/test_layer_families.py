@@ -272,3 +272,136 @@ def test_embedding_rows_have_posterior_moments(tmp_path):
     model.save(tmp_path / "e.keras")
     loaded = keras.models.load_model(tmp_path / "e.keras")
     np.testing.assert_array_equal(loaded.layers[0].embeddings_initializer.mean.numpy(), mean)
+
+
+# -- issue 11: contracts and defects ------------------------------------------------------------
+
+
+def test_paper_figure_1_order_initial_state_before_any_call():
+    """`lstm = LSTMCellReparameterization(512); state = lstm.get_initial_state(features)`."""
+    features = tf.random.normal([3, 5, 7])
+    lstm = blayers.layers.LSTMCellReparameterization(16)
+    state = lstm.get_initial_state(features)
+    for t in range(features.shape[1]):
+        net, state = lstm(features[:, t], state)
+    assert net.shape == (3, 16) and len(lstm.losses) == 2  # kernel and recurrent kernel KL
+    assert lstm.kernel.shape == (7, 64)
+
+
+def test_flipout_cell_keeps_one_weight_per_sequence():
+    """Flipout in a cell (the shared estimator): the same signs at every step of a sequence, so
+    an example's effective weight does not change within it."""
+    cell = blayers.layers.LSTMCellFlipout(4, seed=1)
+    x = tf.random.normal([6, 3])
+    state = cell.get_initial_state(tf.zeros([6, 1, 3]))
+    projection = cell._sequence[0]["kernel"]
+    np.testing.assert_array_equal(projection(x).numpy(), projection(x).numpy())
+    state2 = cell.get_initial_state(tf.zeros([6, 1, 3]))  # a new sequence: a new draw
+    assert not np.allclose(cell._sequence[0]["kernel"](x).numpy(), projection(x).numpy())
+    del state, state2
+
+
+FLOAT64_LAYERS = [
+    lambda: blayers.layers.DenseReparameterization(4, dtype="float64"),
+    lambda: blayers.layers.DenseFlipout(4, dtype="float64"),
+    lambda: blayers.layers.DenseLocalReparameterization(4, dtype="float64"),
+    lambda: blayers.layers.Conv1DFlipout(4, 3, dtype="float64"),
+    lambda: blayers.layers.Conv2DReparameterization(4, 3, dtype="float64"),
+    lambda: blayers.layers.EmbeddingReparameterization(10, 4, dtype="float64"),
+    lambda: keras.layers.RNN(blayers.layers.LSTMCellFlipout(4, dtype="float64"), dtype="float64"),
+    lambda: keras.layers.RNN(
+        blayers.layers.GRUCellReparameterization(4, dtype="float64"), dtype="float64"
+    ),
+    lambda: blayers.layers.SparseGaussianProcess(2, num_inducing=3, dtype="float64"),
+    lambda: blayers.layers.Normal(3, dtype="float64"),
+]
+FLOAT64_INPUTS = [(2, 5), (2, 5), (2, 5), (2, 6, 3), (2, 6, 6, 3), None, (2, 4, 3), (2, 4, 3)]
+FLOAT64_INPUTS += [(2, 5), (2, 5)]
+
+
+@pytest.mark.parametrize("index", range(len(FLOAT64_LAYERS)))
+def test_every_family_works_in_float64(index):
+    layer = FLOAT64_LAYERS[index]()
+    shape = FLOAT64_INPUTS[index]
+    x = np.array([[1, 2, 3], [4, 5, 0]]) if shape is None else np.random.randn(*shape)
+    out = tf.convert_to_tensor(layer(x))
+    assert out.dtype == tf.float64 and np.all(np.isfinite(out.numpy()))
+    assert all(
+        w.dtype == "float64" for w in layer.weights if w.dtype != "int64" and "seed" not in w.path
+    )
+
+
+def test_weight_paths_survive_save_and_load(tmp_path):
+    """Initializer variables live under their layer's path, before and after loading (Keras
+    itself drops the enclosing Sequential's name on load, for its own Dense too)."""
+    model = keras.Sequential(
+        [keras.Input((3,)), blayers.layers.DenseFlipout(4, name="flip"), keras.layers.Dense(2)],
+        name="net",
+    )
+    before = [w.path for w in model.weights]
+    assert "net/flip/kernel/mean" in before
+    model.save(tmp_path / "m.keras")
+    after = [w.path for w in keras.models.load_model(tmp_path / "m.keras").weights]
+    strip = [p.split("/", 1)[1] for p in before]  # the model-name prefix Keras drops
+    assert after == strip
+    assert "flip/kernel/mean" in after
+
+
+def test_keras_mask_flows_through_dense_conv_and_attention():
+    ids = np.array([[1, 2, 3, 0, 0], [4, 5, 0, 0, 0]])
+    h = blayers.layers.EmbeddingReparameterization(10, 8, mask_zero=True)(ids)
+    h = blayers.layers.DenseFlipout(8)(h)
+    h = blayers.layers.Conv1DFlipout(8, 3, padding="same")(h)
+    attention = blayers.layers.MultiHeadAttentionFlipout(2, 4, kernel_initializer="glorot_uniform")
+    out = attention(h, h)
+    np.testing.assert_array_equal(keras.src.backend.get_keras_mask(out).numpy(), ids != 0)
+    # Masked keys take no part: changing the padded positions' features changes no valid output.
+    padded = tf.constant((ids == 0)[..., None] * 7.0, tf.float32)
+    h2 = h + padded
+    keras.src.backend.set_keras_mask(h2, tf.constant(ids != 0))
+    np.testing.assert_allclose(
+        attention(h2, h2).numpy()[ids != 0], out.numpy()[ids != 0], atol=1e-6
+    )
+    # A strided convolution drops the mask (its positions no longer match).
+    strided = blayers.layers.Conv1DFlipout(8, 3, strides=2, padding="same")
+    assert keras.src.backend.get_keras_mask(strided(h)) is None
+
+
+def test_default_prior_reaches_every_family():
+    import gin
+
+    gin.parse_config("prior.regularizer = @scale_mixture_kl_divergence()")
+    try:
+        made = [
+            blayers.layers.DenseFlipout(2).kernel_regularizer,
+            blayers.layers.Conv2DFlipout(2, 3).kernel_regularizer,
+            blayers.layers.LSTMCellFlipout(2).recurrent_kernel_regularizer,
+            blayers.layers.EmbeddingReparameterization(5, 2).embeddings_regularizer,
+        ]
+        attention = blayers.layers.MultiHeadAttentionFlipout(1, 2)
+        attention.build((1, 3, 4))
+        made.append(attention.query_dense.kernel_regularizer)
+    finally:
+        gin.clear_config()
+    assert all(isinstance(r, blayers.regularizers.ScaleMixtureKLDivergence) for r in made)
+    assert isinstance(
+        blayers.layers.DenseFlipout(2).kernel_regularizer, blayers.regularizers.NormalKLDivergence
+    )
+
+
+def test_priors_gin_file_changes_the_resnet_config():
+    import gin
+
+    from blayers import config
+
+    config.parse(["resnet50_smoke", "priors/scale_mixture"])
+    from blayers.models import resnet
+
+    model = resnet((8, 8, 1), 10)
+    regs = [
+        getattr(layer, "kernel_regularizer", None)
+        for layer in model._flatten_layers()
+        if isinstance(layer, blayers.layers.BayesianLayer)
+    ]
+    assert regs and all(isinstance(r, blayers.regularizers.ScaleMixtureKLDivergence) for r in regs)
+    gin.clear_config()

@@ -153,3 +153,48 @@ def test_fast_standard_normal_is_standard_normal():
         assert abs(p - q) < 5 * math.sqrt(q * (1 - q) / n)
     signs = rademacher([100_000], tf.constant([1, 2])).numpy()
     assert set(np.unique(signs)) == {-1.0, 1.0} and abs(signs.mean()) < 5 / math.sqrt(1e5)
+
+
+# -- the paper's figures as written (issue 11) ----------------------------------------------------
+
+
+def test_distribution_methods_are_forwarded():
+    rv = blayers.Normal(loc=[0.0, 1.0], scale=2.0)
+    np.testing.assert_allclose(rv.mean().numpy(), [0.0, 1.0])
+    np.testing.assert_allclose(rv.stddev().numpy(), [2.0, 2.0])
+    np.testing.assert_allclose(
+        rv.log_prob([0.0, 0.0]).numpy(), rv.distribution.log_prob([0.0, 0.0]).numpy()
+    )
+    np.testing.assert_allclose(rv.entropy().numpy(), rv.distribution.entropy().numpy())
+    # The other side of a KL may be a random variable (the paper's Figure 6).
+    kl = rv.kl_divergence(blayers.Normal(0.0, 1.0))
+    expected = math.log(1 / 2.0) + (4.0 + np.array([0.0, 1.0])) / 2 - 0.5
+    np.testing.assert_allclose(kl.numpy(), expected, rtol=1e-6)
+    assert rv.cdf(0.0).shape == (2,) and rv.quantile(0.5).shape == (2,)
+
+
+def test_paper_figure_5_predictions_mean():
+    """Deep GP (Figure 5): `predictions = model(features); predictions.mean()`."""
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            blayers.layers.SparseGaussianProcess(2, num_inducing=4),
+            blayers.layers.SparseGaussianProcess(1, num_inducing=4),
+        ]
+    )
+    predictions = model(np.random.randn(5, 3).astype("float32"))
+    assert predictions.mean().shape == (5, 1)
+    assert np.all(predictions.stddev().numpy() > 0)
+
+
+def test_paper_figure_6_vae_as_written():
+    """VAE (Figure 6): `encoding = encoder(x)`, `decoder(encoding).log_prob(x)`,
+    `encoding.kl_divergence(blayers.Normal(0., 1.))`."""
+    x = (np.random.rand(4, 6) > 0.5).astype("float32")
+    encoder = keras.Sequential([keras.Input((6,)), blayers.layers.Normal(2)])
+    decoder = keras.Sequential([keras.Input((2,)), blayers.layers.Bernoulli(6)])
+    encoding = encoder(x)
+    nll = -tf.reduce_sum(decoder(encoding).log_prob(x), -1)
+    kl = tf.reduce_sum(encoding.kl_divergence(blayers.Normal(0.0, 1.0)), -1)
+    loss = tf.reduce_mean(nll + kl)
+    assert loss.shape == () and np.isfinite(loss.numpy())

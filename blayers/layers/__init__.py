@@ -33,6 +33,19 @@ del _family
 from blayers.layers.reversible import ReversibleLayer
 
 globals().update(_LAYERS)
+
+
+def __getattr__(name):  # a layer registered after this import (a user's, an experiment's)
+    try:
+        return _LAYERS[name]
+    except KeyError:
+        raise AttributeError(f"module 'blayers.layers' has no attribute {name!r}") from None
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_LAYERS))
+
+
 # Base classes to subclass, then every registered layer.
 __all__ = [  # noqa: PLE0604
     "BayesianLayer",

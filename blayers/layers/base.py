@@ -174,6 +174,10 @@ class BayesianLayer(SeededLayer):
         if initializers.is_distribution_initializer(init):
             if not init.built:
                 init.dtype_policy = self.dtype_policy  # float64 layers get float64 parameters
+                # Named after the weight: stable paths (`dense_flipout/kernel/mean`) that do not
+                # depend on how many initializers a process created, for weight loading and
+                # layout maps.
+                init.name = name
                 init.build(shape)
             self._random_weight_names.append(name)
             setattr(self, name, None)  # filled by call_weights

@@ -65,7 +65,7 @@ class _OutputLayer(SeededLayer):
         self.projection = None
         if units is not None:
             self.projection = keras.layers.Dense(
-                self.parameters_per_unit * units, name="projection"
+                self.parameters_per_unit * units, name="projection", dtype=self.dtype_policy
             )
 
     def build(self, input_shape):

@@ -1,0 +1,212 @@
+"""The package's shape: a one-way import graph, imports without side effects, one registration
+of a layer, declared layer contracts, and documented arguments."""
+
+import ast
+import inspect
+import json
+import pathlib
+import subprocess
+import sys
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import blayers
+from blayers import constraints, initializers, layers, regularizers, tasks
+from blayers.layers.base import BayesianLayer, register
+from blayers.layers.estimators import FlipoutEstimator
+from blayers.registry import get_layer
+
+PACKAGE = pathlib.Path(blayers.__file__).resolve().parent
+
+
+def _module_name(path):
+    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    parts = list(relative.parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def _imports(path, modules):
+    """Every blayers module `path` imports, at module level or inside functions."""
+    tree = ast.parse(path.read_text())
+    package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
+    found = set()
+    for node in ast.walk(tree):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
+                base = f"{base}.{node.module}" if node.module else base
+            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
+            arg = node.args[0] if node.args else None
+            if isinstance(arg, ast.JoinedStr):  # f"blayers.layers.{family}": every family
+                prefix = "".join(v.value for v in arg.values if isinstance(v, ast.Constant))
+                names = [m for m in modules if m.startswith(prefix)]
+        for name in names:
+            while name and name not in modules:
+                name = name.rpartition(".")[0]
+            if name and name != _module_name(path):
+                found.add(name)
+    return found
+
+
+def test_import_graph_has_no_cycle():
+    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph = {name: _imports(path, paths) for name, path in paths.items()}
+    # A package's __init__ importing its own submodules is how Python packages work; a cycle
+    # through any other edge is a real one.
+    edges = {
+        name: {t for t in targets if not t.startswith(name + ".")}
+        for name, targets in graph.items()
+    }
+    state, stack = {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in sorted(edges[node]):
+            if state.get(target) == "open":
+                cycle = stack[stack.index(target) :] + [target]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(edges):
+        if node not in state:
+            visit(node)
+    # The walk sees every kind of import: from-imports, function-level imports, importlib.
+    assert "blayers.registry" in graph["blayers.layers.base"]
+    assert "blayers.layers.dense" in graph["blayers.layers"]
+    assert "blayers.layers" in graph["blayers.models.vae"]
+    # The bottom imports nothing of blayers; only the CLI imports the application side.
+    assert graph["blayers.registry"] == set()
+    assert [n for n, t in graph.items() if "blayers.config" in t] == ["blayers.train"]
+    assert sorted(n for n, t in graph.items() if "blayers.trainer" in t) == [
+        "blayers.config",
+        "blayers.train",
+    ]
+
+
+def test_importing_blayers_has_no_side_effects():
+    code = (
+        "import json, logging, os; before = dict(os.environ); "
+        "filters = list(logging.getLogger().filters); import blayers; "
+        "print(json.dumps({'env': sorted(set(os.environ.items()) ^ set(before.items())), "
+        "'filters': len(logging.getLogger().filters) - len(filters)}))"
+    )
+    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"env": [], "filters": 0}
+
+
+def test_one_decorator_registers_a_layer_everywhere():
+    @register
+    class ScaledIdentity(keras.layers.Layer):
+        """Multiplies by a constant.
+
+        Args:
+          factor: the constant.
+        """
+
+        def __init__(self, factor=2.0, **kwargs):
+            super().__init__(**kwargs)
+            self.factor = factor
+
+        def call(self, x):
+            return x * self.factor
+
+        def get_config(self):
+            return {**super().get_config(), "factor": self.factor}
+
+    assert layers.ScaledIdentity is ScaledIdentity  # a public name of blayers.layers
+    assert get_layer("ScaledIdentity") is ScaledIdentity  # model builders and gin-only models
+    gin.parse_config("ScaledIdentity.factor = 3.0")
+    assert ScaledIdentity().factor == 3.0  # gin
+    gin.clear_config()
+    model = keras.Sequential([keras.Input((2,)), ScaledIdentity(5.0)])
+    restored = keras.models.model_from_json(model.to_json())  # Keras serialization
+    assert restored.layers[0].factor == 5.0 and type(restored.layers[0]) is ScaledIdentity
+
+
+def test_public_layers_come_from_the_registry():
+    from blayers.registry import LAYERS
+
+    assert set(LAYERS) <= set(dir(layers))
+    assert get_layer("StandardNormalBase") is layers.StandardNormalBase
+    for name in ("DenseFlipout", "Conv2DFlipout", "LSTMCellFlipout", "GaussianProcess"):
+        assert getattr(layers, name) is LAYERS[name]
+    with pytest.raises(ValueError, match="Unknown layer 'Dnse'"):
+        get_layer("Dnse")
+
+
+def test_layer_contract_names_a_missing_estimator_or_linear_map():
+    class NoEstimator(BayesianLayer):
+        def __init__(self, kernel_initializer="trainable_normal", **kwargs):
+            super().__init__(**kwargs)
+            self._configure_weight("kernel", kernel_initializer, None, None)
+
+        def build(self, input_shape):
+            self.add_bayesian_weight("kernel", (input_shape[-1], 2))
+
+        def call(self, x):
+            self.call_weights()
+            return self.apply_kernel(x)
+
+    with pytest.raises(NotImplementedError, match="_linear"):  # a deterministic kernel
+        NoEstimator("glorot_uniform")(np.ones((1, 3), "float32"))
+    with pytest.raises(TypeError, match="FlipoutEstimator"):  # a random one
+        NoEstimator()(np.ones((1, 3), "float32"))
+
+    class NoEstimatorButLinear(NoEstimator):
+        def _linear(self, x, kernel):
+            return tf.matmul(x, kernel)
+
+    with pytest.raises(TypeError, match="FlipoutEstimator"):
+        NoEstimatorButLinear()(np.ones((1, 3), "float32"))
+
+    class Flipped(FlipoutEstimator, NoEstimatorButLinear):
+        pass
+
+    assert Flipped()(np.ones((1, 3), "float32")).shape == (1, 2)
+
+
+_LAYER_KWARGS = {"activity_regularizer", "trainable", "dtype", "autocast", "name"}
+
+
+def _public_classes():
+    for module in (layers, initializers, regularizers, constraints, tasks):
+        for name in module.__all__:
+            obj = getattr(module, name)
+            if inspect.isclass(obj):
+                yield f"{module.__name__}.{name}", obj
+
+
+@pytest.mark.parametrize("name, cls", list(_public_classes()), ids=lambda v: str(v))
+def test_every_public_class_documents_its_arguments(name, cls):
+    params = [
+        p.name
+        for p in inspect.signature(cls.__init__).parameters.values()
+        if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and p.name != "self"
+        and p.name not in _LAYER_KWARGS
+    ]
+    if not params:
+        return
+    doc = inspect.getdoc(cls) or ""
+    assert "Args:" in doc, f"{name} has no Args: section"
+    undocumented = [p for p in params if p not in doc]
+    assert not undocumented, f"{name} does not document {undocumented}"
