@@ -173,3 +173,59 @@ def test_parse_sweep(spec, expected):
     from launch.sweep import parse_sweep
 
     assert parse_sweep(spec) == expected
+
+
+def _wait_for(predicate, limit=120.0):
+    """Polls `predicate` until true (bounded, so a broken run fails instead of hanging)."""
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if predicate():
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def _alive(pid):
+    try:
+        import os
+
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # A zombie (dead, not yet reaped by init) counts as dead.
+    status = pathlib.Path(f"/proc/{pid}/status")
+    return not (status.exists() and "\nState:\tZ" in status.read_text())
+
+
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how):
+    root = tmp_path / "sweep"
+    args = [
+        sys.executable,
+        "-m",
+        "launch.sweep",
+        *SMOKE,
+        "--gin_param=train.train_steps = 100000",
+        "--gin_param=train.checkpoint_every = 100000",
+        "--sweep",
+        "seed=[0]",
+        "--root",
+        str(root),
+    ]
+    sweep = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    run_dir = root / "seed-0"
+    try:
+        assert _wait_for(lambda: (run_dir / "history.jsonl").exists())  # training has begun
+        trainer_pid = json.loads((run_dir / "LOCK").read_text())["pid"]
+        sweep.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        sweep.wait(timeout=120)
+        assert _wait_for(lambda: not _alive(trainer_pid)), "the trainer outlived its sweep"
+    finally:
+        if sweep.poll() is None:
+            sweep.kill()
+    # The trainer checkpointed on its way out and released its lock; a re-run resumes.
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert _wait_for(lambda: not (run_dir / "LOCK").exists(), limit=10)
+    if how == "sigterm":
+        assert sweep.returncode == 130
+        assert "stopped (checkpointed" in (root / "results.md").read_text()

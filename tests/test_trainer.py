@@ -3,14 +3,20 @@
 import json
 import os
 import pathlib
+import socket
+import subprocess
+import sys
+import time
 
+import gin
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
+import blayers
 from blayers import data as data_lib
-from blayers import models, trainer
+from blayers import models, objectives, trainer
 from blayers.layers import DenseFlipout
 
 
@@ -216,3 +222,228 @@ def test_trains_on_mocked_tfds(tmp_path):
             progress=False,
         )
     assert 0.0 <= metrics["accuracy"] <= 1.0
+
+
+# -- nothing lost (issue 11) ---------------------------------------------------------------------
+
+_QUICK = {
+    "batch_size": 64,
+    "log_every": 5,
+    "num_eval_samples": 1,
+    "progress": False,
+    "seed": 3,
+}
+
+
+def _train_records(model_dir, key="nll"):
+    lines = (pathlib.Path(model_dir) / "history.jsonl").read_text().splitlines()
+    return [json.loads(line)[key] for line in lines if json.loads(line)["kind"] == "train"]
+
+
+@pytest.mark.parametrize("damage", ["truncated_data", "empty_index", "empty_state_file"])
+def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage, caplog):
+    digits = _small_digits()
+    run = tmp_path / "run"
+    trainer.train(str(run), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK)
+    ckpts = run / "checkpoints"
+    if damage == "truncated_data":
+        data_file = next(ckpts.glob("ckpt-10.data-*"))
+        data_file.write_bytes(data_file.read_bytes()[:100])
+        damaged = "ckpt-10"
+    elif damage == "empty_index":
+        (ckpts / "ckpt-10.index").write_bytes(b"")
+        damaged = "ckpt-10"
+    else:
+        (ckpts / "checkpoint").write_text("")
+        damaged = None
+    with caplog.at_level("WARNING"):
+        trainer.train(
+            str(run), data=digits, model=_mlp, train_steps=15, checkpoint_every=5, **_QUICK
+        )
+    summary = json.loads((run / "metrics.json").read_text())
+    assert summary["step"] == 15
+    if damaged:
+        assert summary["resumed_from_step"] == 5  # the newest intact checkpoint
+        assert any(
+            damaged in r.getMessage() and "damaged" in r.getMessage() for r in caplog.records
+        )
+        assert list(ckpts.glob(f"{damaged}.*.damaged"))  # kept, not deleted
+    else:
+        assert summary["resumed_from_step"] == 10  # the files themselves are intact
+
+
+def test_torn_history_line_is_dropped_with_a_warning(tmp_path, caplog):
+    digits = _small_digits()
+    trainer.train(
+        str(tmp_path), data=digits, model=_mlp, train_steps=5, checkpoint_every=5, **_QUICK
+    )
+    with open(tmp_path / "history.jsonl", "a") as f:
+        f.write('{"kind": "train", "step": 6, "nl')  # killed mid-write
+    with caplog.at_level("WARNING"):
+        trainer.train(
+            str(tmp_path), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK
+        )
+    assert any("torn line" in r.getMessage() for r in caplog.records)
+    lines = (tmp_path / "history.jsonl").read_text().splitlines()
+    assert all(json.loads(line) for line in lines)
+
+
+def test_second_trainer_on_a_model_dir_refuses(tmp_path):
+    from blayers.run_files import RunLock, RunLockedError
+
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = tmp_path / "LOCK"
+        lock.write_text(
+            json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": time.time()})
+        )
+        with pytest.raises(RunLockedError, match=f"PID {holder.pid} on host"):
+            trainer.train(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
+        assert not (tmp_path / "history.jsonl").exists()  # nothing was touched
+    finally:
+        holder.kill()
+        holder.wait()
+    # The holder is dead now: its lock is taken over, and released at the end.
+    trainer.train(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
+    assert not (tmp_path / "LOCK").exists()
+    with RunLock(str(tmp_path)), pytest.raises(RunLockedError, match="this process"):
+        RunLock(str(tmp_path)).acquire()
+
+
+@pytest.mark.parametrize("stop_at", [10, 7], ids=["checkpoint_on_eval_step", "between_evals"])
+def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
+    """Evaluation must not advance the training random streams: a run stopped at step 10 (a
+    checkpoint that is also an evaluation step) or 7 resumes with the uninterrupted run's
+    weight noise, so both finish with the same losses and metrics."""
+    digits = _small_digits()
+    common = dict(_QUICK, log_every=1, eval_every=5, checkpoint_every=stop_at)
+    twin = trainer.train(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
+    trainer.train(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
+    resumed = trainer.train(
+        str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=20, **common
+    )
+    np.testing.assert_allclose(
+        _train_records(tmp_path / "cut"), _train_records(tmp_path / "twin"), rtol=1e-5
+    )
+    assert resumed["accuracy"] == twin["accuracy"] and resumed["nll"] == pytest.approx(
+        twin["nll"], rel=1e-5
+    )
+
+
+def test_partial_log_window_after_resume_is_averaged_over_its_own_steps(tmp_path):
+    digits = _small_digits()
+    common = dict(_QUICK, log_every=5, checkpoint_every=3)
+    trainer.train(
+        str(tmp_path / "b"), data=digits, model=_mlp, train_steps=10, **dict(common, log_every=1)
+    )
+    trainer.train(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **common)
+    trainer.train(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **common)
+    per_step = _train_records(tmp_path / "b")  # steps 1..10
+    records = [
+        json.loads(line)
+        for line in (tmp_path / "a" / "history.jsonl").read_text().splitlines()
+        if json.loads(line)["kind"] == "train"
+    ]
+    window = next(r for r in records if r["step"] == 5)  # steps 4 and 5 after the resume
+    assert window["nll"] == pytest.approx(np.mean(per_step[3:5]), rel=1e-4)
+
+
+def _parse(*params):
+    from blayers import config
+
+    config.parse(["digits_mlp_smoke"], ["train.progress = False", *params])
+
+
+def test_a_binding_changed_on_resume_refuses_and_the_config_is_not_rewritten(tmp_path):
+    from blayers import config  # noqa: F401 - registers the configurables
+
+    _parse("train.train_steps = 4", "train.checkpoint_every = 2")
+    trainer.train(str(tmp_path))
+    before = (tmp_path / "operative_config.gin").read_text()
+    gin.clear_config()
+    _parse(
+        "train.train_steps = 6",  # may change: the loop's length
+        "train.checkpoint_every = 2",
+        "make_optimizer.learning_rate = 0.5",  # cannot apply: restored with the optimizer
+    )
+    with pytest.raises(trainer.ChangedBindingsError, match="make_optimizer.learning_rate"):
+        trainer.train(str(tmp_path))
+    assert (tmp_path / "operative_config.gin").read_text() == before
+    gin.clear_config()
+    _parse("train.train_steps = 6", "train.checkpoint_every = 2")
+    assert trainer.train(str(tmp_path))  # the original bindings (and a longer run) resume
+
+
+def test_a_binding_the_model_builder_overrides_fails_loudly(tmp_path):
+    _parse("DenseFlipout.units = 'ten'")
+    with pytest.raises(ValueError, match="DenseFlipout.units = 'ten'"):
+        trainer.train(str(tmp_path))
+
+
+def test_outputs_a_researcher_reads(tmp_path):
+    """Calibration plot for multi-input regression, the KL weight and local loss in the
+    history, and the plots as TensorBoard images."""
+    regression = data_lib.diabetes()
+    trainer.train(
+        str(tmp_path / "reg"),
+        data=regression,
+        model=_mlp,
+        train_steps=6,
+        log_every=3,
+        num_eval_samples=2,
+        progress=False,
+        kl_schedule=objectives.linear_kl_annealing,
+    )
+    assert (tmp_path / "reg" / "calibration.png").exists()
+    records = [json.loads(line) for line in (tmp_path / "reg" / "history.jsonl").open()]
+    assert all("kl_weight" in r and "local_loss" in r for r in records if r["kind"] == "train")
+    from tensorboard.backend.event_processing import event_accumulator
+
+    events = event_accumulator.EventAccumulator(
+        str(tmp_path / "reg" / "tensorboard"), size_guidance={"tensors": 0}
+    )
+    events.Reload()
+    tags = set(events.Tags()["tensors"])
+    assert {"plots/calibration", "plots/training_curves", "train/kl_weight"} <= tags
+
+
+def test_vae_latent_kl_is_logged_where_it_lives(tmp_path):
+    from blayers.models import vae
+
+    data = data_lib.binarized_digits()
+    trainer.train(
+        str(tmp_path),
+        data=data,
+        model=lambda s, n: vae(s, n, latent_dim=2, filters=(4,), hidden_units=16),
+        train_steps=4,
+        log_every=2,
+        batch_size=32,
+        num_eval_samples=2,
+        progress=False,
+    )
+    records = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
+    train_records = [r for r in records if r["kind"] == "train"]
+    assert all(r["local_loss"] > 0 for r in train_records)  # the latent KL, not a flat 0
+    for r in train_records:
+        assert r["loss"] == pytest.approx(
+            r["nll"] + r["local_loss"] + r["kl_weight"] * r["kl_per_example"], rel=1e-5
+        )
+
+
+def test_set_kl_scale_gives_fit_the_per_example_elbo():
+    """`model.fit` adds `model.losses` unscaled (a loss near 1e5 on digits); after
+    `set_kl_scale(model, N)` the KL joins as KL / N."""
+    digits = _small_digits()
+    x = np.concatenate([f.numpy()[None] for f, _ in digits.train.take(256)])
+    y = np.concatenate([t.numpy()[None] for _, t in digits.train.take(256)])
+    model = _mlp(digits.input_shape, digits.num_outputs)
+    model(x[:2])
+    kl = float(sum(model.losses))
+    assert blayers.set_kl_scale(model, digits.num_train) == 2
+    model(x[:2])
+    assert float(sum(model.losses)) == pytest.approx(kl / digits.num_train, rel=0.05)
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    history = model.fit(x, y, epochs=1, batch_size=64, verbose=0)
+    assert history.history["loss"][0] < 10.0  # NLL (about log 10) + KL / N, not 1e5
+    with pytest.raises(ValueError, match="build the model first"):
+        blayers.set_kl_scale(keras.Sequential([DenseFlipout(3)]), 100)
