@@ -13,8 +13,13 @@ Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Nor
 `initializers`, `regularizers`, `constraints`.
 
 Importing blayers registers its classes (gin, Keras serialization) and nothing else: it sets no
-environment variable and installs no logging filter; quieting TensorFlow is the CLI's job.
+environment variable and installs no logging filter. Quieting TensorFlow is the CLI's job
+(`blayers.cli_env`, which acts only in the `python -m blayers.train` process).
 """
+
+from blayers import cli_env as _cli_env
+
+_cli_env.prepare()  # only in the `blayers.train` CLI process: before TensorFlow loads below
 
 from blayers import constraints, initializers, layers, regularizers
 from blayers.distributions import *

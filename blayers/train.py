@@ -9,12 +9,13 @@ file and line. Re-running the same command resumes from the last checkpoint in `
 """
 
 import json
-import os
 import sys
 
 from absl import app, flags, logging
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from blayers import cli_env
+
+cli_env.prepare()  # done already by `import blayers` in this process; kept for clarity
 
 FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin files (names on the search path, or paths).")

@@ -116,15 +116,30 @@ def test_mirrored_strategy_on_two_cpu_devices(tmp_path):
     assert summary["step"] == 6 and summary["final"]["accuracy"] > 0
 
 
-def test_console_script_and_operative_config(tmp_path):
+@pytest.mark.parametrize("entry", ["console_script", "module"])
+def test_console_script_and_operative_config(tmp_path, entry):
+    import os
+
+    command = ["blayers-train"] if entry == "console_script" else [sys.executable, "-m"]
+    command += [] if entry == "console_script" else ["blayers.train"]
+    # As a user runs it: none of the test suite's own TensorFlow settings.
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
+    }
     result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
-        ["blayers-train", *SMOKE, "--gin_param=train.train_steps = 2", f"--model_dir={tmp_path}"],
+        [*command, *SMOKE, "--gin_param=train.train_steps = 2", f"--model_dir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    # The CLI quiets TensorFlow's start-up chatter and the CPU-only cuInit error.
+    for noise in ("cuInit", "oneDNN", "absl::InitializeLog"):
+        assert noise not in result.stderr, result.stderr[-2000:]
     operative = (tmp_path / "operative_config.gin").read_text()
     assert "train.train_steps = 2" in operative and "mlp.dense_layer = 'DenseFlipout'" in operative
 

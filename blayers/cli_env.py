@@ -1,0 +1,55 @@
+"""The command line's environment for TensorFlow, set before TensorFlow loads.
+
+TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` once, when it loads (and prints a few lines about
+oneDNN and CUDA drivers before its logging is even set up), and `python -m blayers.train` (or
+`blayers-train`) loads it through `import blayers` before `blayers/train.py` runs. So the
+package's `__init__` calls `prepare()` first: it changes nothing unless this process is the
+blayers CLI, so importing blayers as a library sets no environment variable.
+
+On the CPU (the default strategy) the CLI sets level 3, which also hides the
+`cuInit ... UNKNOWN ERROR (303)` line TensorFlow prints on a machine without a GPU; with a GPU,
+TPU or multi-worker strategy it sets 2 (warnings off, errors shown). A value the user set wins.
+The CLI also loads TensorFlow with the process's stderr silenced, which drops those
+start-up lines (an import error still raises, and its traceback is printed afterwards). This
+module imports nothing heavy itself.
+"""
+
+import os
+import sys
+
+__all__ = ["is_cli", "prepare"]
+
+_CLI_MODULES = ("blayers.train",)
+_CLI_SCRIPTS = ("blayers-train",)
+
+
+def is_cli(orig_argv=None, argv=None):
+    """True when this process runs the blayers training CLI."""
+    orig_argv = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
+    argv = list(sys.argv if argv is None else argv)
+    for i, arg in enumerate(orig_argv[:-1]):
+        if arg == "-m" and orig_argv[i + 1] in _CLI_MODULES:
+            return True
+    return bool(argv) and os.path.basename(argv[0]) in _CLI_SCRIPTS
+
+
+def prepare():
+    """Quiets TensorFlow's C++ log for the CLI (see the module docstring); no-op otherwise."""
+    if not is_cli():
+        return
+    on_cpu = not any(a.startswith("--strategy=") and a.split("=", 1)[1] != "cpu" for a in sys.argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if on_cpu else "2")
+    if "tensorflow" not in sys.modules:
+        _import_tensorflow_quietly()
+
+
+def _import_tensorflow_quietly():
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)
