@@ -447,3 +447,28 @@ def test_set_kl_scale_gives_fit_the_per_example_elbo():
     assert history.history["loss"][0] < 10.0  # NLL (about log 10) + KL / N, not 1e5
     with pytest.raises(ValueError, match="build the model first"):
         blayers.set_kl_scale(keras.Sequential([DenseFlipout(3)]), 100)
+
+
+def test_an_experiment_overrides_one_phase(tmp_path):
+    """A reinforcement-learning loop collects between training phases: `collect` runs before
+    each phase of `phase_steps` steps, and the subclass is chosen by `train.trainer_class`."""
+    calls = []
+
+    class Collecting(trainer.Trainer):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.phase_steps = 4
+
+        def collect(self):
+            calls.append(self.step_value())
+
+    trainer.train(
+        str(tmp_path),
+        data=_small_digits(),
+        model=_mlp,
+        trainer_class=Collecting,
+        train_steps=10,
+        **dict(_QUICK, log_every=2),
+    )
+    assert calls == [0, 4, 8]
+    assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 10
