@@ -9,7 +9,7 @@ README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 
 
 def test_readme_python_examples_run():
-    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+    blocks = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.DOTALL)
     assert blocks
     for block in blocks:
         namespace = {}

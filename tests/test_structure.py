@@ -45,7 +45,10 @@ def _imports(path, modules):
             if node.level:
                 base = ".".join(package.split(".")[: len(package.split(".")) - node.level + 1])
                 base = f"{base}.{node.module}" if node.module else base
-            names = [base] + [f"{base}.{alias.name}" for alias in node.names]
+            submodules = [f"{base}.{a.name}" for a in node.names if f"{base}.{a.name}" in modules]
+            # `from blayers import constraints` needs the module blayers.constraints; it
+            # depends on the package blayers itself only for names that are not modules.
+            names = submodules + ([base] if len(submodules) < len(node.names) else [])
         elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "import_module":
             arg = node.args[0] if node.args else None
             if isinstance(arg, ast.JoinedStr):  # f"blayers.layers.{family}": every family
@@ -210,3 +213,12 @@ def test_every_public_class_documents_its_arguments(name, cls):
     assert "Args:" in doc, f"{name} has no Args: section"
     undocumented = [p for p in params if p not in doc]
     assert not undocumented, f"{name} does not document {undocumented}"
+
+
+def test_cli_environment_is_set_only_for_the_cli():
+    from blayers import cli_env
+
+    assert cli_env.is_cli(["python", "-m", "blayers.train", "--model_dir=x"], ["-m"])
+    assert cli_env.is_cli(["python", "/usr/bin/blayers-train"], ["/usr/bin/blayers-train"])
+    assert not cli_env.is_cli(["python", "-m", "pytest"], ["pytest"])
+    assert not cli_env.is_cli(["python", "script.py"], ["script.py"])
