@@ -210,14 +210,15 @@ def test_attention_at_posterior_mean_equals_keras_attention(cls):
     reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)
     reference(q, v)
     for ours, theirs in (
-        (layer.query_dense, reference._query_dense),
-        (layer.key_dense, reference._key_dense),
-        (layer.value_dense, reference._value_dense),
-        (layer.output_dense, reference._output_dense),
+        ("query", reference._query_dense),
+        ("key", reference._key_dense),
+        ("value", reference._value_dense),
+        ("output", reference._output_dense),
     ):
-        kernel_mean = ours.kernel_initializer.mean.numpy()
+        kernel_mean = getattr(layer, f"{ours}_kernel_initializer").mean.numpy()
         theirs.kernel.assign(kernel_mean.reshape(theirs.kernel.shape))
-        theirs.bias.assign(ours.bias.numpy().reshape(theirs.bias.shape))
+        bias = getattr(layer, f"{ours}_bias").numpy()
+        theirs.bias.assign(bias.reshape(theirs.bias.shape))
     with blayers.posterior_mean():
         ours_out, ours_scores = layer(q, v, attention_mask=mask, return_attention_scores=True)
     theirs_out, theirs_scores = reference(q, v, attention_mask=mask, return_attention_scores=True)
@@ -249,11 +250,15 @@ def test_attention_flipout_query_moments():
     layer = blayers.layers.MultiHeadAttentionFlipout(num_heads=1, key_dim=2, use_bias=False)
     q = RNG.randn(1, 1, 3).astype("float32")
     layer(q, q)
-    dense = layer.query_dense
     mean = (0.5 * RNG.randn(3, 2)).astype("float32")
     stddev = RNG.uniform(0.1, 0.5, (3, 2)).astype("float32")
-    _set_posterior(dense.kernel_initializer, mean, stddev)
-    draws = _many_calls(lambda: dense(q)[0, 0], 3000)
+    _set_posterior(layer.query_kernel_initializer, mean, stddev)
+
+    def query_projection():
+        layer.call_weights()
+        return layer.project("query", tf.constant(q))[0, 0]
+
+    draws = _many_calls(query_projection, 3000)
     _check_moments(draws, q[0, 0] @ mean, q[0, 0] ** 2 @ stddev**2)
 
 
@@ -380,7 +385,7 @@ def test_default_prior_reaches_every_family():
         ]
         attention = blayers.layers.MultiHeadAttentionFlipout(1, 2)
         attention.build((1, 3, 4))
-        made.append(attention.query_dense.kernel_regularizer)
+        made.append(attention.output_kernel_regularizer)
     finally:
         gin.clear_config()
     assert all(isinstance(r, blayers.regularizers.ScaleMixtureKLDivergence) for r in made)

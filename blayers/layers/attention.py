@@ -5,8 +5,10 @@ projections (the paper's Bayesian Transformer replaces attention by its Flipout 
 call arguments of `keras.layers.MultiHeadAttention` (`num_heads`, `key_dim`, `value_dim`,
 `dropout`, `use_bias`, `output_shape`; `call(query, value, key=None, attention_mask=None,
 return_attention_scores=False, training=None, use_causal_mask=False)`) for inputs of shape
-`[batch, length, features]`. Each projection is a Bayesian dense layer of the same estimator, so
-its KL lands in `layer.losses`; the attention itself is Vaswani et al.'s scaled dot product.
+`[batch, length, features]`. The four projections are the layer's own Bayesian weights
+(`query_kernel`, `key_kernel`, `value_kernel`, `output_kernel` and their biases), applied by the
+same estimators as every other family (`blayers.layers.estimators`); their KL terms land in
+`layer.losses`. The attention itself is Vaswani et al.'s scaled dot product.
 """
 
 import math
@@ -14,14 +16,25 @@ import math
 import keras
 import tensorflow as tf
 
-from blayers.layers.base import register
-from blayers.layers.dense import DenseFlipout, DenseReparameterization
+from blayers.layers.base import BayesianLayer, register
+from blayers.layers.dense import dense_matmul
+from blayers.layers.estimators import FlipoutEstimator, ReparameterizationEstimator
 
 __all__ = ["MultiHeadAttentionFlipout", "MultiHeadAttentionReparameterization"]
 
+PROJECTIONS = ("query", "key", "value", "output")
 
-class _MultiHeadAttentionBase(keras.layers.Layer):
-    """Multi-head attention whose projections are Bayesian dense layers of `dense_class`.
+
+def _fresh(identifier):
+    """An initializer or regularizer identifier that gives a new object per projection: an
+    instance is copied through its config (a distribution initializer serves one weight)."""
+    if identifier is None or isinstance(identifier, (str, dict)):
+        return identifier
+    return keras.saving.serialize_keras_object(identifier)
+
+
+class _MultiHeadAttentionBase(BayesianLayer):
+    """Multi-head attention whose four projections are random weights.
 
     Args:
       num_heads: attention heads.
@@ -32,7 +45,7 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
       output_shape: size of the output's last axis (default the query's).
       attention_axes: None only (attention over the length axis).
       kernel_initializer, bias_initializer: of every projection (default `'trainable_normal'`
-        and `'zeros'`).
+        and `'zeros'`); a distribution initializer makes the projection random.
       kernel_regularizer, bias_regularizer: of every projection (default `'prior'`, None).
       seed: seeds the projections' noise and the dropout.
       **kwargs: `keras.layers.Layer` arguments.
@@ -40,8 +53,6 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
     Keras masks of `query`, `value` and `key` (e.g. from `Embedding(mask_zero=True)`) mask the
     attention as in `keras.layers.MultiHeadAttention`; the output keeps the query's mask.
     """
-
-    dense_class = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -65,47 +76,50 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         seed=None,
         **kwargs,
     ):
-        super().__init__(**kwargs)
+        super().__init__(seed=seed, **kwargs)
         self.supports_masking = True
+        name = type(self).__name__
         if attention_axes is not None:
-            raise ValueError(
-                f"{type(self).__name__} attends over the length axis only (attention_axes=None)."
-            )
-        self.num_heads, self.key_dim = int(num_heads), int(key_dim)
+            raise ValueError(f"{name} attends over the length axis only (attention_axes=None).")
+        for argument, value in (("num_heads", num_heads), ("key_dim", key_dim)):
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name}: {argument} must be a positive integer, got {value!r}.")
+        self.num_heads, self.key_dim = num_heads, key_dim
         self.value_dim = int(value_dim or key_dim)
         self.dropout, self.use_bias = float(dropout), use_bias
         self._output_dim = output_shape
-        self.seed = seed
-        self._dense_kwargs = {
-            "use_bias": use_bias,
-            "kernel_initializer": kernel_initializer,
-            "bias_initializer": bias_initializer,
-            "kernel_regularizer": kernel_regularizer,
-            "bias_regularizer": bias_regularizer,
-        }
-        self._config_kwargs = dict(self._dense_kwargs)
+        kernel_args = (_fresh(kernel_initializer), _fresh(kernel_regularizer), None)
+        bias_args = (_fresh(bias_initializer), _fresh(bias_regularizer), None)
+        for projection in PROJECTIONS:
+            self._configure_weight(f"{projection}_kernel", *kernel_args)
+            self._configure_weight(f"{projection}_bias", *bias_args)
         self.dropout_layer = keras.layers.Dropout(self.dropout, seed=seed)
-
-    def _dense(self, units, name, offset):
-        seed = None if self.seed is None else self.seed + offset
-        kwargs = {
-            k: (keras.saving.deserialize_keras_object(v) if isinstance(v, dict) else v)
-            for k, v in self._dense_kwargs.items()
-        }
-        return self.dense_class(units, name=name, seed=seed, **kwargs)
 
     def build(self, query_shape, value_shape=None, key_shape=None):
         value_shape = value_shape or query_shape
         key_shape = key_shape or value_shape
         output_dim = self._output_dim or query_shape[-1]
-        self.query_dense = self._dense(self.num_heads * self.key_dim, "query", 1)
-        self.key_dense = self._dense(self.num_heads * self.key_dim, "key", 2)
-        self.value_dense = self._dense(self.num_heads * self.value_dim, "value", 3)
-        self.output_dense = self._dense(output_dim, "attention_output", 4)
-        self.query_dense.build(query_shape)
-        self.key_dense.build(key_shape)
-        self.value_dense.build(value_shape)
-        self.output_dense.build(tuple(query_shape[:-1]) + (self.num_heads * self.value_dim,))
+        heads_k, heads_v = self.num_heads * self.key_dim, self.num_heads * self.value_dim
+        for projection, fan_in, fan_out in (
+            ("query", query_shape[-1], heads_k),
+            ("key", key_shape[-1], heads_k),
+            ("value", value_shape[-1], heads_v),
+            ("output", heads_v, output_dim),
+        ):
+            self.add_bayesian_weight(f"{projection}_kernel", (fan_in, fan_out))
+            if self.use_bias:
+                self.add_bayesian_weight(f"{projection}_bias", (fan_out,))
+            else:
+                setattr(self, f"{projection}_bias", None)
+
+    def _linear(self, inputs, kernel):
+        return dense_matmul(inputs, kernel)
+
+    def project(self, projection, inputs):
+        """`inputs @ W + b` for one of `PROJECTIONS`, with this call's weight draws."""
+        outputs = self.kernel_fn(f"{projection}_kernel")(inputs)
+        bias = getattr(self, f"{projection}_bias")
+        return outputs if bias is None else outputs + tf.convert_to_tensor(bias)
 
     def _split_heads(self, x, depth):
         shape = tf.shape(x)
@@ -125,8 +139,11 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         training=None,
         use_causal_mask=False,
     ):
+        self.call_weights()
         key_given = key is not None and key is not value
         key = value if key is None else key
+        dtype = self.compute_dtype
+        query, value, key = (tf.convert_to_tensor(t, dtype) for t in (query, value, key))
         # Keras masks of the inputs (e.g. from `Embedding(mask_zero=True)`), as Keras' own
         # MultiHeadAttention: padded queries and keys take no part in the attention.
         masks = []
@@ -136,22 +153,20 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
             masks.append(tf.cast(value_mask, tf.bool)[:, None, :])  # [B, 1, S]
         if key_mask is not None and key_given:
             masks.append(tf.cast(key_mask, tf.bool)[:, None, :])
-        q = self._split_heads(self.query_dense(query), self.key_dim)
-        k = self._split_heads(self.key_dense(key), self.key_dim)
-        v = self._split_heads(self.value_dense(value), self.value_dim)
+        q = self._split_heads(self.project("query", query), self.key_dim)
+        k = self._split_heads(self.project("key", key), self.key_dim)
+        v = self._split_heads(self.project("value", value), self.value_dim)
         logits = tf.matmul(q, k, transpose_b=True) / math.sqrt(self.key_dim)
         if attention_mask is not None:
             masks.append(tf.cast(attention_mask, tf.bool))
+        if use_causal_mask:
+            length_q, length_k = tf.shape(logits)[-2], tf.shape(logits)[-1]
+            masks.append(tf.linalg.band_part(tf.ones([length_q, length_k], tf.bool), -1, 0))
         mask = None
         for part in masks:
             mask = part if mask is None else tf.logical_and(mask, part)
         if mask is not None:
-            mask = mask[:, None]  # broadcast over heads
-        if use_causal_mask:
-            length_q, length_k = tf.shape(logits)[-2], tf.shape(logits)[-1]
-            causal = tf.linalg.band_part(tf.ones([length_q, length_k], tf.bool), -1, 0)
-            mask = causal if mask is None else tf.logical_and(mask, causal)
-        if mask is not None:
+            mask = mask[:, None] if mask.shape.rank == 3 else mask  # broadcast over heads
             logits = tf.where(mask, logits, tf.constant(-1e9, logits.dtype))
         scores = tf.nn.softmax(logits, axis=-1)
         attended = tf.matmul(self.dropout_layer(scores, training=training), v)
@@ -160,7 +175,7 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         attended = tf.reshape(
             attended, tf.concat([shape[:2], [self.num_heads * self.value_dim]], 0)
         )
-        output = self.output_dense(attended)
+        output = self.project("output", attended)
         return (output, scores) if return_attention_scores else output
 
     def compute_mask(self, query, mask=None, *args, **kwargs):
@@ -172,7 +187,10 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
         return tuple(query_shape[:-1]) + (self._output_dim or query_shape[-1],)
 
     def get_config(self):
-        serialize = keras.saving.serialize_keras_object
+        # The projections share one configuration: the query's, as resolved (so a saved model
+        # keeps its prior whatever `prior.regularizer` is bound to when it is loaded).
+        query = self._weight_config("query_kernel", "kernel")
+        bias = self._weight_config("query_bias", "bias")
         return {
             **super().get_config(),
             "num_heads": self.num_heads,
@@ -181,24 +199,18 @@ class _MultiHeadAttentionBase(keras.layers.Layer):
             "dropout": self.dropout,
             "use_bias": self.use_bias,
             "output_shape": self._output_dim,
-            "seed": self.seed,
-            **{
-                k: (v if isinstance(v, (str, type(None))) else serialize(v))
-                for k, v in self._config_kwargs.items()
-                if k != "use_bias"
-            },
+            "kernel_initializer": query["kernel_initializer"],
+            "bias_initializer": bias["bias_initializer"],
+            "kernel_regularizer": query["kernel_regularizer"],
+            "bias_regularizer": bias["bias_regularizer"],
         }
 
 
 @register
-class MultiHeadAttentionReparameterization(_MultiHeadAttentionBase):
+class MultiHeadAttentionReparameterization(ReparameterizationEstimator, _MultiHeadAttentionBase):
     """Multi-head attention whose projections draw their weights once per call."""
-
-    dense_class = DenseReparameterization
 
 
 @register
-class MultiHeadAttentionFlipout(_MultiHeadAttentionBase):
+class MultiHeadAttentionFlipout(FlipoutEstimator, _MultiHeadAttentionBase):
     """Multi-head attention whose projections use Flipout (signs per example and feature)."""
-
-    dense_class = DenseFlipout
