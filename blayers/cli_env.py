@@ -19,16 +19,19 @@ import sys
 
 __all__ = ["is_cli", "prepare"]
 
-_CLI_MODULES = ("blayers.train",)
+_CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
 _CLI_SCRIPTS = ("blayers-train",)
 
 
 def is_cli(orig_argv=None, argv=None):
-    """True when this process runs the blayers training CLI."""
+    """True when this process runs the blayers training CLI (or an experiment script)."""
     orig_argv = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
     argv = list(sys.argv if argv is None else argv)
     for i, arg in enumerate(orig_argv[:-1]):
-        if arg == "-m" and orig_argv[i + 1] in _CLI_MODULES:
+        module = orig_argv[i + 1]
+        if arg == "-m" and any(
+            module == m or (m.endswith(".") and module.startswith(m)) for m in _CLI_MODULES
+        ):
             return True
     return bool(argv) and os.path.basename(argv[0]) in _CLI_SCRIPTS
 

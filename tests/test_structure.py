@@ -220,5 +220,6 @@ def test_cli_environment_is_set_only_for_the_cli():
 
     assert cli_env.is_cli(["python", "-m", "blayers.train", "--model_dir=x"], ["-m"])
     assert cli_env.is_cli(["python", "/usr/bin/blayers-train"], ["/usr/bin/blayers-train"])
+    assert cli_env.is_cli(["python", "-m", "experiments.deep_gp_uci"], ["-m"])
     assert not cli_env.is_cli(["python", "-m", "pytest"], ["pytest"])
     assert not cli_env.is_cli(["python", "script.py"], ["script.py"])
