@@ -219,15 +219,16 @@ class BayesianLayer(SeededLayer):
         `_random_linear` (supplied by an estimator mixin, see `blayers.layers.estimators`)."""
         return self.kernel_fn(name)(inputs)
 
-    def kernel_fn(self, name="kernel"):
+    def kernel_fn(self, name="kernel", batch_size=None):
         """`x -> _linear(x, kernel)` with this call's draw of weight `name` fixed: every
         application shares one weight draw (and, for Flipout, one set of sign seeds), as the
-        steps of one sequence do in a recurrent cell."""
+        steps of one sequence do in a recurrent cell. `batch_size` (dense-shaped kernels only)
+        lets an estimator draw its per-example noise once, up front."""
         kernel = getattr(self, name)
         if is_fixed(kernel):
             fixed = tf.convert_to_tensor(kernel)
             return lambda x: self._linear(x, fixed)
-        return self.linear_fn(kernel)
+        return self.linear_fn(kernel, batch_size=batch_size)
 
     def _linear(self, inputs, kernel):
         raise NotImplementedError(  # a declared hook; intentional
@@ -235,7 +236,7 @@ class BayesianLayer(SeededLayer):
             "linear map that BayesianLayer.apply_kernel needs."
         )
 
-    def linear_fn(self, kernel):
+    def linear_fn(self, kernel, batch_size=None):
         raise TypeError(
             f"{type(self).__name__} has a random kernel but no estimator: mix in one of "
             "blayers.layers.estimators' ReparameterizationEstimator, FlipoutEstimator or "

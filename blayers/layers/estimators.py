@@ -60,7 +60,8 @@ def channel_sign_shape(tensor):
 class ReparameterizationEstimator:
     """`op(x, W)`, one kernel draw per call shared by the batch."""
 
-    def linear_fn(self, kernel):
+    def linear_fn(self, kernel, batch_size=None):
+        del batch_size
         weight = kernel.value
         return lambda x: self._linear(x, weight)
 
@@ -70,11 +71,20 @@ class FlipoutEstimator:
 
     One perturbation `dW` and one pair of sign seeds per draw: applied again (the steps of a
     sequence), the stateless signs repeat, so each example keeps its weight for the sequence.
+    With `batch_size` (a dense-shaped kernel `[in, out]` applied to `[batch, in]` inputs, as in
+    a recurrent cell) the signs are drawn once, up front, instead of at every application.
     """
 
-    def linear_fn(self, kernel):
+    def linear_fn(self, kernel, batch_size=None):
         noise_seed, in_seed, out_seed = tfp.random.split_seed(self.next_seed(), n=3)
-        mean, perturbation = kernel_perturbation(kernel, noise_seed, self.compute_dtype)
+        dtype = self.compute_dtype
+        mean, perturbation = kernel_perturbation(kernel, noise_seed, dtype)
+        if batch_size is not None:
+            sign_in = rademacher(tf.stack([batch_size, kernel.shape[0]]), in_seed, dtype)
+            sign_out = rademacher(tf.stack([batch_size, kernel.shape[-1]]), out_seed, dtype)
+            return lambda x: (
+                self._linear(x, mean) + self._linear(x * sign_in, perturbation) * sign_out
+            )
 
         def apply(x):
             outputs = self._linear(x, mean)
@@ -89,7 +99,8 @@ class FlipoutEstimator:
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
 
-    def linear_fn(self, kernel):
+    def linear_fn(self, kernel, batch_size=None):
+        del batch_size
         mean, stddev = kernel_moments(kernel)
         if stddev.shape != kernel.shape:
             stddev = tf.broadcast_to(stddev, kernel.shape)

@@ -118,8 +118,10 @@ class _CellBase(BayesianLayer):
         self._sequence_losses.clear()
         self.call_weights()
         self._num_draws += 1
-        del batch_size  # Flipout's signs take their shape from each step's inputs
-        projections = {name: self.kernel_fn(name) for name in ("kernel", "recurrent_kernel")}
+        projections = {
+            name: self.kernel_fn(name, batch_size=batch_size)
+            for name in ("kernel", "recurrent_kernel")
+        }
         bias = tf.convert_to_tensor(self.bias) if self.use_bias else None
         object.__setattr__(self, "_sequence", (projections, bias))
 
