@@ -27,10 +27,10 @@ import numpy as np
 import tensorflow as tf
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # run as a script from anywhere
-from common import write_json  # noqa: E402
+from common import write_json
 
-import blayers  # noqa: E402
-from blayers.layers import RevNetBlock, RevNetStack  # noqa: E402
+import blayers
+from blayers.layers import RevNetBlock, RevNetStack
 
 
 def _halves(width):

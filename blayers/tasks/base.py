@@ -52,7 +52,7 @@ class Task:
         return f"{type(self).__name__}()"
 
     def output_size(self, data):
-        raise NotImplementedError(f"{type(self).__name__}.output_size")
+        raise NotImplementedError(f"{type(self).__name__}.output_size")  # abstract; intentional
 
     def likelihood(self, outputs):
         """`p(y | outputs)`; a model returning a `RandomVariable` supplies its own."""
@@ -74,7 +74,7 @@ class Task:
         return -log_prob
 
     def evaluate(self, model, data, num_samples=10, batch_size=500):
-        raise NotImplementedError(f"{type(self).__name__}.evaluate")
+        raise NotImplementedError(f"{type(self).__name__}.evaluate")  # abstract; intentional
 
     def plot(self, model, data, arrays, model_dir):
         del model, data, arrays, model_dir
