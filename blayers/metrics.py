@@ -16,7 +16,9 @@ from sklearn.metrics import roc_auc_score
 __all__ = [
     "accuracy",
     "brier",
+    "calibration_error",
     "classification_metrics",
+    "confidence_bins",
     "coverage",
     "ece",
     "entropy",
@@ -50,25 +52,39 @@ def nll(probs, labels):
     return float(-np.mean(np.log(picked + _EPS)))
 
 
-def reliability_bins(probs, labels, num_bins=15):
-    """Per equal-width confidence bin: (count, mean confidence, accuracy)."""
-    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
-    labels = np.asarray(labels).reshape(-1)
-    confidence, predicted = p.max(-1), p.argmax(-1)
+def confidence_bins(confidence, correctness, num_bins=15):
+    """Per equal-width confidence bin: (count, mean confidence, mean correctness). Correctness
+    may be fractional (a sentence's BLEU / 100 for sequence-level calibration)."""
+    confidence = np.asarray(confidence, np.float64).reshape(-1)
+    correctness = np.asarray(correctness, np.float64).reshape(-1)
     edges = np.linspace(0.0, 1.0, num_bins + 1)
     index = np.clip(np.digitize(confidence, edges[1:-1], right=True), 0, num_bins - 1)
     counts = np.bincount(index, minlength=num_bins)
     conf_sum = np.bincount(index, weights=confidence, minlength=num_bins)
-    acc_sum = np.bincount(index, weights=(predicted == labels), minlength=num_bins)
+    acc_sum = np.bincount(index, weights=correctness, minlength=num_bins)
     with np.errstate(invalid="ignore", divide="ignore"):
         return counts, conf_sum / counts, acc_sum / counts
 
 
-def ece(probs, labels, num_bins=15):
-    """Expected calibration error: `sum_b (n_b / n) |acc_b - conf_b|`, equal-width bins."""
-    counts, conf, acc = reliability_bins(probs, labels, num_bins)
+def calibration_error(confidence, correctness, num_bins=15):
+    """`sum_b (n_b / n) |correctness_b - confidence_b|` over equal-width confidence bins."""
+    counts, conf, acc = confidence_bins(confidence, correctness, num_bins)
     mask = counts > 0
     return float(np.sum(counts[mask] / counts.sum() * np.abs(acc[mask] - conf[mask])))
+
+
+def reliability_bins(probs, labels, num_bins=15):
+    """Per equal-width confidence bin: (count, mean confidence, accuracy)."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1)
+    return confidence_bins(p.max(-1), p.argmax(-1) == labels, num_bins)
+
+
+def ece(probs, labels, num_bins=15):
+    """Expected calibration error: `sum_b (n_b / n) |acc_b - conf_b|`, equal-width bins."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1)
+    return calibration_error(p.max(-1), p.argmax(-1) == labels, num_bins)
 
 
 def brier(probs, labels):

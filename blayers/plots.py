@@ -20,6 +20,7 @@ __all__ = [
     "regression_1d",
     "regression_calibration",
     "reliability_diagram",
+    "sequence_reliability",
     "training_curves",
 ]
 
@@ -254,6 +255,30 @@ def regression_calibration(means, stddevs, targets, path, scale=1.0):
     right.set_ylabel("coverage")
     right.set_title("coverage by interval width")
     right.legend(loc="lower right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def sequence_reliability(token_confidence, token_correct, sequence_confidence, sequence_bleu, path):
+    """Reliability at token level (teacher forced: accuracy against confidence) and, when
+    decodes were scored, at sequence level (sentence BLEU / 100 against the decode's predicted
+    probability), with their calibration errors in the titles."""
+    panels = [("token", token_confidence, token_correct, "accuracy")]
+    if sequence_confidence is not None and len(sequence_confidence):
+        panels.append(("sequence", sequence_confidence, sequence_bleu, "sentence BLEU / 100"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 4.5), squeeze=False)
+    num_bins = 15
+    centers = (np.arange(num_bins) + 0.5) / num_bins
+    for ax, (level, confidence, correctness, label) in zip(axes[0], panels):
+        counts, _, mean_correct = metrics_lib.confidence_bins(confidence, correctness, num_bins)
+        error = metrics_lib.calibration_error(confidence, correctness, num_bins)
+        ax.bar(centers, np.nan_to_num(mean_correct), width=1.0 / num_bins, edgecolor="k", alpha=0.7)
+        ax.plot([0, 1], [0, 1], "k--", label="perfect calibration")
+        ax.set_xlabel(f"{level} confidence")
+        ax.set_ylabel(label)
+        ax.set_title(f"{level}-level calibration error {error:.3f} (n = {int(counts.sum())})")
+        ax.legend(loc="upper left")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

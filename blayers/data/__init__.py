@@ -13,6 +13,7 @@ from blayers.data.bundled import (
     diabetes,
     digits,
     mnist_subset,
+    pydoc_text_lm,
 )
 from blayers.data.synthetic import (
     gaussian_ring_2d,
@@ -21,6 +22,7 @@ from blayers.data.synthetic import (
     ring_distribution,
 )
 from blayers.data.tfds_source import tfds_char_lm, tfds_dataset, tfds_images
+from blayers.data.translation import parallel_data, synthetic_translation, tfds_translation
 from blayers.data.uci import uci, uci_num_splits
 
 __all__ = [
@@ -35,12 +37,16 @@ __all__ = [
     "heteroscedastic_1d",
     "markov_sequences",
     "mnist_subset",
+    "parallel_data",
+    "pydoc_text_lm",
     "ring_distribution",
     "standardize",
     "standardized_regression",
+    "synthetic_translation",
     "tfds_char_lm",
     "tfds_dataset",
     "tfds_images",
+    "tfds_translation",
     "uci",
     "uci_num_splits",
 ]

@@ -39,6 +39,8 @@ class Data:
         or random crops (`blayers.data.augment`).
         `seed` is a stateless seed (int64, shape [2]) fixed by the run's seed, the epoch and the
         example, so a resumed run replays the same draws; use `tf.random.stateless_*` ops.
+      detokenize: for token sequences, `fn(ids) -> str` (a subword vocabulary's decoder), used
+        to score decodes with BLEU; None writes the ids themselves.
     """
 
     name: str
@@ -55,6 +57,7 @@ class Data:
     target_scale: float = 1.0
     reference: dict = dataclasses.field(default_factory=dict)
     augment: object = None
+    detokenize: object = None
 
     def __post_init__(self):
         try:

@@ -148,3 +148,48 @@ def diabetes(test_fraction=0.2, split_seed=0):
         raw.data, raw.target[:, None], test_size=test_fraction, random_state=split_seed
     )
     return standardized_regression("diabetes", x_train, y_train, x_test, y_test)
+
+
+@gin.configurable(module="blayers.data")
+def pydoc_text_lm(sequence_length=128, test_fraction=0.1, split_seed=0):
+    """Character-level language modelling on real English text that ships with Python: the
+    help topics of the standard library's `pydoc_data` (79 topics, about 465,000 characters).
+
+    Whole topics go to the test split (`test_fraction` of them, chosen by `split_seed`), so
+    test text is unseen. Characters get ids from 1 (0 is padding, masked by the models); the
+    vocabulary is every character of the topics (fixed by the Python version). Windows of `sequence_length + 1` characters, without overlap:
+    features are ids `0..T-1`, targets ids `1..T`; the task is classification of every next
+    character (NLL per character, perplexity, accuracy, ECE).
+    """
+    from pydoc_data.topics import topics
+
+    import tensorflow as tf
+
+    from blayers.data.base import Data
+
+    names = sorted(topics)
+    rng = np.random.RandomState(split_seed)
+    test_names = set(rng.choice(names, max(1, round(test_fraction * len(names))), False))
+    vocab = sorted(set("".join(topics.values())))
+    index = {c: i + 1 for i, c in enumerate(vocab)}
+
+    def windows(selected):
+        ids = np.array([index[c] for n in selected for c in topics[n] + "\n\n"], np.int32)
+        count = (len(ids) - 1) // sequence_length
+        x = ids[: count * sequence_length].reshape(count, sequence_length)
+        y = ids[1 : count * sequence_length + 1].reshape(count, sequence_length)
+        return tf.data.Dataset.from_tensor_slices((x, y)), count
+
+    train, num_train = windows([n for n in names if n not in test_names])
+    test, num_test = windows([n for n in names if n in test_names])
+    return Data(
+        name="pydoc_text",
+        task="classification",
+        train=train,
+        test=test,
+        num_train=num_train,
+        num_test=num_test,
+        input_shape=(sequence_length,),
+        num_classes=len(vocab) + 1,
+        detokenize=lambda ids: "".join(vocab[i - 1] for i in ids if i > 0),
+    )

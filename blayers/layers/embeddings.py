@@ -5,12 +5,15 @@
 `keras.layers.Embedding` does with its fixed table.
 """
 
+import math
+
 import keras
+import numpy as np
 import tensorflow as tf
 
 from blayers.layers.base import BayesianLayer, register
 
-__all__ = ["EmbeddingReparameterization"]
+__all__ = ["EmbeddingReparameterization", "PositionalEncoding"]
 
 
 @register
@@ -70,3 +73,38 @@ class EmbeddingReparameterization(BayesianLayer):
             "mask_zero": self.mask_zero,
             **self._weight_config("embeddings"),
         }
+
+
+@register
+class PositionalEncoding(keras.layers.Layer):
+    """`x * sqrt(d_model) + PE`, the sinusoidal positions of Vaswani et al. (2017); the input's
+    Keras mask passes through.
+
+    Args:
+      max_length: longest sequence.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, max_length=2048, **kwargs):
+        super().__init__(**kwargs)
+        self.max_length = int(max_length)
+        self.supports_masking = True
+
+    def build(self, input_shape):
+        depth = int(input_shape[-1])
+        positions = np.arange(self.max_length)[:, None]
+        rates = 1.0 / np.power(10_000.0, (2 * (np.arange(depth) // 2)) / depth)
+        angles = positions * rates[None]
+        table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
+        self.table = tf.constant(table, self.compute_dtype)
+        self.scale = math.sqrt(depth)
+
+    def call(self, inputs):
+        length = tf.shape(inputs)[1]
+        return inputs * self.scale + self.table[None, :length]
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "max_length": self.max_length}

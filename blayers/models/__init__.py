@@ -16,6 +16,7 @@ from blayers.models.flows import realnvp_flow
 from blayers.models.gaussian_process import deep_gp
 from blayers.models.resnet import resnet
 from blayers.models.sequence import lstm_sequence_model
+from blayers.models.transformer import transformer, transformer_lm, transformer_schedule
 from blayers.models.vae import VAE, VQVAE, vae, vqvae
 from blayers.registry import get_layer as get_layer_class
 
@@ -30,6 +31,9 @@ __all__ = [
     "realnvp_flow",
     "resnet",
     "sequential",
+    "transformer",
+    "transformer_lm",
+    "transformer_schedule",
     "vae",
     "vqvae",
 ]

@@ -14,12 +14,14 @@ from blayers.tasks.base import Task, get, register_task
 from blayers.tasks.classification import Classification
 from blayers.tasks.density import Density, DensityModel
 from blayers.tasks.regression import Regression
+from blayers.tasks.sequence import SequenceToSequence
 
 __all__ = [
     "Classification",
     "Density",
     "DensityModel",
     "Regression",
+    "SequenceToSequence",
     "Task",
     "get",
     "register_task",
