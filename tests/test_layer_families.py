@@ -1,13 +1,12 @@
 """Convolutional, recurrent, attention and embedding layers: estimator maths against closed
 forms, one weight draw per sequence, and Keras integration (fit, save/load, gin)."""
 
-import math
-
 import gin
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import check_moments
 
 import blayers
 from blayers import constraints
@@ -28,11 +27,7 @@ def _many_calls(fn, num_draws, per_call=50):
     return np.concatenate([call().numpy() for _ in range(num_draws // per_call)])
 
 
-def _check_moments(draws, mean, var, sigmas=5.0):
-    n = len(draws)
-    draws = draws.astype(np.float64)
-    assert np.all(np.abs(draws.mean(0) - mean) < sigmas * np.sqrt(var / n) + 1e-6)
-    assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1)) + 1e-6)
+_check_moments = check_moments
 
 
 CONV_CASES = [

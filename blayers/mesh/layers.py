@@ -1,0 +1,132 @@
+"""Bayesian dense layers in Mesh TensorFlow ops (graph mode), for the model-parallel Bayesian
+Transformer (paper Section 3.1): the same estimators as `blayers.layers.estimators`, written in
+`mtf` ops so that the kernel's mean and scale are split over the mesh like any `mtf` weight.
+
+`bayesian_dense(x, new_dims, estimator=...)` computes `x @ W + b` contracting `x`'s last
+dimension, with a mean-field Normal `q(W) = N(M, softplus(rho)^2)`:
+
+* `'flipout'` (Wen et al., 2018): `x @ M + ((x * s) @ (S * eps)) * r`, one `eps` per call and
+  per-example signs `s` (input features) and `r` (output features);
+* `'local_reparameterization'` (Kingma et al., 2015): `x @ M + sqrt(x^2 @ S^2) * eps`, the
+  pre-activations sampled per example;
+* `'reparameterization'`: `x @ (M + S * eps)`;
+* `None`: the deterministic dense layer (`M` only, no KL).
+
+It returns `(y, kl)` with `kl = KL[q(W) || N(0, prior_stddev^2)]` summed (a scalar mtf tensor,
+zero for `None`), which the caller adds to the loss divided by the data-set size. Randomness
+comes from `mtf.random_*` ops, seeded per slice by the mesh implementation.
+"""
+
+import math
+
+import tensorflow as tf
+
+from blayers.mesh.compat import import_mesh_tensorflow
+
+mtf = import_mesh_tensorflow()
+
+__all__ = ["ESTIMATORS", "bayesian_dense", "rademacher"]
+
+ESTIMATORS = (None, "reparameterization", "flipout", "local_reparameterization")
+# softplus^{-1} of the initial stddev range of blayers' trainable_normal: [1e-3, 5e-2].
+_RHO_RANGE = (math.log(math.expm1(1e-3)), math.log(math.expm1(5e-2)))
+
+
+def rademacher(mesh, shape, dtype=tf.float32):
+    """Independent +-1 signs of `shape`."""
+    uniform = mtf.random_uniform(mesh, shape, dtype=dtype)
+    return mtf.cast(mtf.less(uniform, 0.5), dtype) * 2.0 - 1.0
+
+
+def _normal_kl(mean, stddev, prior_stddev):
+    """`sum KL[N(mean, stddev^2) || N(0, prior_stddev^2)]` over every entry."""
+    variance_ratio = mtf.square(stddev) / (prior_stddev**2)
+    terms = 0.5 * (variance_ratio + mtf.square(mean) / (prior_stddev**2) - 1.0) - mtf.log(
+        stddev / prior_stddev
+    )
+    return mtf.reduce_sum(terms)
+
+
+def bayesian_dense(
+    x,
+    new_dims,
+    name,
+    estimator="flipout",
+    use_bias=True,
+    activation=None,
+    prior_stddev=1.0,
+    mean_initializer=None,
+    rho_initializer=None,
+):
+    """A Bayesian dense layer in mtf ops; see the module docstring.
+
+    Args:
+      x: an mtf tensor; its last dimension is contracted.
+      new_dims: an `mtf.Dimension` or a list of them (the output's new dimensions).
+      name: variable scope.
+      estimator: one of `ESTIMATORS`.
+      use_bias: a deterministic bias over `new_dims`.
+      activation: an mtf activation (e.g. `mtf.relu`) or None.
+      prior_stddev: the N(0, prior_stddev^2) prior's scale.
+      mean_initializer: the kernel mean's initializer (default Glorot-uniform-like scaling).
+      rho_initializer: the initializer of `rho`, the stddev's softplus preimage (default
+        uniform on softplus^{-1} of [1e-3, 5e-2], as `trainable_normal`).
+
+    Returns:
+      `(y, kl)`: the output and the kernel's KL (a scalar mtf tensor).
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"bayesian_dense {name!r}: estimator must be one of {ESTIMATORS}.")
+    new_dims = [new_dims] if isinstance(new_dims, mtf.Dimension) else list(new_dims)
+    mesh = x.mesh
+    reduced = x.shape.dims[-1]
+    batch_dims = x.shape.dims[:-1]
+    kernel_shape = mtf.Shape([reduced, *new_dims])
+    output_shape = mtf.Shape([*batch_dims, *new_dims])
+    fan_out = 1
+    for d in new_dims:
+        fan_out *= d.size
+    limit = math.sqrt(6.0 / (reduced.size + fan_out))
+    with tf.compat.v1.variable_scope(name):
+        mean = mtf.get_variable(
+            mesh,
+            "kernel_mean",
+            kernel_shape,
+            initializer=mean_initializer or tf.compat.v1.random_uniform_initializer(-limit, limit),
+        )
+        kl = mtf.zeros(mesh, mtf.Shape([]), dtype=x.dtype)
+        if estimator is None:
+            y = mtf.einsum([x, mean], output_shape=output_shape)
+        else:
+            rho = mtf.get_variable(
+                mesh,
+                "kernel_rho",
+                kernel_shape,
+                initializer=rho_initializer or tf.compat.v1.random_uniform_initializer(*_RHO_RANGE),
+            )
+            stddev = mtf.softplus(rho)
+            kl = _normal_kl(mean, stddev, prior_stddev)
+            if estimator == "reparameterization":
+                noise = mtf.random_normal(mesh, kernel_shape, dtype=x.dtype)
+                y = mtf.einsum([x, mean + stddev * noise], output_shape=output_shape)
+            elif estimator == "flipout":
+                noise = mtf.random_normal(mesh, kernel_shape, dtype=x.dtype)
+                sign_in = rademacher(mesh, x.shape, x.dtype)
+                sign_out = rademacher(mesh, output_shape, x.dtype)
+                perturbed = mtf.einsum([x * sign_in, stddev * noise], output_shape=output_shape)
+                y = mtf.einsum([x, mean], output_shape=output_shape) + perturbed * sign_out
+            else:  # local reparameterization
+                loc = mtf.einsum([x, mean], output_shape=output_shape)
+                variance = mtf.einsum(
+                    [mtf.square(x), mtf.square(stddev)], output_shape=output_shape
+                )
+                noise = mtf.random_normal(mesh, output_shape, dtype=x.dtype)
+                y = loc + mtf.sqrt(variance + 1e-12) * noise
+        if use_bias:
+            bias = mtf.get_variable(
+                mesh, "bias", mtf.Shape(new_dims), initializer=tf.compat.v1.zeros_initializer()
+            )
+            y += bias
+    if activation is not None:
+        y = activation(y)
+    return y, kl
