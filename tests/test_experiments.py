@@ -113,3 +113,20 @@ def test_realnvp_smoke_approaches_the_true_entropy(tmp_path):
     metrics = _train("realnvp_2d_smoke", tmp_path)
     assert 0.0 < metrics["nll_minus_true_entropy"] < 1.0
     assert (tmp_path / "density.png").exists()
+
+
+@pytest.mark.slow
+def test_bayesian_transformer_smoke_approaches_the_channel_optimum(tmp_path):
+    metrics = _train("bayesian_transformer_smoke", tmp_path)
+    uniform = float(__import__("math").log(16))
+    optimum = metrics["token_nll_optimum"]
+    assert optimum < metrics["token_nll"] < optimum + 0.3 * (uniform - optimum)
+    assert metrics["bleu_beam"] > 50 and metrics["token_ece"] < 0.15
+    assert 0 <= metrics["sequence_calibration_error"] <= 1
+    assert (tmp_path / "sequence_reliability.png").exists()
+
+
+@pytest.mark.slow
+def test_bayesian_transformer_lm_smoke_learns_english_characters(tmp_path):
+    metrics = _train("bayesian_transformer_lm_smoke", tmp_path)
+    assert metrics["nll"] < 2.6 and metrics["ece"] < 0.1  # uniform over 104 characters: 4.64
