@@ -94,6 +94,7 @@ def synthetic_translation(
     max_length=10,
     noise=0.1,
     seed=0,
+    pad_to=None,
 ):
     """The noisy reversal-and-permutation channel described in the module docstring.
 
@@ -103,6 +104,8 @@ def synthetic_translation(
       min_length, max_length: source lengths, uniform (targets have the same length).
       noise: probability that a target token is replaced by a uniformly random token.
       seed: seeds the corpus (the permutation, the sentences and the noise).
+      pad_to: pad every sequence of both splits to this length (a graph-mode mesh run needs
+        one static shape); default: each split's longest.
     """
     if not 0.0 <= noise < 1.0:
         raise ValueError(f"synthetic_translation: noise must be in [0, 1), got {noise}.")
@@ -135,7 +138,12 @@ def synthetic_translation(
         "token_accuracy_optimum": ((1 - noise + noise / vocab_size) * content + len(test)) / tokens,
     }
     return parallel_data(
-        "synthetic_translation", train, test, vocab_size + _FIRST, reference=reference
+        "synthetic_translation",
+        train,
+        test,
+        vocab_size + _FIRST,
+        reference=reference,
+        pad_to=pad_to,
     )
 
 

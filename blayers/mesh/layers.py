@@ -57,11 +57,12 @@ def bayesian_dense(
     prior_stddev=1.0,
     mean_initializer=None,
     rho_initializer=None,
+    reduced_dims=None,
 ):
     """A Bayesian dense layer in mtf ops; see the module docstring.
 
     Args:
-      x: an mtf tensor; its last dimension is contracted.
+      x: an mtf tensor; its last dimension is contracted (or `reduced_dims`).
       new_dims: an `mtf.Dimension` or a list of them (the output's new dimensions).
       name: variable scope.
       estimator: one of `ESTIMATORS`.
@@ -71,6 +72,8 @@ def bayesian_dense(
       mean_initializer: the kernel mean's initializer (default Glorot-uniform-like scaling).
       rho_initializer: the initializer of `rho`, the stddev's softplus preimage (default
         uniform on softplus^{-1} of [1e-3, 5e-2], as `trainable_normal`).
+      reduced_dims: the dimensions of `x` to contract (default its last), e.g. attention's
+        heads and head size in the output projection.
 
     Returns:
       `(y, kl)`: the output and the kernel's KL (a scalar mtf tensor).
@@ -79,14 +82,13 @@ def bayesian_dense(
         raise ValueError(f"bayesian_dense {name!r}: estimator must be one of {ESTIMATORS}.")
     new_dims = [new_dims] if isinstance(new_dims, mtf.Dimension) else list(new_dims)
     mesh = x.mesh
-    reduced = x.shape.dims[-1]
-    batch_dims = x.shape.dims[:-1]
-    kernel_shape = mtf.Shape([reduced, *new_dims])
+    reduced = list(reduced_dims) if reduced_dims else [x.shape.dims[-1]]
+    batch_dims = [d for d in x.shape.dims if d not in reduced]
+    kernel_shape = mtf.Shape([*reduced, *new_dims])
     output_shape = mtf.Shape([*batch_dims, *new_dims])
-    fan_out = 1
-    for d in new_dims:
-        fan_out *= d.size
-    limit = math.sqrt(6.0 / (reduced.size + fan_out))
+    fan_in = math.prod(d.size for d in reduced)
+    fan_out = math.prod(d.size for d in new_dims)
+    limit = math.sqrt(6.0 / (fan_in + fan_out))
     with tf.compat.v1.variable_scope(name):
         mean = mtf.get_variable(
             mesh,

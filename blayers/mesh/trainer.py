@@ -1,0 +1,285 @@
+"""The graph-mode training loop of the Mesh TensorFlow Bayesian Transformer.
+
+TF 2.21 has no `tf.estimator` (and Mesh TensorFlow's own Transformer needs TPUEstimator), so
+the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU devices or GPUs),
+master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
+before each save, masters to slices after each restore), the per-example ELBO
+`NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer, and
+`metrics.json` with the test token NLL, perplexity and accuracy (one weight draw per pass,
+averaged over `num_eval_samples` passes: the expected NLL under q, not the Monte Carlo
+predictive of the Keras path).
+
+Run it in a process of its own: it switches TensorFlow to graph mode.
+"""
+
+import json
+import os
+import time
+
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from blayers import run_files
+from blayers.mesh.layers import mtf
+from blayers.mesh.transformer import TransformerHParams, transformer_logits
+
+__all__ = ["MeshRun", "parameter_bytes_per_device", "train_mesh"]
+
+
+def _devices(mesh_shape, devices):
+    size = int(np.prod([d.size for d in mtf.convert_to_shape(mesh_shape).dims]))
+    if devices:
+        return list(devices)
+    gpus = tf.config.list_logical_devices("GPU")
+    pool = gpus or tf.config.list_logical_devices("CPU")
+    if len(pool) < size:
+        raise ValueError(
+            f"mesh {mesh_shape!r} needs {size} devices; {len(pool)} are visible. Split the CPU "
+            "with tf.config.set_logical_device_configuration before TensorFlow starts."
+        )
+    return [d.name for d in pool[:size]]
+
+
+class MeshRun:
+    """One lowered graph: the model on a batch from a feedable iterator (train or test)."""
+
+    def __init__(
+        self, data, hparams, mesh_shape, layout, devices, batch_size, learning_rate, kl_weight, seed
+    ):
+        tf.compat.v1.set_random_seed(seed)
+        self.data = data
+        spec = data.train.element_spec
+        self.handle = tf.compat.v1.placeholder(tf.string, [])
+        iterator = tf.compat.v1.data.Iterator.from_string_handle(
+            self.handle,
+            tf.compat.v1.data.get_output_types(data.train.batch(batch_size)),
+            tf.compat.v1.data.get_output_shapes(data.train.batch(batch_size, drop_remainder=True)),
+        )
+        features, targets = iterator.get_next()
+        del spec
+        self.graph = mtf.Graph()
+        self.mesh = mtf.Mesh(self.graph, "mesh")
+        batch = mtf.Dimension("batch", batch_size)
+        source_len = mtf.Dimension("source_length", int(features["source"].shape[1]))
+        target_len = mtf.Dimension("length", int(targets.shape[1]))
+        source = mtf.import_tf_tensor(self.mesh, features["source"], mtf.Shape([batch, source_len]))
+        target_in = mtf.import_tf_tensor(
+            self.mesh, features["target_in"], mtf.Shape([batch, target_len])
+        )
+        target_out = mtf.import_tf_tensor(self.mesh, targets, mtf.Shape([batch, target_len]))
+        logits, kl_terms, dims = transformer_logits(self.mesh, source, target_in, hparams)
+        weights = mtf.cast(mtf.not_equal(target_out, 0), logits.dtype)
+        token_nll = mtf.layers.softmax_cross_entropy_with_logits(
+            logits, mtf.one_hot(target_out, dims.vocab, dtype=logits.dtype), dims.vocab
+        )
+        nll = mtf.reduce_sum(token_nll * weights)
+        correct = mtf.reduce_sum(
+            mtf.cast(mtf.equal(mtf.argmax(logits, dims.vocab), target_out), logits.dtype) * weights
+        )
+        tokens = mtf.reduce_sum(weights)
+        kl = mtf.add_n(kl_terms) if kl_terms else mtf.zeros(self.mesh, mtf.Shape([]))
+        loss = nll / float(batch_size) + kl_weight * kl / float(data.num_train)
+        grads = mtf.gradients([loss], [v.outputs[0] for v in self.graph.trainable_variables])
+        optimizer = mtf.optimize.AdamWeightDecayOptimizer(learning_rate=learning_rate)
+        updates = optimizer.apply_grads(grads, self.graph.trainable_variables)
+        self.mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
+            mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout), devices
+        )
+        self.lowering = mtf.Lowering(self.graph, {self.mesh: self.mesh_impl})
+        self.step = tf.compat.v1.train.get_or_create_global_step()
+        self.train_op = tf.group(
+            [self.lowering.lowered_operation(op) for op in updates],
+            tf.compat.v1.assign_add(self.step, 1),
+        )
+        export = self.lowering.export_to_tf_tensor
+        self.fetch = {
+            "loss": export(loss),
+            "nll": export(nll),
+            "kl": export(kl),
+            "tokens": export(tokens),
+            "correct": export(correct),
+        }
+        self.saver = tf.compat.v1.train.Saver(max_to_keep=3, sharded=False)
+        self.to_masters = self.lowering.copy_slices_to_masters()
+        self.to_slices = self.lowering.copy_masters_to_slices()
+
+
+def parameter_bytes_per_device(run):
+    """Bytes of trainable parameter slices on each device of `run`'s mesh (masters excluded)."""
+    totals = {}
+    for variable in run.graph.trainable_variables:
+        laid_out = run.lowering.variables[variable]
+        for slice_variable in laid_out.laid_out_tensor.all_slices:
+            device = slice_variable.device
+            totals[device] = totals.get(device, 0) + int(
+                np.prod(slice_variable.shape) * slice_variable.dtype.size
+            )
+    return totals
+
+
+def train_mesh(
+    model_dir,
+    data,
+    hparams=None,
+    mesh_shape="model:1",
+    layout="heads:model;d_ff:model;vocab:model",
+    devices=None,
+    batch_size=32,
+    train_steps=1000,
+    learning_rate=1e-3,
+    kl_weight=1.0,
+    log_every=50,
+    checkpoint_every=500,
+    num_eval_samples=4,
+    seed=0,
+):
+    """Trains the mtf Bayesian Transformer on a sequence-to-sequence `data`; resumes from
+    `model_dir`. Returns the final test metrics.
+
+    Args:
+      model_dir: output folder (checkpoints/, history.jsonl, metrics.json).
+      data: a sequence-to-sequence `Data` with fixed-length (padded) examples.
+      hparams: a `TransformerHParams` (its vocabulary defaults to `data.num_classes`).
+      mesh_shape, layout: Mesh TensorFlow's mesh (`'batch:2,model:4'`) and layout rules.
+      devices: device names, one per mesh processor (default: the visible GPUs, else the
+        logical CPUs).
+      batch_size, train_steps, learning_rate: the optimization (Adam with weight decay 0).
+      kl_weight: beta of `NLL + beta * KL / N`.
+      log_every, checkpoint_every: steps between history records and checkpoints.
+      num_eval_samples: passes over the test set, one weight draw each.
+      seed: TensorFlow's graph-level seed.
+    """
+    train_arrays, test_arrays = _materialized(data)
+    tf.compat.v1.disable_eager_execution()
+    hparams = hparams or TransformerHParams(vocab_size=data.num_classes)
+    os.makedirs(model_dir, exist_ok=True)
+    checkpoints = os.path.join(model_dir, "checkpoints")
+    with run_files.RunLock(model_dir), tf.Graph().as_default():
+        data = _GraphData(data, train_arrays, test_arrays)
+        run = MeshRun(
+            data,
+            hparams,
+            mesh_shape,
+            layout,
+            _devices(mesh_shape, devices),
+            batch_size,
+            learning_rate,
+            kl_weight,
+            seed,
+        )
+        train_iter = tf.compat.v1.data.make_one_shot_iterator(
+            data.train.repeat()
+            .shuffle(min(data.num_train, 10_000), seed=seed)
+            .batch(batch_size, drop_remainder=True)
+        )
+        with tf.compat.v1.Session() as session:
+            session.run(tf.compat.v1.global_variables_initializer())
+            latest = tf.compat.v1.train.latest_checkpoint(checkpoints)
+            if latest:
+                run.saver.restore(session, latest)
+            session.run(run.to_slices)
+            start = int(session.run(run.step))
+            history = run_files.History(os.path.join(model_dir, "history.jsonl"), start)
+            train_handle = session.run(train_iter.string_handle())
+            sums, window_start, clock = np.zeros(3), start, time.time()
+
+            def save():
+                session.run(run.to_masters)
+                os.makedirs(checkpoints, exist_ok=True)
+                run.saver.save(session, os.path.join(checkpoints, "model.ckpt"), global_step=step)
+
+            step = start
+            while step < train_steps:
+                _, out, step = session.run(
+                    [run.train_op, run.fetch, run.step], {run.handle: train_handle}
+                )
+                step = int(step)
+                if not np.isfinite(out["loss"]):
+                    raise FloatingPointError(f"Non-finite mesh loss at step {step}: {out}.")
+                sums += (out["loss"], out["nll"] / batch_size, out["kl"] / data.num_train)
+                if step % log_every == 0 or step == train_steps:
+                    count = step - window_start
+                    record = dict(zip(("loss", "nll", "kl_per_example"), sums / max(count, 1)))
+                    record.update(
+                        kind="train",
+                        step=step,
+                        steps_per_second=count / max(time.time() - clock, 1e-9),
+                    )
+                    history.add({k: float(v) if k != "kind" else v for k, v in record.items()})
+                    sums, window_start, clock = np.zeros(3), step, time.time()
+                if step % checkpoint_every == 0:
+                    save()
+            save()
+            metrics = _evaluate(session, run, data, batch_size, num_eval_samples)
+            history.add({"kind": "eval", "step": step, **metrics})
+    summary = {"status": "finished", "step": step, "resumed_from_step": start, "final": metrics}
+    with open(os.path.join(model_dir, "metrics.json"), "w") as f:
+        json.dump(summary, f, indent=2)
+    logging.info("Mesh run finished at step %d: %s", step, metrics)
+    return metrics
+
+
+def _materialized(data):
+    """The splits as NumPy arrays. They are read eagerly, before the process switches to graph
+    mode, and kept on `data` so that a second run in the same process (a resume) finds them:
+    after the switch, `data`'s eagerly made datasets can no longer be read."""
+    cached = getattr(data, "_mesh_arrays", None)
+    if cached is None:
+        if not tf.executing_eagerly():
+            raise RuntimeError(
+                "train_mesh reads the data eagerly: build it before the process is in graph "
+                "mode (or reuse a Data record a previous train_mesh call has read)."
+            )
+        cached = (_arrays(data.train), _arrays(data.test))
+        data._mesh_arrays = cached
+    return cached
+
+
+def _arrays(dataset):
+    """`({'source', 'target_in'}, target_out)` NumPy arrays of a padded, unbatched dataset."""
+    parts = [
+        (f["source"].numpy(), f["target_in"].numpy(), t.numpy()) for f, t in dataset.batch(4096)
+    ]
+    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
+
+
+class _GraphData:
+    """The `Data` fields the mesh loop reads, with its datasets rebuilt in graph mode (the
+    originals were made eagerly and cannot be captured by a graph)."""
+
+    def __init__(self, data, train, test):
+        self.num_train, self.num_classes, self.name = data.num_train, data.num_classes, data.name
+        self.train, self.test = self._dataset(train), self._dataset(test)
+
+    @staticmethod
+    def _dataset(arrays):
+        source, target_in, target_out = arrays
+        return tf.data.Dataset.from_tensor_slices(
+            ({"source": source, "target_in": target_in}, target_out)
+        )
+
+
+def _evaluate(session, run, data, batch_size, num_samples):
+    nll = tokens = correct = 0.0
+    for _ in range(num_samples):
+        iterator = tf.compat.v1.data.make_one_shot_iterator(
+            data.test.batch(batch_size, drop_remainder=True)
+        )
+        handle = session.run(iterator.string_handle())
+        while True:
+            try:
+                out = session.run(run.fetch, {run.handle: handle})
+            except tf.errors.OutOfRangeError:
+                break
+            nll, tokens, correct = (
+                nll + out["nll"],
+                tokens + out["tokens"],
+                correct + out["correct"],
+            )
+    token_nll = float(nll / max(tokens, 1.0))
+    return {
+        "token_nll": token_nll,
+        "perplexity": float(np.exp(token_nll)),
+        "token_accuracy": float(correct / max(tokens, 1.0)),
+    }
