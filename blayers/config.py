@@ -18,6 +18,7 @@ import gin
 import keras
 
 from blayers import data, models, objectives, tasks, trainer  # noqa: F401 - registers configurables
+from blayers.mesh import trainer as mesh_trainer  # noqa: F401 - the mesh loop's configurables
 
 __all__ = [
     "config_search_path",

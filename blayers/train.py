@@ -22,8 +22,13 @@ flags.DEFINE_multi_string("gin_file", [], "Gin files (names on the search path, 
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, applied after the files.")
 flags.DEFINE_string("model_dir", None, "Output folder (checkpoints, metrics, plots, logs).")
 flags.DEFINE_enum(
-    "strategy", "cpu", ["cpu", "gpu", "mirrored", "multi_worker", "tpu"], "tf.distribute strategy."
+    "strategy",
+    "cpu",
+    ["cpu", "gpu", "mirrored", "multi_worker", "tpu", "mesh"],
+    "tf.distribute strategy, or `mesh`: Mesh TensorFlow model parallelism (train_mesh).",
 )
+flags.DEFINE_string("mesh_shape", None, "--strategy=mesh: e.g. 'model:2' or 'batch:2,model:4'.")
+flags.DEFINE_string("layout", None, "--strategy=mesh: layout rules, e.g. 'heads:model;d_ff:model'.")
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 flags.DEFINE_integer(
     "num_cpu_devices", None, "Split the CPU into this many logical devices (mirrored tests)."
@@ -48,6 +53,9 @@ def main(argv):
     except ValueError as error:
         logging.error("Bad gin configuration:\n%s", error)
         sys.exit(2)
+    if FLAGS.strategy == "mesh":
+        _run_mesh()
+        return
     dist = strategy.get_strategy(FLAGS.strategy, FLAGS.tpu, FLAGS.num_cpu_devices)
     print(
         f"Strategy {type(dist).__name__} with {dist.num_replicas_in_sync} replica(s); "
@@ -62,6 +70,30 @@ def main(argv):
         logging.error("%s", error)
         sys.exit(4)
     except ValueError as error:  # a bad argument found while building (a binding, a shape)
+        logging.error("Bad configuration:\n%s", error)
+        sys.exit(2)
+    print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
+    print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
+
+
+def _run_mesh():
+    """The Mesh TensorFlow loop (`blayers.mesh.trainer.train_mesh`), configured by gin; the
+    `--mesh_shape` and `--layout` flags override its bindings."""
+    from blayers import run_files, strategy
+    from blayers.mesh import trainer as mesh_trainer
+
+    if FLAGS.num_cpu_devices:
+        strategy.split_cpu(FLAGS.num_cpu_devices)
+    overrides = {k: v for k, v in (("mesh_shape", FLAGS.mesh_shape), ("layout", FLAGS.layout)) if v}
+    print(
+        f"Mesh TensorFlow {overrides or '(shape and layout from gin)'}; model_dir {FLAGS.model_dir}."
+    )
+    try:
+        metrics = mesh_trainer.train_mesh(FLAGS.model_dir, **overrides)
+    except run_files.RunLockedError as error:
+        logging.error("%s", error)
+        sys.exit(4)
+    except ValueError as error:
         logging.error("Bad configuration:\n%s", error)
         sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")

@@ -234,3 +234,29 @@ def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp
     assert len(two) == 2 and len(four) == 4
     assert two.max() < 0.6 * one.max() and four.max() < 0.35 * one.max()
     assert four.max() > 0.25 * one.max()  # not below 1/n
+
+
+def test_mesh_smoke_config_through_the_cli(tmp_path):
+    """`python -m blayers.train --strategy=mesh`: the gin config, the mesh flags, the outputs."""
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "blayers.train",
+            "--strategy=mesh",
+            "--num_cpu_devices=2",
+            "--mesh_shape=model:2",
+            "--gin_file=bayesian_transformer_mesh_smoke",
+            "--gin_param=train_mesh.train_steps = 20",
+            "--gin_param=train_mesh.log_every = 10",
+            f"--model_dir={tmp_path}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    summary = json.loads((tmp_path / "metrics.json").read_text())
+    assert summary["step"] == 20 and np.isfinite(summary["final"]["token_nll"])
+    assert (tmp_path / "history.jsonl").exists() and list((tmp_path / "checkpoints").iterdir())

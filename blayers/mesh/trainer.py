@@ -9,13 +9,21 @@ before each save, masters to slices after each restore), the per-example ELBO
 averaged over `num_eval_samples` passes: the expected NLL under q, not the Monte Carlo
 predictive of the Keras path).
 
-Run it in a process of its own: it switches TensorFlow to graph mode.
+Run it in a process of its own: it switches TensorFlow to graph mode. From the command line:
+
+    python -m blayers.train --strategy=mesh --num_cpu_devices=2 --mesh_shape=model:2 \
+        --gin_file=bayesian_transformer_mesh_smoke --model_dir=runs/mesh
+
+Every dimension a layout splits must be divisible by its mesh dimension (heads, d_ff and the
+vocabulary for `model`, the batch for `batch`).
 """
 
+import dataclasses
 import json
 import os
 import time
 
+import gin
 import numpy as np
 import tensorflow as tf
 from absl import logging
@@ -118,9 +126,10 @@ def parameter_bytes_per_device(run):
     return totals
 
 
+@gin.configurable(module="blayers.mesh", denylist=["model_dir"])
 def train_mesh(
     model_dir,
-    data,
+    data=gin.REQUIRED,
     hparams=None,
     mesh_shape="model:1",
     layout="heads:model;d_ff:model;vocab:model",
@@ -139,7 +148,8 @@ def train_mesh(
 
     Args:
       model_dir: output folder (checkpoints/, history.jsonl, metrics.json).
-      data: a sequence-to-sequence `Data` with fixed-length (padded) examples.
+      data: a sequence-to-sequence `Data` with fixed-length (padded) examples (in gin:
+        `train_mesh.data = @synthetic_translation()`).
       hparams: a `TransformerHParams` (its vocabulary defaults to `data.num_classes`).
       mesh_shape, layout: Mesh TensorFlow's mesh (`'batch:2,model:4'`) and layout rules.
       devices: device names, one per mesh processor (default: the visible GPUs, else the
@@ -152,7 +162,9 @@ def train_mesh(
     """
     train_arrays, test_arrays = _materialized(data)
     tf.compat.v1.disable_eager_execution()
-    hparams = hparams or TransformerHParams(vocab_size=data.num_classes)
+    hparams = hparams or TransformerHParams()
+    if hparams.vocab_size is None:
+        hparams = dataclasses.replace(hparams, vocab_size=data.num_classes)
     os.makedirs(model_dir, exist_ok=True)
     checkpoints = os.path.join(model_dir, "checkpoints")
     with run_files.RunLock(model_dir), tf.Graph().as_default():

@@ -13,6 +13,7 @@ non-padded target tokens.
 import dataclasses
 import math
 
+import gin
 import numpy as np
 import tensorflow as tf
 
@@ -21,17 +22,19 @@ from blayers.mesh.layers import bayesian_dense, mtf
 __all__ = ["TransformerHParams", "transformer_logits", "transformer_loss"]
 
 
+@gin.configurable(module="blayers.mesh")
 @dataclasses.dataclass
 class TransformerHParams:
     """Sizes and switches of the mtf Transformer.
 
     Attributes:
-      vocab_size, d_model, d_ff, num_heads, num_layers: as `blayers.models.transformer`.
+      vocab_size: the shared vocabulary (None: the data's, set by `train_mesh`).
+      d_model, d_ff, num_heads, num_layers: as `blayers.models.transformer`.
       attention_estimator, ffn_estimator: `bayesian_dense` estimators (None: deterministic).
       prior_stddev: the weights' N(0, prior_stddev^2) prior.
     """
 
-    vocab_size: int
+    vocab_size: int | None = None
     d_model: int = 512
     d_ff: int = 2048
     num_heads: int = 8
