@@ -113,10 +113,12 @@ class MeshRun:
         self.to_slices = self.lowering.copy_masters_to_slices()
 
 
-def parameter_bytes_per_device(run):
-    """Bytes of trainable parameter slices on each device of `run`'s mesh (masters excluded)."""
+def parameter_bytes_per_device(run, include_optimizer=False):
+    """Bytes of parameter slices on each device of `run`'s mesh (masters excluded); with
+    `include_optimizer`, the optimizer's slot variables (Adam's moments) too."""
     totals = {}
-    for variable in run.graph.trainable_variables:
+    variables = run.graph.all_variables if include_optimizer else run.graph.trainable_variables
+    for variable in variables:
         laid_out = run.lowering.variables[variable]
         for slice_variable in laid_out.laid_out_tensor.all_slices:
             device = slice_variable.device
