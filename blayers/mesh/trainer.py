@@ -57,15 +57,13 @@ class MeshRun:
     ):
         tf.compat.v1.set_random_seed(seed)
         self.data = data
-        spec = data.train.element_spec
         self.handle = tf.compat.v1.placeholder(tf.string, [])
         iterator = tf.compat.v1.data.Iterator.from_string_handle(
             self.handle,
-            tf.compat.v1.data.get_output_types(data.train.batch(batch_size)),
+            tf.compat.v1.data.get_output_types(data.train),
             tf.compat.v1.data.get_output_shapes(data.train.batch(batch_size, drop_remainder=True)),
         )
         features, targets = iterator.get_next()
-        del spec
         self.graph = mtf.Graph()
         self.mesh = mtf.Mesh(self.graph, "mesh")
         batch = mtf.Dimension("batch", batch_size)
