@@ -5,9 +5,10 @@ the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU dev
 master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
 before each save, masters to slices after each restore), the per-example ELBO
 `NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer, and
-`metrics.json` with the test token NLL, perplexity and accuracy (one weight draw per pass,
-averaged over `num_eval_samples` passes: the expected NLL under q, not the Monte Carlo
-predictive of the Keras path).
+`metrics.json` with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
+Monte Carlo predictive (`num_eval_samples` weight draws), as the Keras path's
+`SequenceToSequence` computes them. Decodes (BLEU, sequence-level calibration) are the Keras
+path's only.
 
 Run it in a process of its own: it switches TensorFlow to graph mode. From the command line:
 
@@ -28,6 +29,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from blayers import metrics as metrics_lib
 from blayers import run_files
 from blayers.mesh.layers import mtf
 from blayers.mesh.transformer import TransformerHParams, transformer_logits
@@ -84,6 +86,7 @@ class MeshRun:
             mtf.cast(mtf.equal(mtf.argmax(logits, dims.vocab), target_out), logits.dtype) * weights
         )
         tokens = mtf.reduce_sum(weights)
+        probs = mtf.softmax(logits, dims.vocab)  # before the lowering, which lowers what exists
         kl = mtf.add_n(kl_terms) if kl_terms else mtf.zeros(self.mesh, mtf.Shape([]))
         loss = nll / float(batch_size) + kl_weight * kl / float(data.num_train)
         grads = mtf.gradients([loss], [v.outputs[0] for v in self.graph.trainable_variables])
@@ -99,6 +102,10 @@ class MeshRun:
             tf.compat.v1.assign_add(self.step, 1),
         )
         export = self.lowering.export_to_tf_tensor
+        self.eval_fetch = {
+            "probs": export(probs),
+            "targets": export(target_out),
+        }
         self.fetch = {
             "loss": export(loss),
             "nll": export(nll),
@@ -157,7 +164,7 @@ def train_mesh(
       batch_size, train_steps, learning_rate: the optimization (Adam with weight decay 0).
       kl_weight: beta of `NLL + beta * KL / N`.
       log_every, checkpoint_every: steps between history records and checkpoints.
-      num_eval_samples: passes over the test set, one weight draw each.
+      num_eval_samples: weight draws averaged into the test predictive.
       seed: TensorFlow's graph-level seed.
     """
     train_arrays, test_arrays = _materialized(data)
@@ -273,25 +280,33 @@ class _GraphData:
 
 
 def _evaluate(session, run, data, batch_size, num_samples):
-    nll = tokens = correct = 0.0
+    """Teacher-forced token metrics under the Monte Carlo predictive `mean_s p_s`, as the Keras
+    path's `SequenceToSequence`: one pass over the (unshuffled) test set per weight draw."""
+    summed, targets = None, None
     for _ in range(num_samples):
         iterator = tf.compat.v1.data.make_one_shot_iterator(
             data.test.batch(batch_size, drop_remainder=True)
         )
         handle = session.run(iterator.string_handle())
+        probs, labels = [], []
         while True:
             try:
-                out = session.run(run.fetch, {run.handle: handle})
+                out = session.run(run.eval_fetch, {run.handle: handle})
             except tf.errors.OutOfRangeError:
                 break
-            nll, tokens, correct = (
-                nll + out["nll"],
-                tokens + out["tokens"],
-                correct + out["correct"],
-            )
-    token_nll = float(nll / max(tokens, 1.0))
+            probs.append(out["probs"])
+            labels.append(out["targets"])
+        probs = np.concatenate(probs).astype(np.float64)
+        summed = probs if summed is None else summed + probs
+        targets = np.concatenate(labels)
+    mean = summed / num_samples
+    keep = targets != 0
+    picked = np.take_along_axis(mean, targets[..., None], -1)[..., 0][keep]
+    correct = (mean.argmax(-1) == targets)[keep]
+    token_nll = float(-np.mean(np.log(picked + 1e-12)))
     return {
         "token_nll": token_nll,
         "perplexity": float(np.exp(token_nll)),
-        "token_accuracy": float(correct / max(tokens, 1.0)),
+        "token_accuracy": float(np.mean(correct)),
+        "token_ece": metrics_lib.calibration_error(mean.max(-1)[keep], correct),
     }
