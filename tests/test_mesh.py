@@ -173,7 +173,13 @@ tin = rng.randint(3, 16, (4, 7)).astype(np.int32)
 tout = np.roll(tin, -1, 1)
 tout[:, -1] = 0
 losses, bytes_per_device = {}, {}
-for n in (1, 2, 4):
+meshes = {
+    "1": ("model:1", "heads:model;d_ff:model;vocab:model"),
+    "2": ("model:2", "heads:model;d_ff:model;vocab:model"),
+    "4": ("model:4", "heads:model;d_ff:model;vocab:model"),
+    "2x2": ("batch:2,model:2", "batch:batch;heads:model;d_ff:model;vocab:model"),
+}
+for n, (mesh_shape, layout) in meshes.items():
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         graph = mtf.Graph()
@@ -186,10 +192,9 @@ for n in (1, 2, 4):
         h = TransformerHParams(vocab_size=16, d_model=16, d_ff=32, num_heads=4, num_layers=2,
                                attention_estimator=None, ffn_estimator=None)
         nll, kl, tokens = transformer_loss(mesh, *tensors, h)
+        shape = mtf.convert_to_shape(mesh_shape)
         impl = mtf.placement_mesh_impl.PlacementMeshImpl(
-            mtf.convert_to_shape(f"model:{n}"),
-            mtf.convert_to_layout_rules("heads:model;d_ff:model;vocab:model"),
-            [f"/cpu:{i}" for i in range(n)],
+            shape, mtf.convert_to_layout_rules(layout), [f"/cpu:{i}" for i in range(shape.size)]
         )
         lowering = mtf.Lowering(graph, {mesh: impl})
         nll_tf = lowering.export_to_tf_tensor(nll)
@@ -205,7 +210,7 @@ for n in (1, 2, 4):
         fake.graph, fake.lowering = graph, lowering
         bytes_per_device[n] = parameter_bytes_per_device(fake)
 out["losses"] = losses
-out["bytes"] = {str(n): sorted(v.values()) for n, v in bytes_per_device.items()}
+out["bytes"] = {n: sorted(v.values()) for n, v in bytes_per_device.items()}
 print(json.dumps(out))
 """
 
@@ -224,10 +229,11 @@ def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp
     assert out["resumed"]["token_nll"] < out["first"]["token_nll"] < np.log(16)
     summary = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert summary["step"] == 40 and summary["resumed_from_step"] == 20
-    # Model parallelism changes no number: 1, 2 and 4 devices give one loss.
+    # Model and data parallelism change no number: 1, 2, 4 devices and a 2x2 batch-by-model
+    # mesh give one loss.
     losses = out["losses"]
-    assert losses["2"] == pytest.approx(losses["1"], rel=1e-5)
-    assert losses["4"] == pytest.approx(losses["1"], rel=1e-5)
+    for mesh in ("2", "4", "2x2"):
+        assert losses[mesh] == pytest.approx(losses["1"], rel=1e-5), mesh
     # Per-device parameter bytes fall as 1/n for the split tensors (heads, d_ff, vocabulary);
     # the d_model-only ones (layer norms) are replicated, so the fall is a little less.
     one, two, four = (np.asarray(out["bytes"][k], float) for k in ("1", "2", "4"))
