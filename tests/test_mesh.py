@@ -264,5 +264,9 @@ def test_mesh_smoke_config_through_the_cli(tmp_path):
     )
     assert done.returncode == 0, done.stderr[-3000:]
     summary = json.loads((tmp_path / "metrics.json").read_text())
-    assert summary["step"] == 20 and np.isfinite(summary["final"]["token_nll"])
+    final = summary["final"]
+    assert summary["step"] == 20 and np.isfinite(final["token_nll"])
+    # The Keras path's metrics on the mesh: decodes scored by BLEU, sequence calibration.
+    assert 0.0 <= final["bleu_beam"] <= 100.0 and 0.0 <= final["bleu_greedy"] <= 100.0
+    assert 0.0 <= final["sequence_calibration_error"] <= 1.0 and 0.0 <= final["token_ece"] <= 1.0
     assert (tmp_path / "history.jsonl").exists() and list((tmp_path / "checkpoints").iterdir())

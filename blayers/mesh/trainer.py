@@ -6,9 +6,9 @@ master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to th
 before each save, masters to slices after each restore), the per-example ELBO
 `NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer, and
 `metrics.json` with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
-Monte Carlo predictive (`num_eval_samples` weight draws), as the Keras path's
-`SequenceToSequence` computes them. Decodes (BLEU, sequence-level calibration) are the Keras
-path's only.
+Monte Carlo predictive (`num_eval_samples` weight draws), and greedy and beam decodes scored by
+BLEU and sequence-level calibration, all as the Keras path's `SequenceToSequence` computes them
+(its `decode_metrics` runs on a `next_log_probs` that feeds each prefix to the graph).
 
 Run it in a process of its own: it switches TensorFlow to graph mode. From the command line:
 
@@ -29,10 +29,11 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
+from blayers import decoding, run_files
 from blayers import metrics as metrics_lib
-from blayers import run_files
 from blayers.mesh.layers import mtf
 from blayers.mesh.transformer import TransformerHParams, transformer_logits
+from blayers.tasks import SequenceToSequence
 
 __all__ = ["MeshRun", "parameter_bytes_per_device", "train_mesh"]
 
@@ -66,6 +67,9 @@ class MeshRun:
             tf.compat.v1.data.get_output_shapes(data.train.batch(batch_size, drop_remainder=True)),
         )
         features, targets = iterator.get_next()
+        # Decoding feeds these directly (TF1 lets a feed replace any tensor).
+        self.inputs = (features["source"], features["target_in"], targets)
+        self.batch_size = batch_size
         self.graph = mtf.Graph()
         self.mesh = mtf.Mesh(self.graph, "mesh")
         batch = mtf.Dimension("batch", batch_size)
@@ -269,6 +273,7 @@ class _GraphData:
 
     def __init__(self, data, train, test):
         self.num_train, self.num_classes, self.name = data.num_train, data.num_classes, data.name
+        self.task, self.detokenize, self.test_arrays = data.task, data.detokenize, test
         self.train, self.test = self._dataset(train), self._dataset(test)
 
     @staticmethod
@@ -301,6 +306,47 @@ def _evaluate(session, run, data, batch_size, num_samples):
         targets = np.concatenate(labels)
     mean = summed / num_samples
     keep = targets != 0
+    metrics = _token_metrics(mean, targets, keep)
+    task = getattr(data, "task", None)
+    if isinstance(task, SequenceToSequence) and task.num_decode > 0:
+        metrics.update(_decode(session, run, data, task, num_samples)[0])
+    return metrics
+
+
+def _decode(session, run, data, task, num_samples):
+    """The Keras path's decodes (greedy, beam, BLEU, sequence-level calibration) on the mesh:
+    each step runs the teacher-forced graph on the prefix padded to the static length (the
+    causal mask keeps the padding out), averaging `decode_samples` weight draws."""
+    source_tf, target_in_tf, target_tf = run.inputs
+    length = int(target_in_tf.shape[1])
+    batch = run.batch_size
+    samples = max(1, min(task.decode_samples, num_samples))
+    probs_tf = run.eval_fetch["probs"]
+
+    def next_log_probs(sources, prefixes):
+        out = []
+        for start in range(0, len(sources), batch):
+            src, prefix = sources[start : start + batch], prefixes[start : start + batch]
+            n, width = len(src), prefix.shape[1]
+            src = np.concatenate([src, np.repeat(src[-1:], batch - n, 0)])
+            target_in = np.zeros((batch, length), np.int32)
+            target_in[:n, :width] = prefix
+            feed = {
+                source_tf: src.astype(np.int32),
+                target_in_tf: target_in,
+                target_tf: np.zeros((batch, length), np.int32),
+            }
+            p = sum(session.run(probs_tf, feed) for _ in range(samples)) / samples
+            out.append(p[:n, width - 1])
+        return np.log(np.concatenate(out) + 1e-12)
+
+    sources, _, target_out = data.test_arrays
+    references = [decoding.strip(row, task.eos_id, task.pad_id) for row in target_out]
+    padded_sources = [row[: source_tf.shape[1]] for row in sources]
+    return task.decode_metrics(next_log_probs, data, padded_sources, references, max_length=length)
+
+
+def _token_metrics(mean, targets, keep):
     picked = np.take_along_axis(mean, targets[..., None], -1)[..., 0][keep]
     correct = (mean.argmax(-1) == targets)[keep]
     token_nll = float(-np.mean(np.log(picked + 1e-12)))

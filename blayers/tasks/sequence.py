@@ -148,10 +148,6 @@ class SequenceToSequence(Task):
         return result, arrays
 
     def _decode(self, model, data, sources, references, num_samples):
-        count = min(self.num_decode, len(sources))
-        width = max(len(s) for s in sources[:count])
-        source = np.stack([np.pad(s, (0, width - len(s))) for s in sources[:count]])
-        references = references[:count]
         samples = max(1, min(self.decode_samples, num_samples))
         mean_probs = self._mean_probs_fn(model)
 
@@ -159,7 +155,18 @@ class SequenceToSequence(Task):
             p = mean_probs({"source": src, "target_in": prefix}, samples)[:, -1]
             return np.log(p + 1e-12)
 
-        max_length = self.max_decode_length or max(len(r) for r in references) + 10
+        return self.decode_metrics(next_log_probs, data, sources, references)
+
+    def decode_metrics(self, next_log_probs, data, sources, references, max_length=None):
+        """Greedy and beam decodes of the first `num_decode` sources with any
+        `next_log_probs(sources, prefixes) -> [n, vocab]` (a Keras model's Monte Carlo
+        predictive, or a Mesh TensorFlow graph's), scored by BLEU and sequence-level
+        calibration. Returns `(metrics, arrays)`."""
+        count = min(self.num_decode, len(sources))
+        width = max(len(s) for s in sources[:count])
+        source = np.stack([np.pad(s, (0, width - len(s))) for s in sources[:count]])
+        references = references[:count]
+        max_length = max_length or self.max_decode_length or max(len(r) for r in references) + 10
         text = data.detokenize or (lambda ids: " ".join(str(i) for i in ids))
         refs = [text(r) for r in references]
         result, arrays = {}, {}
