@@ -270,3 +270,6 @@ def test_mesh_smoke_config_through_the_cli(tmp_path):
     assert 0.0 <= final["bleu_beam"] <= 100.0 and 0.0 <= final["bleu_greedy"] <= 100.0
     assert 0.0 <= final["sequence_calibration_error"] <= 1.0 and 0.0 <= final["token_ece"] <= 1.0
     assert (tmp_path / "history.jsonl").exists() and list((tmp_path / "checkpoints").iterdir())
+    for name in ("operative_config.gin", "training_curves.png", "sequence_reliability.png"):
+        assert (tmp_path / name).exists(), name
+    assert "TransformerHParams.d_model = 32" in (tmp_path / "operative_config.gin").read_text()

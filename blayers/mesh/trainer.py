@@ -4,8 +4,9 @@ TF 2.21 has no `tf.estimator` (and Mesh TensorFlow's own Transformer needs TPUEs
 the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU devices or GPUs),
 master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
 before each save, masters to slices after each restore), the per-example ELBO
-`NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer, and
-`metrics.json` with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
+`NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer,
+`operative_config.gin`, `training_curves.png`, `sequence_reliability.png` and `metrics.json`
+with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
 Monte Carlo predictive (`num_eval_samples` weight draws), and greedy and beam decodes scored by
 BLEU and sequence-level calibration, all as the Keras path's `SequenceToSequence` computes them
 (its `decode_metrics` runs on a `next_log_probs` that feeds each prefix to the graph).
@@ -29,7 +30,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from blayers import decoding, run_files
+from blayers import decoding, plots, run_files
 from blayers import metrics as metrics_lib
 from blayers.mesh.layers import mtf
 from blayers.mesh.transformer import TransformerHParams, transformer_logits
@@ -234,8 +235,9 @@ def train_mesh(
                 if step % checkpoint_every == 0:
                     save()
             save()
-            metrics = _evaluate(session, run, data, batch_size, num_eval_samples)
+            metrics, arrays = _evaluate(session, run, data, batch_size, num_eval_samples)
             history.add({"kind": "eval", "step": step, **metrics})
+            _write_outputs(model_dir, history.records, arrays)
     summary = {"status": "finished", "step": step, "resumed_from_step": start, "final": metrics}
     with open(os.path.join(model_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
@@ -307,10 +309,28 @@ def _evaluate(session, run, data, batch_size, num_samples):
     mean = summed / num_samples
     keep = targets != 0
     metrics = _token_metrics(mean, targets, keep)
+    correct = (mean.argmax(-1) == targets)[keep]
+    arrays = {"token_confidence": mean.max(-1)[keep], "token_correct": correct}
     task = getattr(data, "task", None)
     if isinstance(task, SequenceToSequence) and task.num_decode > 0:
-        metrics.update(_decode(session, run, data, task, num_samples)[0])
-    return metrics
+        decoded, decode_arrays = _decode(session, run, data, task, num_samples)
+        metrics.update(decoded)
+        arrays.update(decode_arrays)
+    return metrics, arrays
+
+
+def _write_outputs(model_dir, records, arrays):
+    """The Keras path's outputs: the operative config, training curves, the reliability plot."""
+    with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
+        f.write(gin.operative_config_str())
+    plots.training_curves(records, os.path.join(model_dir, "training_curves.png"))
+    plots.sequence_reliability(
+        arrays["token_confidence"],
+        arrays["token_correct"],
+        arrays.get("sequence_confidence"),
+        arrays.get("sequence_bleu"),
+        os.path.join(model_dir, "sequence_reliability.png"),
+    )
 
 
 def _decode(session, run, data, task, num_samples):
