@@ -30,6 +30,7 @@ from blayers.registry import ArgsDoc, Registry
 tfd = tfp.distributions
 
 __all__ = [
+    "RHO_RANGE",
     "TrainableDeterministic",
     "TrainableGlorotNormal",
     "TrainableHalfCauchy",
@@ -48,6 +49,7 @@ __all__ = [
 # softplus^{-1}(1e-3) and softplus^{-1}(5e-2): the initial stddev range of the Normal family.
 _RHO_MIN = float(constraints_lib.softplus_inverse(1e-3))
 _RHO_MAX = float(constraints_lib.softplus_inverse(5e-2))
+RHO_RANGE = (_RHO_MIN, _RHO_MAX)  # the unconstrained range of the Normal family's initial stddev
 _REGISTRY = Registry(
     "initializer",
     "blayers.initializers",

@@ -36,7 +36,12 @@ def _fresh(identifier):
 class _MultiHeadAttentionBase(BayesianLayer):
     """Multi-head attention whose four projections are random weights.
 
-    Args:
+    Keras masks of `query`, `value` and `key` (e.g. from `Embedding(mask_zero=True)`) mask the
+    attention as in `keras.layers.MultiHeadAttention`; the output keeps the query's mask.
+    """
+
+    # Appended to every subclass's docstring by `ArgsDoc`.
+    _args_doc = """    Args:
       num_heads: attention heads.
       key_dim: size of each head's queries and keys.
       value_dim: size of each head's values (default `key_dim`).
@@ -50,15 +55,8 @@ class _MultiHeadAttentionBase(BayesianLayer):
       seed: seeds the projections' noise and the dropout.
       **kwargs: `keras.layers.Layer` arguments.
 
-    Keras masks of `query`, `value` and `key` (e.g. from `Embedding(mask_zero=True)`) mask the
-    attention as in `keras.layers.MultiHeadAttention`; the output keeps the query's mask.
-    """
-
-    def __init_subclass__(cls, **kwargs):
-        super().__init_subclass__(**kwargs)
-        if "Args:" not in (cls.__doc__ or ""):
-            base_doc = _MultiHeadAttentionBase.__doc__.split("\n\n", 1)[1]
-            cls.__doc__ = (cls.__doc__ or "").rstrip() + "\n\n    " + base_doc.lstrip()
+    Keras masks of `query`, `value` and `key` mask the attention as in Keras' own layer.
+"""
 
     def __init__(
         self,

@@ -130,8 +130,8 @@ class BayesianLayer(SeededLayer):
       family (dense matmul, convolution, einsum); and the attributes `use_bias` and
       `activation` read by `add_bias_and_activate`;
     * the hook an estimator mixin (`blayers.layers.estimators`) supplies: `linear_fn(kernel_rv)`,
-      the forward pass under a random kernel (Reparameterization, Flipout, local
-      reparameterization), and thus `_random_linear(inputs, kernel_rv)`.
+      the forward pass under one draw of a random kernel (Reparameterization, Flipout, local
+      reparameterization).
 
     Weights follow the layer's dtype (`dtype='float64'` gives float64 variational parameters).
 
@@ -216,7 +216,7 @@ class BayesianLayer(SeededLayer):
 
     def apply_kernel(self, inputs, name="kernel"):
         """`_linear(inputs, kernel)`: deterministic for a fixed kernel, else the estimator's
-        `_random_linear` (supplied by an estimator mixin, see `blayers.layers.estimators`)."""
+        forward pass (`linear_fn`, from an estimator mixin, see `blayers.layers.estimators`)."""
         return self.kernel_fn(name)(inputs)
 
     def kernel_fn(self, name="kernel", batch_size=None):
@@ -242,9 +242,6 @@ class BayesianLayer(SeededLayer):
             "blayers.layers.estimators' ReparameterizationEstimator, FlipoutEstimator or "
             "LocalReparameterizationEstimator."
         )
-
-    def _random_linear(self, inputs, kernel):
-        return self.linear_fn(kernel)(inputs)
 
     def add_bias_and_activate(self, outputs):
         """`activation(outputs + bias)`, the common tail of the layers with `use_bias` and

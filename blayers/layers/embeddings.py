@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from blayers.layers.base import BayesianLayer, register
 
-__all__ = ["EmbeddingReparameterization", "PositionalEncoding"]
+__all__ = ["EmbeddingReparameterization", "PositionalEncoding", "sinusoid_table"]
 
 
 @register
@@ -75,6 +75,15 @@ class EmbeddingReparameterization(BayesianLayer):
         }
 
 
+def sinusoid_table(length, depth):
+    """`[length, depth]` sinusoidal positions (Vaswani et al., 2017): `sin` on even and `cos` on
+    odd features of `position / 10000^(2i / depth)`."""
+    positions = np.arange(length)[:, None]
+    rates = 1.0 / np.power(10_000.0, (2 * (np.arange(depth) // 2)) / depth)
+    angles = positions * rates[None]
+    return np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
+
+
 @register
 class PositionalEncoding(keras.layers.Layer):
     """`x * sqrt(d_model) + PE`, the sinusoidal positions of Vaswani et al. (2017); the input's
@@ -92,11 +101,7 @@ class PositionalEncoding(keras.layers.Layer):
 
     def build(self, input_shape):
         depth = int(input_shape[-1])
-        positions = np.arange(self.max_length)[:, None]
-        rates = 1.0 / np.power(10_000.0, (2 * (np.arange(depth) // 2)) / depth)
-        angles = positions * rates[None]
-        table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
-        self.table = tf.constant(table, self.compute_dtype)
+        self.table = tf.constant(sinusoid_table(self.max_length, depth), self.compute_dtype)
         self.scale = math.sqrt(depth)
 
     def call(self, inputs):

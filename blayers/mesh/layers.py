@@ -21,6 +21,7 @@ import math
 
 import tensorflow as tf
 
+from blayers.initializers import RHO_RANGE
 from blayers.mesh.compat import import_mesh_tensorflow
 
 mtf = import_mesh_tensorflow()
@@ -28,8 +29,6 @@ mtf = import_mesh_tensorflow()
 __all__ = ["ESTIMATORS", "bayesian_dense", "rademacher"]
 
 ESTIMATORS = (None, "reparameterization", "flipout", "local_reparameterization")
-# softplus^{-1} of the initial stddev range of blayers' trainable_normal: [1e-3, 5e-2].
-_RHO_RANGE = (math.log(math.expm1(1e-3)), math.log(math.expm1(5e-2)))
 
 
 def rademacher(mesh, shape, dtype=tf.float32):
@@ -104,7 +103,7 @@ def bayesian_dense(
                 mesh,
                 "kernel_rho",
                 kernel_shape,
-                initializer=rho_initializer or tf.compat.v1.random_uniform_initializer(*_RHO_RANGE),
+                initializer=rho_initializer or tf.compat.v1.random_uniform_initializer(*RHO_RANGE),
             )
             stddev = mtf.softplus(rho)
             kl = _normal_kl(mean, stddev, prior_stddev)

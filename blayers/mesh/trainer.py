@@ -31,10 +31,9 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import decoding, plots, run_files
-from blayers import metrics as metrics_lib
 from blayers.mesh.layers import mtf
 from blayers.mesh.transformer import TransformerHParams, transformer_logits
-from blayers.tasks import SequenceToSequence
+from blayers.tasks.sequence import SequenceToSequence, token_metrics, token_statistics
 
 __all__ = ["MeshRun", "parameter_bytes_per_device", "train_mesh"]
 
@@ -306,11 +305,9 @@ def _evaluate(session, run, data, batch_size, num_samples):
         probs = np.concatenate(probs).astype(np.float64)
         summed = probs if summed is None else summed + probs
         targets = np.concatenate(labels)
-    mean = summed / num_samples
-    keep = targets != 0
-    metrics = _token_metrics(mean, targets, keep)
-    correct = (mean.argmax(-1) == targets)[keep]
-    arrays = {"token_confidence": mean.max(-1)[keep], "token_correct": correct}
+    picked, confidence, correct = token_statistics(summed / num_samples, targets)
+    metrics = token_metrics(picked, confidence, correct)
+    arrays = {"token_confidence": confidence, "token_correct": correct}
     task = getattr(data, "task", None)
     if isinstance(task, SequenceToSequence) and task.num_decode > 0:
         decoded, decode_arrays = _decode(session, run, data, task, num_samples)
@@ -364,15 +361,3 @@ def _decode(session, run, data, task, num_samples):
     references = [decoding.strip(row, task.eos_id, task.pad_id) for row in target_out]
     padded_sources = [row[: source_tf.shape[1]] for row in sources]
     return task.decode_metrics(next_log_probs, data, padded_sources, references, max_length=length)
-
-
-def _token_metrics(mean, targets, keep):
-    picked = np.take_along_axis(mean, targets[..., None], -1)[..., 0][keep]
-    correct = (mean.argmax(-1) == targets)[keep]
-    token_nll = float(-np.mean(np.log(picked + 1e-12)))
-    return {
-        "token_nll": token_nll,
-        "perplexity": float(np.exp(token_nll)),
-        "token_accuracy": float(np.mean(correct)),
-        "token_ece": metrics_lib.calibration_error(mean.max(-1)[keep], correct),
-    }

@@ -14,9 +14,9 @@ import dataclasses
 import math
 
 import gin
-import numpy as np
 import tensorflow as tf
 
+from blayers.layers.embeddings import sinusoid_table
 from blayers.mesh.layers import bayesian_dense, mtf
 
 __all__ = ["TransformerHParams", "transformer_logits", "transformer_loss"]
@@ -58,11 +58,7 @@ class _Dims:
 
 
 def _positions(mesh, length_dim, model_dim, dtype):
-    depth = model_dim.size
-    positions = np.arange(length_dim.size)[:, None]
-    rates = 1.0 / np.power(10_000.0, (2 * (np.arange(depth) // 2)) / depth)
-    angles = positions * rates[None]
-    table = np.where(np.arange(depth) % 2 == 0, np.sin(angles), np.cos(angles))
+    table = sinusoid_table(length_dim.size, model_dim.size)
     return mtf.import_tf_tensor(mesh, tf.constant(table, dtype), mtf.Shape([length_dim, model_dim]))
 
 

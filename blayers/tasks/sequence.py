@@ -17,7 +17,26 @@ from blayers.tasks.base import Task, register_task
 
 tfd = tfp.distributions
 
-__all__ = ["SequenceToSequence"]
+__all__ = ["SequenceToSequence", "token_metrics", "token_statistics"]
+
+
+def token_statistics(probs, targets, pad_id=0):
+    """Per non-padded target token of predictive `probs [..., length, vocab]`: the target's
+    probability, the confidence (max probability) and whether the argmax is the target."""
+    keep = targets != pad_id
+    picked = np.take_along_axis(probs, targets[..., None], -1)[..., 0]
+    return picked[keep], probs.max(-1)[keep], (probs.argmax(-1) == targets)[keep]
+
+
+def token_metrics(target_probs, confidences, correct):
+    """Token NLL, perplexity, accuracy and ECE (15 bins) from `token_statistics`."""
+    token_nll = float(-np.mean(np.log(np.asarray(target_probs, np.float64) + 1e-12)))
+    return {
+        "token_nll": token_nll,
+        "perplexity": float(np.exp(token_nll)),
+        "token_accuracy": float(np.mean(correct)),
+        "token_ece": metrics_lib.calibration_error(confidences, correct),
+    }
 
 
 @register_task
@@ -121,22 +140,14 @@ class SequenceToSequence(Task):
         for features, targets in data.test.batch(batch_size):
             p = mean_probs(features, num_samples)  # [batch, length, vocab]
             y = targets.numpy()
-            keep = y != self.pad_id
-            picked = np.take_along_axis(p, y[..., None], -1)[..., 0]
-            target_probs.append(picked[keep])
-            confidences.append(p.max(-1)[keep])
-            correct.append((p.argmax(-1) == y)[keep])
+            picked, confidence, hit = token_statistics(p, y, self.pad_id)
+            target_probs.append(picked)
+            confidences.append(confidence)
+            correct.append(hit)
             sources.extend(features["source"].numpy())
             references.extend(decoding.strip(row, self.eos_id, self.pad_id) for row in y)
-        target_probs = np.concatenate(target_probs).astype(np.float64)
         confidences, correct = np.concatenate(confidences), np.concatenate(correct)
-        token_nll = float(-np.mean(np.log(target_probs + 1e-12)))
-        result = {
-            "token_nll": token_nll,
-            "perplexity": float(np.exp(token_nll)),
-            "token_accuracy": float(np.mean(correct)),
-            "token_ece": metrics_lib.calibration_error(confidences, correct),
-        }
+        result = token_metrics(np.concatenate(target_probs), confidences, correct)
         for key in ("token_nll_optimum", "token_accuracy_optimum"):
             if key in data.reference:
                 result[key] = float(data.reference[key])
