@@ -43,21 +43,12 @@ def main(argv=None):
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * max(args.sizes)
         )
-    from blayers.data import parallel_data
     from blayers.mesh import trainer as mesh_trainer
     from blayers.mesh.transformer import TransformerHParams
 
     rng = np.random.RandomState(0)
-    pairs = [
-        (
-            list(rng.randint(3, args.vocab, args.length - 1)),
-            list(rng.randint(3, args.vocab, args.length - 1)),
-        )
-        for _ in range(4 * args.batch)
-    ]
-    data = parallel_data("random", pairs, pairs[: args.batch], args.vocab, pad_to=args.length)
-    train_arrays, test_arrays = mesh_trainer._materialized(data)
-    tf.compat.v1.disable_eager_execution()
+    ids = lambda: rng.randint(3, args.vocab, (args.batch, args.length)).astype(np.int32)
+    batch = (ids(), ids(), ids())  # source, target_in, target_out: one fixed batch, fed
     kind = "GPU" if args.devices == "gpu" else "CPU"
     results = {"config": vars(args), "runs": []}
     for bayesian in (False, True):
@@ -73,10 +64,11 @@ def main(argv=None):
         )
         for size in args.sizes:
             devices = [f"/{kind.lower()}:{i}" for i in range(size)]
-            with tf.Graph().as_default():
-                graph_data = mesh_trainer._GraphData(data, train_arrays, test_arrays)
+            graph = tf.Graph()
+            with graph.as_default():
                 run = mesh_trainer.MeshRun(
-                    graph_data,
+                    args.length,
+                    args.length,
                     hparams,
                     f"model:{size}",
                     "heads:model;d_ff:model;vocab:model",
@@ -84,16 +76,13 @@ def main(argv=None):
                     args.batch,
                     1e-4,
                     1.0,
+                    1_000_000,
                     0,
                 )
-                iterator = tf.compat.v1.data.make_one_shot_iterator(
-                    graph_data.train.repeat().batch(args.batch, drop_remainder=True)
-                )
                 with tf.compat.v1.Session() as session:
-                    session.run(tf.compat.v1.global_variables_initializer())
+                    session.run(run.initializer)
                     session.run(run.to_slices)
-                    handle = session.run(iterator.string_handle())
-                    feed = {run.handle: handle}
+                    feed = run.feed(*batch)
                     for _ in range(2):
                         session.run(run.train_op, feed)
                     times = []

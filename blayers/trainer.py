@@ -39,7 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import objectives, plots, run_files, seeds
-from blayers.data.augment import augment_indexed
+from blayers.data.stream import epoch_batches
 from blayers.random_variable import RandomVariable
 from blayers.registry import unapplied_layer_bindings
 
@@ -383,22 +383,9 @@ class Trainer:
                     break
 
     def batches(self, epoch, skip):
-        """The distributed batches of `epoch`, less the first `skip`: the shuffle order and any
-        augmentation are functions of the seed, the epoch and the example."""
-        data = self.data
-        epoch_seed = self.seed * 100_003 + epoch
-        ds = data.train
-        if data.augment is not None:  # index examples first: their noise follows them
-            ds = ds.enumerate()
-        ds = ds.shuffle(
-            min(self.num_train, self.shuffle_buffer),
-            seed=epoch_seed,
-            reshuffle_each_iteration=False,
-        )
-        if data.augment is not None:
-            ds = augment_indexed(ds, data.augment, epoch_seed)
-        ds = ds.batch(self.batch_size, drop_remainder=True).skip(skip)
-        ds = ds.prefetch(tf.data.AUTOTUNE)
+        """The distributed batches of `epoch`, less the first `skip`
+        (`blayers.data.stream.epoch_batches`)."""
+        ds = epoch_batches(self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer)
         return self.strategy.experimental_distribute_dataset(ds)
 
     def train_step(self, batch):

@@ -80,8 +80,8 @@ import json, math, sys
 import numpy as np
 import tensorflow as tf
 from blayers.mesh.layers import bayesian_dense, mtf
+from blayers.mesh.random import NoiseSource
 
-tf.compat.v1.disable_eager_execution()
 rng = np.random.RandomState(0)
 x_np = rng.randn(3, 5).astype(np.float32)
 x_np[2] = x_np[1]  # two identical examples: Flipout and local reparameterization decorrelate them
@@ -94,8 +94,10 @@ for estimator in ("reparameterization", "flipout", "local_reparameterization"):
         mesh = mtf.Mesh(graph, "mesh")
         batch, io, hidden = mtf.Dimension("batch", 3), mtf.Dimension("io", 5), mtf.Dimension("hidden", 4)
         x = mtf.import_tf_tensor(mesh, tf.constant(x_np), mtf.Shape([batch, io]))
+        draw = tf.compat.v1.placeholder(tf.int64, [])
         y, kl = bayesian_dense(
             x, hidden, "dense", estimator=estimator, use_bias=False,
+            noise=NoiseSource(0, tf.constant(0, tf.int64), draw),
             mean_initializer=tf.compat.v1.constant_initializer(mean),
             rho_initializer=tf.compat.v1.constant_initializer(np.log(np.expm1(stddev))),
         )
@@ -108,7 +110,7 @@ for estimator in ("reparameterization", "flipout", "local_reparameterization"):
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(lowering.copy_masters_to_slices())
-            draws = np.concatenate([session.run(stacked) for _ in range(3000)])
+            draws = np.concatenate([session.run(stacked, {draw: d}) for d in range(3000)])
             out[estimator] = {"draws": draws.tolist(), "kl": float(session.run(kl_tf))}
 json.dump({"x": x_np.tolist(), "mean": mean.tolist(), "stddev": stddev.tolist(), **out},
           open(sys.argv[1], "w"))
@@ -152,10 +154,12 @@ cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 from blayers.data import synthetic_translation
 from blayers.mesh.trainer import MeshRun, parameter_bytes_per_device, train_mesh
+from blayers.mesh.random import NoiseSource
 from blayers.mesh.transformer import TransformerHParams, transformer_loss, mtf
 
 out = {}
-# Training through the graph-mode loop on 2 devices, then a resumed run to 40 steps.
+# Training through the graph-mode loop on 2 devices, then a resumed run to 40 steps; a run
+# straight to 40 steps in another folder; a resume on another layout.
 data = synthetic_translation(
     num_train=256, num_test=64, vocab_size=13, max_length=6, noise=0.0, pad_to=8
 )
@@ -164,22 +168,28 @@ kwargs = dict(hparams=hparams, mesh_shape="model:2", batch_size=16, log_every=5,
               checkpoint_every=10, num_eval_samples=2, learning_rate=3e-3)
 out["first"] = train_mesh(sys.argv[1], data, train_steps=20, **kwargs)
 out["resumed"] = train_mesh(sys.argv[1], data, train_steps=40, **kwargs)
+out["straight"] = train_mesh(sys.argv[2], data, train_steps=40, **kwargs)
+train_mesh(sys.argv[3], data, train_steps=20, **kwargs)
+out["relaid"] = train_mesh(
+    sys.argv[3], data, train_steps=40, **{**kwargs, "mesh_shape": "model:1", "layout": ""}
+)
 
-# The same weights on 1 and 2 devices give the same loss (deterministic layers: no noise).
+# The same weights and noise on 1, 2, 4 and 2x2 devices give the same loss, with deterministic
+# and with Bayesian (Flipout attention, local-reparameterization feed-forward) layers.
 rng = np.random.RandomState(0)
 src = rng.randint(3, 16, (4, 6)).astype(np.int32)
 src[:, 5] = 0
 tin = rng.randint(3, 16, (4, 7)).astype(np.int32)
 tout = np.roll(tin, -1, 1)
 tout[:, -1] = 0
-losses, bytes_per_device = {}, {}
+losses, bayesian_losses, bytes_per_device = {}, {}, {}
 meshes = {
     "1": ("model:1", "heads:model;d_ff:model;vocab:model"),
     "2": ("model:2", "heads:model;d_ff:model;vocab:model"),
     "4": ("model:4", "heads:model;d_ff:model;vocab:model"),
     "2x2": ("batch:2,model:2", "batch:batch;heads:model;d_ff:model;vocab:model"),
 }
-for n, (mesh_shape, layout) in meshes.items():
+def loss_on(mesh_shape, layout, estimators):
     with tf.Graph().as_default():
         tf.compat.v1.set_random_seed(0)
         graph = mtf.Graph()
@@ -190,8 +200,9 @@ for n, (mesh_shape, layout) in meshes.items():
             for a, s in ((src, [b, ls]), (tin, [b, lt]), (tout, [b, lt]))
         ]
         h = TransformerHParams(vocab_size=16, d_model=16, d_ff=32, num_heads=4, num_layers=2,
-                               attention_estimator=None, ffn_estimator=None)
-        nll, kl, tokens = transformer_loss(mesh, *tensors, h)
+                               attention_estimator=estimators[0], ffn_estimator=estimators[1])
+        noise = NoiseSource(7, tf.constant(3, tf.int64), tf.constant(0, tf.int64))
+        nll, kl, tokens = transformer_loss(mesh, *tensors, h, noise)
         shape = mtf.convert_to_shape(mesh_shape)
         impl = mtf.placement_mesh_impl.PlacementMeshImpl(
             shape, mtf.convert_to_layout_rules(layout), [f"/cpu:{i}" for i in range(shape.size)]
@@ -201,14 +212,20 @@ for n, (mesh_shape, layout) in meshes.items():
         with tf.compat.v1.Session() as session:
             session.run(tf.compat.v1.global_variables_initializer())
             session.run(lowering.copy_masters_to_slices())
-            losses[n] = float(session.run(nll_tf))
+            loss = float(session.run(nll_tf))
 
         class _Run:
             pass
 
         fake = _Run()
         fake.graph, fake.lowering = graph, lowering
-        bytes_per_device[n] = parameter_bytes_per_device(fake)
+        return loss, parameter_bytes_per_device(fake)
+
+
+for n, (mesh_shape, layout) in meshes.items():
+    losses[n], bytes_per_device[n] = loss_on(mesh_shape, layout, (None, None))
+    bayesian_losses[n], _ = loss_on(mesh_shape, layout, ("flipout", "local_reparameterization"))
+out["bayesian_losses"] = bayesian_losses
 out["losses"] = losses
 out["bytes"] = {n: sorted(v.values()) for n, v in bytes_per_device.items()}
 print(json.dumps(out))
@@ -217,7 +234,7 @@ print(json.dumps(out))
 
 def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp_path):
     done = subprocess.run(
-        [sys.executable, "-c", _MODEL_PARALLEL, str(tmp_path / "run")],
+        [sys.executable, "-c", _MODEL_PARALLEL, *(str(tmp_path / d) for d in ("a", "b", "c"))],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -227,13 +244,26 @@ def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp
     out = json.loads(done.stdout.strip().splitlines()[-1])
     # It learns (uniform over 16 tokens: 2.77 nats) and the second call resumed at step 20.
     assert out["resumed"]["token_nll"] < out["first"]["token_nll"] < np.log(16)
-    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    summary = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert summary["step"] == 40 and summary["resumed_from_step"] == 20
+    # A resumed run continues exactly where it stopped (the data position and the noise are
+    # functions of the step), and reruns are reproducible; resuming on another layout changes
+    # only the float summation order.
+    train = lambda d: [
+        r for r in map(json.loads, (tmp_path / d / "history.jsonl").open()) if r["kind"] == "train"
+    ]
+    for a, b in zip(train("a"), train("b")):
+        assert a["step"] == b["step"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
+    assert out["resumed"] == pytest.approx(out["straight"], rel=1e-6)
+    assert out["relaid"] == pytest.approx(out["straight"], rel=1e-3)
     # Model and data parallelism change no number: 1, 2, 4 devices and a 2x2 batch-by-model
     # mesh give one loss.
     losses = out["losses"]
     for mesh in ("2", "4", "2x2"):
         assert losses[mesh] == pytest.approx(losses["1"], rel=1e-5), mesh
+        assert out["bayesian_losses"][mesh] == pytest.approx(out["bayesian_losses"]["1"], rel=1e-5)
+    # ... and the noise is there: the Bayesian loss differs from the deterministic one.
+    assert out["bayesian_losses"]["1"] != pytest.approx(losses["1"], rel=1e-3)
     # Per-device parameter bytes fall as 1/n for the split tensors (heads, d_ff, vocabulary);
     # the d_model-only ones (layer norms) are replicated, so the fall is a little less.
     one, two, four = (np.asarray(out["bytes"][k], float) for k in ("1", "2", "4"))

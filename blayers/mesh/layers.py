@@ -13,8 +13,9 @@ dimension, with a mean-field Normal `q(W) = N(M, softplus(rho)^2)`:
 * `None`: the deterministic dense layer (`M` only, no KL).
 
 It returns `(y, kl)` with `kl = KL[q(W) || N(0, prior_stddev^2)]` summed (a scalar mtf tensor,
-zero for `None`), which the caller adds to the loss divided by the data-set size. Randomness
-comes from `mtf.random_*` ops, seeded per slice by the mesh implementation.
+zero for `None`), which the caller adds to the loss divided by the data-set size. Noise comes
+from a `blayers.mesh.random.NoiseSource`: a function of the seed, the step and each entry's place
+in the whole tensor, so a run is reproducible and every layout draws the same numbers.
 """
 
 import math
@@ -22,19 +23,21 @@ import math
 import tensorflow as tf
 
 from blayers.initializers import RHO_RANGE
-from blayers.mesh.compat import import_mesh_tensorflow
+from blayers.mesh.random import NoiseSource, mtf
 
-mtf = import_mesh_tensorflow()
-
-__all__ = ["ESTIMATORS", "bayesian_dense", "rademacher"]
+__all__ = ["ESTIMATORS", "bayesian_dense", "default_noise"]
 
 ESTIMATORS = (None, "reparameterization", "flipout", "local_reparameterization")
 
 
-def rademacher(mesh, shape, dtype=tf.float32):
-    """Independent +-1 signs of `shape`."""
-    uniform = mtf.random_uniform(mesh, shape, dtype=dtype)
-    return mtf.cast(mtf.less(uniform, 0.5), dtype) * 2.0 - 1.0
+def default_noise(mesh):
+    """The `NoiseSource` of `mesh`'s graph when a caller passes none: seed 0, keyed by the
+    TF graph's global step (made if missing)."""
+    source = getattr(mesh.graph, "_blayers_noise", None)
+    if source is None:
+        source = NoiseSource(0, tf.compat.v1.train.get_or_create_global_step())
+        mesh.graph._blayers_noise = source
+    return source
 
 
 def _normal_kl(mean, stddev, prior_stddev):
@@ -57,6 +60,7 @@ def bayesian_dense(
     mean_initializer=None,
     rho_initializer=None,
     reduced_dims=None,
+    noise=None,
 ):
     """A Bayesian dense layer in mtf ops; see the module docstring.
 
@@ -73,6 +77,7 @@ def bayesian_dense(
         uniform on softplus^{-1} of [1e-3, 5e-2], as `trainable_normal`).
       reduced_dims: the dimensions of `x` to contract (default its last), e.g. attention's
         heads and head size in the output projection.
+      noise: the `NoiseSource` to draw from (default: `default_noise(x.mesh)`).
 
     Returns:
       `(y, kl)`: the output and the kernel's KL (a scalar mtf tensor).
@@ -106,23 +111,23 @@ def bayesian_dense(
                 initializer=rho_initializer or tf.compat.v1.random_uniform_initializer(*RHO_RANGE),
             )
             stddev = mtf.softplus(rho)
+            noise = noise or default_noise(mesh)
             kl = _normal_kl(mean, stddev, prior_stddev)
             if estimator == "reparameterization":
-                noise = mtf.random_normal(mesh, kernel_shape, dtype=x.dtype)
-                y = mtf.einsum([x, mean + stddev * noise], output_shape=output_shape)
+                eps = noise.normal(mesh, kernel_shape, x.dtype)
+                y = mtf.einsum([x, mean + stddev * eps], output_shape=output_shape)
             elif estimator == "flipout":
-                noise = mtf.random_normal(mesh, kernel_shape, dtype=x.dtype)
-                sign_in = rademacher(mesh, x.shape, x.dtype)
-                sign_out = rademacher(mesh, output_shape, x.dtype)
-                perturbed = mtf.einsum([x * sign_in, stddev * noise], output_shape=output_shape)
+                eps = noise.normal(mesh, kernel_shape, x.dtype)
+                sign_in = noise.rademacher(mesh, x.shape, x.dtype)
+                sign_out = noise.rademacher(mesh, output_shape, x.dtype)
+                perturbed = mtf.einsum([x * sign_in, stddev * eps], output_shape=output_shape)
                 y = mtf.einsum([x, mean], output_shape=output_shape) + perturbed * sign_out
             else:  # local reparameterization
                 loc = mtf.einsum([x, mean], output_shape=output_shape)
                 variance = mtf.einsum(
                     [mtf.square(x), mtf.square(stddev)], output_shape=output_shape
                 )
-                noise = mtf.random_normal(mesh, output_shape, dtype=x.dtype)
-                y = loc + mtf.sqrt(variance + 1e-12) * noise
+                y = loc + mtf.sqrt(variance + 1e-12) * noise.normal(mesh, output_shape, x.dtype)
         if use_bias:
             bias = mtf.get_variable(
                 mesh, "bias", mtf.Shape(new_dims), initializer=tf.compat.v1.zeros_initializer()

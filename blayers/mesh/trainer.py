@@ -1,17 +1,19 @@
 """The graph-mode training loop of the Mesh TensorFlow Bayesian Transformer.
 
 TF 2.21 has no `tf.estimator` (and Mesh TensorFlow's own Transformer needs TPUEstimator), so
-the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU devices or GPUs),
-master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
+the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU devices or GPUs)
+in a `tf.Graph` with a session of its own (the process stays eager), training batches streamed
+from `data.train` into placeholders as the Keras trainer draws them, master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
 before each save, masters to slices after each restore), the per-example ELBO
-`NLL + beta * KL / N`, the run lock and `history.jsonl` of the Keras trainer,
+`NLL + beta * KL / N`, the run lock, `history.jsonl` and `tensorboard/` of the Keras trainer,
 `operative_config.gin`, `training_curves.png`, `sequence_reliability.png` and `metrics.json`
 with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
 Monte Carlo predictive (`num_eval_samples` weight draws), and greedy and beam decodes scored by
 BLEU and sequence-level calibration, all as the Keras path's `SequenceToSequence` computes them
 (its `decode_metrics` runs on a `next_log_probs` that feeds each prefix to the graph).
 
-Run it in a process of its own: it switches TensorFlow to graph mode. From the command line:
+Logical CPU devices are a process-wide setting made before TensorFlow starts; the CLI makes
+them (`--num_cpu_devices`). From the command line:
 
     python -m blayers.train --strategy=mesh --num_cpu_devices=2 --mesh_shape=model:2 \
         --gin_file=bayesian_transformer_mesh_smoke --model_dir=runs/mesh
@@ -31,8 +33,9 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import decoding, plots, run_files
-from blayers.mesh.layers import mtf
-from blayers.mesh.transformer import TransformerHParams, transformer_logits
+from blayers.data.stream import epoch_batches
+from blayers.mesh.random import NoiseSource, mtf
+from blayers.mesh.transformer import TransformerHParams, target_terms, transformer_logits
 from blayers.tasks.sequence import SequenceToSequence, token_metrics, token_statistics
 
 __all__ = ["MeshRun", "parameter_bytes_per_device", "train_mesh"]
@@ -53,38 +56,53 @@ def _devices(mesh_shape, devices):
 
 
 class MeshRun:
-    """One lowered graph: the model on a batch from a feedable iterator (train or test)."""
+    """One lowered graph of the model: placeholders for a batch of `(source, target_in,
+    target_out)` ids, the train op, and the fetches of training and evaluation.
+
+    Build it inside `with graph.as_default():`; run it with `tf.compat.v1.Session(graph=graph)`.
+    Its noise is a function of `seed`, the global step and `draw` (`blayers.mesh.random`), so
+    runs are reproducible and every layout trains on the same noise.
+    """
 
     def __init__(
-        self, data, hparams, mesh_shape, layout, devices, batch_size, learning_rate, kl_weight, seed
+        self,
+        source_length,
+        target_length,
+        hparams,
+        mesh_shape,
+        layout,
+        devices,
+        batch_size,
+        learning_rate,
+        kl_weight,
+        num_train,
+        seed,
     ):
         tf.compat.v1.set_random_seed(seed)
-        self.data = data
-        self.handle = tf.compat.v1.placeholder(tf.string, [])
-        iterator = tf.compat.v1.data.Iterator.from_string_handle(
-            self.handle,
-            tf.compat.v1.data.get_output_types(data.train),
-            tf.compat.v1.data.get_output_shapes(data.train.batch(batch_size, drop_remainder=True)),
-        )
-        features, targets = iterator.get_next()
-        # Decoding feeds these directly (TF1 lets a feed replace any tensor).
-        self.inputs = (features["source"], features["target_in"], targets)
         self.batch_size = batch_size
+        ids = lambda name, length: tf.compat.v1.placeholder(tf.int32, [batch_size, length], name)
+        self.inputs = (
+            ids("source", source_length),
+            ids("target_in", target_length),
+            ids("target_out", target_length),
+        )
+        self.step = tf.compat.v1.train.get_or_create_global_step()
+        # Evaluation feeds 1, 2, ... to average distinct weight draws at one step.
+        self.draw = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [], "draw")
         self.graph = mtf.Graph()
         self.mesh = mtf.Mesh(self.graph, "mesh")
         batch = mtf.Dimension("batch", batch_size)
-        source_len = mtf.Dimension("source_length", int(features["source"].shape[1]))
-        target_len = mtf.Dimension("length", int(targets.shape[1]))
-        source = mtf.import_tf_tensor(self.mesh, features["source"], mtf.Shape([batch, source_len]))
-        target_in = mtf.import_tf_tensor(
-            self.mesh, features["target_in"], mtf.Shape([batch, target_len])
+        source, target_in, target_out = (
+            mtf.import_tf_tensor(self.mesh, tensor, mtf.Shape([batch, mtf.Dimension(name, n)]))
+            for tensor, name, n in zip(
+                self.inputs,
+                ("source_length", "length", "length"),
+                (source_length, target_length, target_length),
+            )
         )
-        target_out = mtf.import_tf_tensor(self.mesh, targets, mtf.Shape([batch, target_len]))
-        logits, kl_terms, dims = transformer_logits(self.mesh, source, target_in, hparams)
-        weights = mtf.cast(mtf.not_equal(target_out, 0), logits.dtype)
-        token_nll = mtf.layers.softmax_cross_entropy_with_logits(
-            logits, mtf.one_hot(target_out, dims.vocab, dtype=logits.dtype), dims.vocab
-        )
+        noise = NoiseSource(seed, self.step, self.draw)
+        logits, kl_terms, dims = transformer_logits(self.mesh, source, target_in, hparams, noise)
+        token_nll, weights = target_terms(logits, target_out, dims.vocab)
         nll = mtf.reduce_sum(token_nll * weights)
         correct = mtf.reduce_sum(
             mtf.cast(mtf.equal(mtf.argmax(logits, dims.vocab), target_out), logits.dtype) * weights
@@ -92,7 +110,7 @@ class MeshRun:
         tokens = mtf.reduce_sum(weights)
         probs = mtf.softmax(logits, dims.vocab)  # before the lowering, which lowers what exists
         kl = mtf.add_n(kl_terms) if kl_terms else mtf.zeros(self.mesh, mtf.Shape([]))
-        loss = nll / float(batch_size) + kl_weight * kl / float(data.num_train)
+        loss = nll / float(batch_size) + kl_weight * kl / float(num_train)
         grads = mtf.gradients([loss], [v.outputs[0] for v in self.graph.trainable_variables])
         optimizer = mtf.optimize.AdamWeightDecayOptimizer(learning_rate=learning_rate)
         updates = optimizer.apply_grads(grads, self.graph.trainable_variables)
@@ -100,16 +118,11 @@ class MeshRun:
             mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout), devices
         )
         self.lowering = mtf.Lowering(self.graph, {self.mesh: self.mesh_impl})
-        self.step = tf.compat.v1.train.get_or_create_global_step()
-        self.train_op = tf.group(
-            [self.lowering.lowered_operation(op) for op in updates],
-            tf.compat.v1.assign_add(self.step, 1),
-        )
+        # The step moves after the updates, whose noise read it: one step, one noise key.
+        with tf.control_dependencies([self.lowering.lowered_operation(op) for op in updates]):
+            self.train_op = tf.compat.v1.assign_add(self.step, 1)
         export = self.lowering.export_to_tf_tensor
-        self.eval_fetch = {
-            "probs": export(probs),
-            "targets": export(target_out),
-        }
+        self.eval_fetch = {"probs": export(probs), "targets": export(target_out)}
         self.fetch = {
             "loss": export(loss),
             "nll": export(nll),
@@ -120,6 +133,14 @@ class MeshRun:
         self.saver = tf.compat.v1.train.Saver(max_to_keep=3, sharded=False)
         self.to_masters = self.lowering.copy_slices_to_masters()
         self.to_slices = self.lowering.copy_masters_to_slices()
+        self.initializer = tf.compat.v1.global_variables_initializer()
+
+    def feed(self, source, target_in, target_out, draw=None):
+        """The feed dict of one batch (NumPy id arrays of the placeholders' shapes)."""
+        feed = dict(zip(self.inputs, (source, target_in, target_out)))
+        if draw is not None:
+            feed[self.draw] = draw
+        return feed
 
 
 def parameter_bytes_per_device(run, include_optimizer=False):
@@ -152,15 +173,21 @@ def train_mesh(
     log_every=50,
     checkpoint_every=500,
     num_eval_samples=4,
+    shuffle_buffer=10_000,
     seed=0,
 ):
     """Trains the mtf Bayesian Transformer on a sequence-to-sequence `data`; resumes from
     `model_dir`. Returns the final test metrics.
 
+    The training batches stream from `data.train` (`blayers.data.stream.epoch_batches`, as the
+    Keras trainer draws them) into the graph's placeholders, so data of any size (WMT'14) is
+    never held in the graph, and a resumed run continues at the batch where it stopped. The
+    process stays in eager mode: the graph has a session of its own.
+
     Args:
-      model_dir: output folder (checkpoints/, history.jsonl, metrics.json).
-      data: a sequence-to-sequence `Data` with fixed-length (padded) examples (in gin:
-        `train_mesh.data = @synthetic_translation()`).
+      model_dir: output folder (checkpoints/, history.jsonl, tensorboard/, metrics.json).
+      data: a sequence-to-sequence `Data` whose examples have one padded length (in gin:
+        `train_mesh.data = @synthetic_translation()` with `pad_to`).
       hparams: a `TransformerHParams` (its vocabulary defaults to `data.num_classes`).
       mesh_shape, layout: Mesh TensorFlow's mesh (`'batch:2,model:4'`) and layout rules.
       devices: device names, one per mesh processor (default: the visible GPUs, else the
@@ -169,139 +196,159 @@ def train_mesh(
       kl_weight: beta of `NLL + beta * KL / N`.
       log_every, checkpoint_every: steps between history records and checkpoints.
       num_eval_samples: weight draws averaged into the test predictive.
-      seed: TensorFlow's graph-level seed.
+      shuffle_buffer: training examples shuffled at a time.
+      seed: the shuffle order, the initial weights and the weight noise.
     """
-    train_arrays, test_arrays = _materialized(data)
-    tf.compat.v1.disable_eager_execution()
+    if not tf.executing_eagerly():
+        raise RuntimeError(
+            "train_mesh builds its own graph and streams data eagerly: call it in eager mode "
+            "(not under tf.compat.v1.disable_eager_execution or a Graph.as_default block)."
+        )
     hparams = hparams or TransformerHParams()
     if hparams.vocab_size is None:
         hparams = dataclasses.replace(hparams, vocab_size=data.num_classes)
+    source_length, target_length = _padded_lengths(data)
+    num_train = int(data.num_train)
+    if batch_size > num_train:
+        raise ValueError(f"train_mesh: batch_size={batch_size} exceeds the {num_train} examples.")
+    steps_per_epoch = num_train // batch_size
     os.makedirs(model_dir, exist_ok=True)
     checkpoints = os.path.join(model_dir, "checkpoints")
-    with run_files.RunLock(model_dir), tf.Graph().as_default():
-        data = _GraphData(data, train_arrays, test_arrays)
-        run = MeshRun(
-            data,
-            hparams,
-            mesh_shape,
-            layout,
-            _devices(mesh_shape, devices),
-            batch_size,
-            learning_rate,
-            kl_weight,
-            seed,
-        )
-        train_iter = tf.compat.v1.data.make_one_shot_iterator(
-            data.train.repeat()
-            .shuffle(min(data.num_train, 10_000), seed=seed)
-            .batch(batch_size, drop_remainder=True)
-        )
-        with tf.compat.v1.Session() as session:
-            session.run(tf.compat.v1.global_variables_initializer())
+    graph = tf.Graph()
+    with run_files.RunLock(model_dir):
+        with graph.as_default():
+            run = MeshRun(
+                source_length,
+                target_length,
+                hparams,
+                mesh_shape,
+                layout,
+                _devices(mesh_shape, devices),
+                batch_size,
+                learning_rate,
+                kl_weight,
+                num_train,
+                seed,
+            )
+        writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
+        # Not `with Session()`: that would make the graph the default, and the data stream
+        # and summaries below are eager.
+        session = tf.compat.v1.Session(graph=graph)
+        try:
+            session.run(run.initializer)
             latest = tf.compat.v1.train.latest_checkpoint(checkpoints)
             if latest:
-                run.saver.restore(session, latest)
+                with graph.as_default():  # a Saver in an eager process saves eagerly otherwise
+                    run.saver.restore(session, latest)
             session.run(run.to_slices)
-            start = int(session.run(run.step))
+            start = step = int(session.run(run.step))
             history = run_files.History(os.path.join(model_dir, "history.jsonl"), start)
-            train_handle = session.run(train_iter.string_handle())
             sums, window_start, clock = np.zeros(3), start, time.time()
 
             def save():
                 session.run(run.to_masters)
                 os.makedirs(checkpoints, exist_ok=True)
-                run.saver.save(session, os.path.join(checkpoints, "model.ckpt"), global_step=step)
-
-            step = start
-            while step < train_steps:
-                _, out, step = session.run(
-                    [run.train_op, run.fetch, run.step], {run.handle: train_handle}
-                )
-                step = int(step)
-                if not np.isfinite(out["loss"]):
-                    raise FloatingPointError(f"Non-finite mesh loss at step {step}: {out}.")
-                sums += (out["loss"], out["nll"] / batch_size, out["kl"] / data.num_train)
-                if step % log_every == 0 or step == train_steps:
-                    count = step - window_start
-                    record = dict(zip(("loss", "nll", "kl_per_example"), sums / max(count, 1)))
-                    record.update(
-                        kind="train",
-                        step=step,
-                        steps_per_second=count / max(time.time() - clock, 1e-9),
+                with graph.as_default():
+                    run.saver.save(
+                        session,
+                        os.path.join(checkpoints, "model.ckpt"),
+                        global_step=step,
+                        write_meta_graph=False,
                     )
-                    history.add({k: float(v) if k != "kind" else v for k, v in record.items()})
-                    sums, window_start, clock = np.zeros(3), step, time.time()
-                if step % checkpoint_every == 0:
-                    save()
+
+            while step < train_steps:
+                epoch, skip = divmod(step, steps_per_epoch)
+                batches = epoch_batches(data, batch_size, seed, epoch, skip, shuffle_buffer)
+                for features, targets in batches.as_numpy_iterator():
+                    feed = run.feed(features["source"], features["target_in"], targets)
+                    step, out = session.run([run.train_op, run.fetch], feed)
+                    step = int(step)
+                    if not np.isfinite(out["loss"]):
+                        raise FloatingPointError(
+                            f"Non-finite mesh loss at step {step}: {_floats(out)}."
+                        )
+                    sums += (out["loss"], out["nll"] / batch_size, out["kl"] / num_train)
+                    if step % log_every == 0 or step == train_steps:
+                        count = step - window_start
+                        record = dict(zip(("loss", "nll", "kl_per_example"), sums / max(count, 1)))
+                        record["elbo"] = -(record["nll"] + record["kl_per_example"])
+                        record = {k: float(v) for k, v in record.items()}
+                        record.update(
+                            kind="train",
+                            step=step,
+                            steps_per_second=count / max(time.time() - clock, 1e-9),
+                        )
+                        history.add(record)
+                        with writer.as_default(step=step):
+                            for key in ("loss", "nll", "kl_per_example", "elbo"):
+                                tf.summary.scalar(f"train/{key}", record[key])
+                        sums, window_start, clock = np.zeros(3), step, time.time()
+                    if step % checkpoint_every == 0:
+                        save()
+                    if step >= train_steps:
+                        break
             save()
-            metrics, arrays = _evaluate(session, run, data, batch_size, num_eval_samples)
+            metrics, arrays = _evaluate(session, run, data, num_eval_samples)
             history.add({"kind": "eval", "step": step, **metrics})
-            _write_outputs(model_dir, history.records, arrays)
-    summary = {"status": "finished", "step": step, "resumed_from_step": start, "final": metrics}
+            with writer.as_default(step=step):
+                for key, value in metrics.items():
+                    tf.summary.scalar(f"eval/{key}", value)
+            images = _write_outputs(model_dir, history.records, arrays)
+            with writer.as_default(step=step):
+                for path in images:
+                    plots.png_to_tensorboard(path)
+            writer.flush()
+        finally:
+            session.close()
+    summary = {
+        "status": "finished",
+        "step": step,
+        "resumed_from_step": start,
+        "data": data.name,
+        "num_train": num_train,
+        "mesh_shape": mesh_shape,
+        "layout": layout,
+        "final": metrics,
+    }
     with open(os.path.join(model_dir, "metrics.json"), "w") as f:
         json.dump(summary, f, indent=2)
     logging.info("Mesh run finished at step %d: %s", step, metrics)
     return metrics
 
 
-def _materialized(data):
-    """The splits as NumPy arrays. They are read eagerly, before the process switches to graph
-    mode, and kept on `data` so that a second run in the same process (a resume) finds them:
-    after the switch, `data`'s eagerly made datasets can no longer be read."""
-    cached = getattr(data, "_mesh_arrays", None)
-    if cached is None:
-        if not tf.executing_eagerly():
-            raise RuntimeError(
-                "train_mesh reads the data eagerly: build it before the process is in graph "
-                "mode (or reuse a Data record a previous train_mesh call has read)."
-            )
-        cached = (_arrays(data.train), _arrays(data.test))
-        data._mesh_arrays = cached
-    return cached
+def _floats(values):
+    return {k: float(v) for k, v in values.items()}
 
 
-def _arrays(dataset):
-    """`({'source', 'target_in'}, target_out)` NumPy arrays of a padded, unbatched dataset."""
-    parts = [
-        (f["source"].numpy(), f["target_in"].numpy(), t.numpy()) for f, t in dataset.batch(4096)
-    ]
-    return tuple(np.concatenate([p[i] for p in parts]) for i in range(3))
-
-
-class _GraphData:
-    """The `Data` fields the mesh loop reads, with its datasets rebuilt in graph mode (the
-    originals were made eagerly and cannot be captured by a graph)."""
-
-    def __init__(self, data, train, test):
-        self.num_train, self.num_classes, self.name = data.num_train, data.num_classes, data.name
-        self.task, self.detokenize, self.test_arrays = data.task, data.detokenize, test
-        self.train, self.test = self._dataset(train), self._dataset(test)
-
-    @staticmethod
-    def _dataset(arrays):
-        source, target_in, target_out = arrays
-        return tf.data.Dataset.from_tensor_slices(
-            ({"source": source, "target_in": target_in}, target_out)
+def _padded_lengths(data):
+    """The static source and target lengths of `data`'s examples (graph mode needs them)."""
+    features, targets = data.train.element_spec
+    source, target = features["source"].shape, targets.shape
+    if source.rank != 1 or source[0] is None or target.rank != 1 or target[0] is None:
+        raise ValueError(
+            f"train_mesh needs examples of one padded length; {data.name!r} gives source "
+            f"{source} and target {target}. Pad them (e.g. `synthetic_translation.pad_to`, "
+            "`tfds_translation.pad_to`)."
         )
+    return int(source[0]), int(target[0])
 
 
-def _evaluate(session, run, data, batch_size, num_samples):
-    """Teacher-forced token metrics under the Monte Carlo predictive `mean_s p_s`, as the Keras
-    path's `SequenceToSequence`: one pass over the (unshuffled) test set per weight draw."""
+def _evaluate(session, run, data, num_samples):
+    """Teacher-forced token metrics under the Monte Carlo predictive `mean_s p_s` (draws
+    1..num_samples), as the Keras path's `SequenceToSequence`, over the whole test set (the
+    last batch padded with repeats that are then dropped)."""
+    batch = run.batch_size
     summed, targets = None, None
-    for _ in range(num_samples):
-        iterator = tf.compat.v1.data.make_one_shot_iterator(
-            data.test.batch(batch_size, drop_remainder=True)
-        )
-        handle = session.run(iterator.string_handle())
+    for draw in range(1, num_samples + 1):
         probs, labels = [], []
-        while True:
-            try:
-                out = session.run(run.eval_fetch, {run.handle: handle})
-            except tf.errors.OutOfRangeError:
-                break
-            probs.append(out["probs"])
-            labels.append(out["targets"])
+        for features, target in data.test.batch(batch).as_numpy_iterator():
+            n = len(target)
+            arrays = [
+                _pad_rows(a, batch) for a in (features["source"], features["target_in"], target)
+            ]
+            out = session.run(run.eval_fetch, run.feed(*arrays, draw=draw))
+            probs.append(out["probs"][:n])
+            labels.append(out["targets"][:n])
         probs = np.concatenate(probs).astype(np.float64)
         summed = probs if summed is None else summed + probs
         targets = np.concatenate(labels)
@@ -316,25 +363,35 @@ def _evaluate(session, run, data, batch_size, num_samples):
     return metrics, arrays
 
 
+def _pad_rows(array, rows):
+    """`array` with its last row repeated up to `rows` rows."""
+    return np.concatenate([array, np.repeat(array[-1:], rows - len(array), 0)])
+
+
 def _write_outputs(model_dir, records, arrays):
-    """The Keras path's outputs: the operative config, training curves, the reliability plot."""
+    """The Keras path's outputs: the operative config, training curves, the reliability plot.
+    Returns the plots' paths."""
     with open(os.path.join(model_dir, "operative_config.gin"), "w") as f:
         f.write(gin.operative_config_str())
-    plots.training_curves(records, os.path.join(model_dir, "training_curves.png"))
+    curves = os.path.join(model_dir, "training_curves.png")
+    reliability = os.path.join(model_dir, "sequence_reliability.png")
+    plots.training_curves(records, curves)
     plots.sequence_reliability(
         arrays["token_confidence"],
         arrays["token_correct"],
         arrays.get("sequence_confidence"),
         arrays.get("sequence_bleu"),
-        os.path.join(model_dir, "sequence_reliability.png"),
+        reliability,
     )
+    return [curves, reliability]
 
 
 def _decode(session, run, data, task, num_samples):
     """The Keras path's decodes (greedy, beam, BLEU, sequence-level calibration) on the mesh:
     each step runs the teacher-forced graph on the prefix padded to the static length (the
-    causal mask keeps the padding out), averaging `decode_samples` weight draws."""
-    source_tf, target_in_tf, target_tf = run.inputs
+    causal mask keeps the padding out), averaging weight draws 1..`decode_samples`: the same
+    draws at every step of a decode."""
+    target_in_tf = run.inputs[1]
     length = int(target_in_tf.shape[1])
     batch = run.batch_size
     samples = max(1, min(task.decode_samples, num_samples))
@@ -345,19 +402,19 @@ def _decode(session, run, data, task, num_samples):
         for start in range(0, len(sources), batch):
             src, prefix = sources[start : start + batch], prefixes[start : start + batch]
             n, width = len(src), prefix.shape[1]
-            src = np.concatenate([src, np.repeat(src[-1:], batch - n, 0)])
             target_in = np.zeros((batch, length), np.int32)
             target_in[:n, :width] = prefix
-            feed = {
-                source_tf: src.astype(np.int32),
-                target_in_tf: target_in,
-                target_tf: np.zeros((batch, length), np.int32),
-            }
-            p = sum(session.run(probs_tf, feed) for _ in range(samples)) / samples
+            zeros = np.zeros((batch, length), np.int32)
+            feeds = [
+                run.feed(_pad_rows(src.astype(np.int32), batch), target_in, zeros, draw=draw)
+                for draw in range(1, samples + 1)
+            ]
+            p = sum(session.run(probs_tf, feed) for feed in feeds) / samples
             out.append(p[:n, width - 1])
         return np.log(np.concatenate(out) + 1e-12)
 
-    sources, _, target_out = data.test_arrays
-    references = [decoding.strip(row, task.eos_id, task.pad_id) for row in target_out]
-    padded_sources = [row[: source_tf.shape[1]] for row in sources]
-    return task.decode_metrics(next_log_probs, data, padded_sources, references, max_length=length)
+    sources, references = [], []
+    for features, target in data.test.take(task.num_decode).as_numpy_iterator():
+        sources.append(features["source"])
+        references.append(decoding.strip(target, task.eos_id, task.pad_id))
+    return task.decode_metrics(next_log_probs, data, sources, references, max_length=length)

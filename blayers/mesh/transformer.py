@@ -19,7 +19,7 @@ import tensorflow as tf
 from blayers.layers.embeddings import sinusoid_table
 from blayers.mesh.layers import bayesian_dense, mtf
 
-__all__ = ["TransformerHParams", "transformer_logits", "transformer_loss"]
+__all__ = ["TransformerHParams", "target_terms", "transformer_logits", "transformer_loss"]
 
 
 @gin.configurable(module="blayers.mesh")
@@ -63,13 +63,19 @@ def _positions(mesh, length_dim, model_dim, dtype):
 
 
 class _Builder:
-    def __init__(self, hparams, dims):
-        self.h, self.d = hparams, dims
+    def __init__(self, hparams, dims, noise):
+        self.h, self.d, self.noise = hparams, dims, noise
         self.kl_terms = []
 
     def dense(self, x, new_dims, name, estimator, **kwargs):
         y, kl = bayesian_dense(
-            x, new_dims, name, estimator=estimator, prior_stddev=self.h.prior_stddev, **kwargs
+            x,
+            new_dims,
+            name,
+            estimator=estimator,
+            prior_stddev=self.h.prior_stddev,
+            noise=self.noise,
+            **kwargs,
         )
         if estimator is not None:
             self.kl_terms.append(kl)
@@ -118,12 +124,13 @@ def _padding_bias(ids, length_dim, memory_dim):
     return mtf.rename_dimension((keep - 1.0) * 1e9, length_dim.name, memory_dim.name)
 
 
-def transformer_logits(mesh, source, target_in, hparams):
-    """Next-token logits [batch, length, vocab] and the list of the weights' KL terms."""
+def transformer_logits(mesh, source, target_in, hparams, noise=None):
+    """Next-token logits [batch, length, vocab], the list of the weights' KL terms and the
+    model's dimensions; `noise` is the Bayesian layers' `NoiseSource` (default: the graph's)."""
     batch, source_length = source.shape.dims
     target_length = target_in.shape.dims[1]
     d = _Dims(hparams, batch.size, source_length.size, target_length.size)
-    builder = _Builder(hparams, d)
+    builder = _Builder(hparams, d, noise)
     source_memory = mtf.Dimension("source_memory", source_length.size)
     source_bias = _padding_bias(source, source_length, source_memory)
     x = builder.embed(source, source_length, "source")
@@ -148,14 +155,20 @@ def transformer_logits(mesh, source, target_in, hparams):
     return logits, builder.kl_terms, d
 
 
-def transformer_loss(mesh, source, target_in, target_out, hparams):
-    """`(nll, kl, tokens)`: the batch's summed target NLL over non-padded tokens, the summed KL
-    of every Bayesian weight, and the number of non-padded target tokens (mtf scalars)."""
-    logits, kl_terms, d = transformer_logits(mesh, source, target_in, hparams)
+def target_terms(logits, target_out, vocab_dim):
+    """`(token_nll, weights)`: each target token's NLL under `logits` and its weight (0 at
+    padding, id 0), both [batch, length]."""
     weights = mtf.cast(mtf.not_equal(target_out, 0), logits.dtype)
     token_nll = mtf.layers.softmax_cross_entropy_with_logits(
-        logits, mtf.one_hot(target_out, d.vocab, dtype=logits.dtype), d.vocab
+        logits, mtf.one_hot(target_out, vocab_dim, dtype=logits.dtype), vocab_dim
     )
-    nll = mtf.reduce_sum(token_nll * weights)
+    return token_nll, weights
+
+
+def transformer_loss(mesh, source, target_in, target_out, hparams, noise=None):
+    """`(nll, kl, tokens)`: the batch's summed target NLL over non-padded tokens, the summed KL
+    of every Bayesian weight, and the number of non-padded target tokens (mtf scalars)."""
+    logits, kl_terms, d = transformer_logits(mesh, source, target_in, hparams, noise)
+    token_nll, weights = target_terms(logits, target_out, d.vocab)
     kl = mtf.add_n(kl_terms) if kl_terms else mtf.zeros(mesh, mtf.Shape([]))
-    return nll, kl, mtf.reduce_sum(weights)
+    return mtf.reduce_sum(token_nll * weights), kl, mtf.reduce_sum(weights)
