@@ -6,7 +6,9 @@ layers): the shape of the paper's Figure 9 comparison (1.23x time on TPU), data 
     python benchmarks/transformer_steps.py --layers 6 --d_model 512 --d_ff 2048 --tokens 4096
 
 One step: forward, the sequence task's NLL plus KL / N, backward, Adam. Median of `--repeats`
-timed steps after two warm-up steps, Bayesian and deterministic interleaved. JSON out.
+timed steps after two warm-up steps, Bayesian and deterministic interleaved. JSON out, with
+`flop_ratio`: the Bayesian / deterministic ratio of the step's matrix-multiply FLOPs
+(`matmul_flops`), the time ratio a FLOP-bound machine would show.
 """
 
 import argparse
@@ -25,6 +27,21 @@ from common import write_json
 
 from blayers import models, objectives
 from blayers.tasks import SequenceToSequence
+
+
+def matmul_flops(args, bayesian):
+    """Matrix-multiply FLOPs of one training step (forward and backward: 3 products per
+    weight product, 6 for a Flipout or local-reparameterization one, which multiplies twice:
+    mean and perturbation, or mean and variance). Attention scores and the output layer are
+    deterministic in both models; source and target have `args.length` tokens."""
+    d, f, v, n = args.d_model, args.d_ff, args.vocab, args.length
+    tokens = max(args.tokens // n, 1) * n
+    encoder = 4 * d * d + 2 * d * f  # per token: q, k, v, output projections; two FFN layers
+    decoder = 8 * d * d + 2 * d * f  # self and cross attention
+    weights = args.layers * (encoder + decoder)
+    scores = args.layers * (2 * n * d + 4 * n * d)  # q k^T and weights @ v per attention
+    macs = (2 if bayesian else 1) * weights + scores + d * v
+    return 2 * 3 * macs * tokens
 
 
 def make_step(bayesian, args):
@@ -91,6 +108,9 @@ def main(argv=None):
     for bayesian in (False, True):
         key = "bayesian" if bayesian else "deterministic"
         results[key]["ms_per_step"] = round(1000 * float(np.median(times[bayesian])), 1)
+        results[key]["matmul_gflop_per_s"] = round(
+            matmul_flops(args, bayesian) / 1e6 / results[key]["ms_per_step"], 1
+        )
         print(
             f"{key:14s} {results[key]['ms_per_step']:9.1f} ms/step  "
             f"{results[key]['parameters']:,} parameters"
@@ -98,12 +118,13 @@ def main(argv=None):
     results["time_ratio"] = round(
         results["bayesian"]["ms_per_step"] / results["deterministic"]["ms_per_step"], 2
     )
+    results["flop_ratio"] = round(matmul_flops(args, True) / matmul_flops(args, False), 2)
     results["parameter_ratio"] = round(
         results["bayesian"]["parameters"] / results["deterministic"]["parameters"], 2
     )
     print(
         f"Bayesian / deterministic: {results['time_ratio']}x time, "
-        f"{results['parameter_ratio']}x parameters"
+        f"{results['parameter_ratio']}x parameters (matmul FLOPs: {results['flop_ratio']}x)"
     )
     write_json(results, args.out)
 

@@ -13,7 +13,7 @@ from blayers import config, trainer
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
 SMOKES = [p for p in CONFIGS if p.name.endswith("_smoke.gin")]
-# Mesh TensorFlow configs run in graph mode, in a process of their own: tests/test_mesh.py.
+# Mesh TensorFlow configs: trained by `train_mesh` (tests below and tests/test_mesh.py).
 MESH = [p for p in CONFIGS if "train_mesh." in p.read_text()]
 
 
@@ -24,9 +24,14 @@ def _text_with_includes(path):
 
 
 # Full-scale configs whose data comes through TFDS: run end to end on mocked TFDS data.
-TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES and "tfds_" in _text_with_includes(p)]
+TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES + MESH and "tfds_" in _text_with_includes(p)]
 # ResNet-50 and Transformer-base: about 25 s each.
-SLOW_TFDS = {"resnet50_imagenet.gin", "resnet50_cifar10.gin", "bayesian_transformer_wmt14.gin"}
+SLOW_TFDS = {
+    "resnet50_imagenet.gin",
+    "resnet50_cifar10.gin",
+    "bayesian_transformer_wmt14.gin",
+    "bayesian_transformer_wmt14_mesh.gin",
+}
 
 
 def _tfds_bindings(path, tmp_path):
@@ -80,6 +85,51 @@ def test_full_scale_tfds_config_trains_on_mock_data(path, tmp_path):
     with tfds.testing.mock_data(num_examples=8):  # fewer test images than a plot's grid
         _train_briefly(path, tmp_path, 2, "train.batch_size = 4", *_tfds_bindings(path, tmp_path))
     assert list(tmp_path.glob("*.png"))
+
+
+def _train_mesh_briefly(path, model_dir, steps, *bindings):
+    """`train_mesh` on the config at `path` for `steps` steps, its heads, d_ff and vocabulary
+    split over two mesh processors (both on this process's one CPU device)."""
+    from blayers.mesh import trainer as mesh_trainer
+
+    config.parse(
+        [str(path.relative_to(CONFIG_DIR))],
+        [
+            f"train_mesh.train_steps = {steps}",
+            "train_mesh.num_eval_samples = 1",
+            "train_mesh.mesh_shape = 'model:2'",
+            "SequenceToSequence.num_decode = 2",
+            "SequenceToSequence.beam_size = 2",
+            *bindings,
+        ],
+    )
+    metrics = mesh_trainer.train_mesh(str(model_dir), devices=["/cpu:0", "/cpu:0"])
+    assert metrics and all(math.isfinite(v) for v in metrics.values())
+    assert (model_dir / "sequence_reliability.png").exists()
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MESH if p in SMOKES]
+    + [pytest.param(p, marks=pytest.mark.slow) for p in MESH if p not in SMOKES],
+    ids=lambda p: p.name,
+)
+def test_mesh_config_trains(path, tmp_path):
+    """Mesh configs train in-process: the loop builds its own graph and the process stays
+    eager. Full-scale ones run two steps (TFDS mocked, small batches)."""
+    full = path not in SMOKES
+    bindings = ["train_mesh.batch_size = 4"] if full else []
+    if full and "tfds_translation" in _text_with_includes(path):
+        bindings.append("tfds_translation.max_length = 16")  # decoding steps, not the model
+    if "tfds_" not in _text_with_includes(path):
+        _train_mesh_briefly(path, tmp_path, 2 if full else 3, *bindings)
+        return
+    import tensorflow_datasets as tfds
+
+    with tfds.testing.mock_data(num_examples=16 if full else 64):
+        _train_mesh_briefly(
+            path, tmp_path, 2 if full else 3, *bindings, *_tfds_bindings(path, tmp_path)
+        )
 
 
 def test_prior_fragment_swaps_the_prior():

@@ -86,6 +86,15 @@ def test_normals_are_standard_and_independent():
     assert abs(r) < 5 / np.sqrt(size)
 
 
+def test_uniforms_stay_inside_the_unit_interval_in_float32():
+    from blayers.mesh.random import uniform_from_bits
+
+    bits = tf.constant([0, 1, 2**31, 2**32 - 1], tf.uint32)
+    u = uniform_from_bits(bits, tf.float32).numpy()
+    assert np.all((u > 0) & (u < 1)), u
+    assert np.all(np.isfinite(tf.math.ndtri(u).numpy()))
+
+
 def test_too_large_a_tensor_is_refused():
     with tf.Graph().as_default():
         mesh = mtf.Mesh(mtf.Graph(), "mesh")

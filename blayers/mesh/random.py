@@ -10,7 +10,7 @@ against another.
 is the entry's index in the *whole* (unsplit) tensor: each device hashes the global indices of
 its own slice, so any layout lowers to the same numbers and generates only its own share of
 them. The hash is two rounds of the `lowbias32` integer finalizer (Wellons, 2018) over the
-index keyed by the op; a uniform takes its top 24 bits and a normal is `ndtri(uniform)`. Tests
+index keyed by the op; a uniform takes its top 23 bits and a normal is `ndtri(uniform)`. Tests
 check the moments, independence across neighbours, ops and steps, and the equality across
 layouts.
 """
@@ -62,9 +62,10 @@ def global_indices(full_shape, begin, slice_shape):
 
 
 def uniform_from_bits(bits, dtype):
-    """`(k + 1/2) / 2^24` for the top 24 bits `k`: strictly inside (0, 1)."""
-    top = tf.cast(tf.bitwise.right_shift(bits, tf.constant(8, tf.uint32)), tf.float64)
-    return tf.cast((top + 0.5) / 2.0**24, dtype)
+    """`(k + 1/2) / 2^23` for the top 23 bits `k`: strictly inside (0, 1) in float32 too (with
+    24 bits the largest value would round to 1, where `ndtri` is infinite)."""
+    top = tf.cast(tf.bitwise.right_shift(bits, tf.constant(9, tf.uint32)), tf.float64)
+    return tf.cast((top + 0.5) / 2.0**23, dtype)
 
 
 class _CounterRandom(mtf.Operation):

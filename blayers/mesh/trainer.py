@@ -77,12 +77,16 @@ class MeshRun:
         kl_weight,
         num_train,
         seed,
+        schedule=None,
+        beta_2=0.999,
+        epsilon=1e-6,
     ):
         tf.compat.v1.set_random_seed(seed)
         self.batch_size = batch_size
         ids = lambda name, length: tf.compat.v1.placeholder(tf.int32, [batch_size, length], name)
+        # source_length None: a decoder-only language model (no source placeholder).
         self.inputs = (
-            ids("source", source_length),
+            None if source_length is None else ids("source", source_length),
             ids("target_in", target_length),
             ids("target_out", target_length),
         )
@@ -93,12 +97,12 @@ class MeshRun:
         self.mesh = mtf.Mesh(self.graph, "mesh")
         batch = mtf.Dimension("batch", batch_size)
         source, target_in, target_out = (
-            mtf.import_tf_tensor(self.mesh, tensor, mtf.Shape([batch, mtf.Dimension(name, n)]))
-            for tensor, name, n in zip(
-                self.inputs,
-                ("source_length", "length", "length"),
-                (source_length, target_length, target_length),
+            None
+            if tensor is None
+            else mtf.import_tf_tensor(
+                self.mesh, tensor, mtf.Shape([batch, mtf.Dimension(name, tensor.shape[1])])
             )
+            for tensor, name in zip(self.inputs, ("source_length", "length", "length"))
         )
         noise = NoiseSource(seed, self.step, self.draw)
         logits, kl_terms, dims = transformer_logits(self.mesh, source, target_in, hparams, noise)
@@ -112,7 +116,14 @@ class MeshRun:
         kl = mtf.add_n(kl_terms) if kl_terms else mtf.zeros(self.mesh, mtf.Shape([]))
         loss = nll / float(batch_size) + kl_weight * kl / float(num_train)
         grads = mtf.gradients([loss], [v.outputs[0] for v in self.graph.trainable_variables])
-        optimizer = mtf.optimize.AdamWeightDecayOptimizer(learning_rate=learning_rate)
+        if schedule is not None:  # a tf scalar of the step, brought onto the mesh
+            self.learning_rate = tf.cast(schedule(learning_rate)(self.step), tf.float32)
+            rate = mtf.import_tf_tensor(self.mesh, self.learning_rate, mtf.Shape([]))
+        else:
+            self.learning_rate, rate = tf.constant(learning_rate, tf.float32), learning_rate
+        optimizer = mtf.optimize.AdamWeightDecayOptimizer(
+            learning_rate=rate, beta_2=beta_2, epsilon=epsilon
+        )
         updates = optimizer.apply_grads(grads, self.graph.trainable_variables)
         self.mesh_impl = mtf.placement_mesh_impl.PlacementMeshImpl(
             mtf.convert_to_shape(mesh_shape), mtf.convert_to_layout_rules(layout), devices
@@ -129,6 +140,7 @@ class MeshRun:
             "kl": export(kl),
             "tokens": export(tokens),
             "correct": export(correct),
+            "learning_rate": self.learning_rate,
         }
         self.saver = tf.compat.v1.train.Saver(max_to_keep=3, sharded=False)
         self.to_masters = self.lowering.copy_slices_to_masters()
@@ -136,8 +148,13 @@ class MeshRun:
         self.initializer = tf.compat.v1.global_variables_initializer()
 
     def feed(self, source, target_in, target_out, draw=None):
-        """The feed dict of one batch (NumPy id arrays of the placeholders' shapes)."""
-        feed = dict(zip(self.inputs, (source, target_in, target_out)))
+        """The feed dict of one batch (NumPy id arrays of the placeholders' shapes; `source`
+        None for a language model)."""
+        feed = {
+            tensor: value
+            for tensor, value in zip(self.inputs, (source, target_in, target_out))
+            if tensor is not None
+        }
         if draw is not None:
             feed[self.draw] = draw
         return feed
@@ -169,6 +186,9 @@ def train_mesh(
     batch_size=32,
     train_steps=1000,
     learning_rate=1e-3,
+    schedule=None,
+    beta_2=0.999,
+    epsilon=1e-6,
     kl_weight=1.0,
     log_every=50,
     checkpoint_every=500,
@@ -187,12 +207,16 @@ def train_mesh(
     Args:
       model_dir: output folder (checkpoints/, history.jsonl, tensorboard/, metrics.json).
       data: a sequence-to-sequence `Data` whose examples have one padded length (in gin:
-        `train_mesh.data = @synthetic_translation()` with `pad_to`).
+        `train_mesh.data = @synthetic_translation()` with `pad_to`), or a language-model
+        `Data` of `(ids, next ids)` windows (`@pydoc_text_lm()`): the decoder-only model.
       hparams: a `TransformerHParams` (its vocabulary defaults to `data.num_classes`).
       mesh_shape, layout: Mesh TensorFlow's mesh (`'batch:2,model:4'`) and layout rules.
       devices: device names, one per mesh processor (default: the visible GPUs, else the
         logical CPUs).
       batch_size, train_steps, learning_rate: the optimization (Adam with weight decay 0).
+      schedule: None (a constant rate) or `schedule(learning_rate)` -> a callable of the
+        step, as `make_optimizer.schedule` (e.g. `@transformer_schedule`).
+      beta_2, epsilon: Adam's (the Transformer's: 0.98 and 1e-9).
       kl_weight: beta of `NLL + beta * KL / N`.
       log_every, checkpoint_every: steps between history records and checkpoints.
       num_eval_samples: weight draws averaged into the test predictive.
@@ -205,8 +229,11 @@ def train_mesh(
             "(not under tf.compat.v1.disable_eager_execution or a Graph.as_default block)."
         )
     hparams = hparams or TransformerHParams()
-    if hparams.vocab_size is None:
-        hparams = dataclasses.replace(hparams, vocab_size=data.num_classes)
+    mesh = mtf.convert_to_shape(mesh_shape)
+    if hparams.vocab_size is None:  # padded to split evenly: the extra ids are never targets
+        vocab = -(-int(data.num_classes) // mesh.size) * mesh.size
+        hparams = dataclasses.replace(hparams, vocab_size=vocab)
+    _check_layout(hparams, batch_size, mesh, layout)
     source_length, target_length = _padded_lengths(data)
     num_train = int(data.num_train)
     if batch_size > num_train:
@@ -229,6 +256,9 @@ def train_mesh(
                 kl_weight,
                 num_train,
                 seed,
+                schedule,
+                beta_2,
+                epsilon,
             )
         writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
         # Not `with Session()`: that would make the graph the default, and the data stream
@@ -260,7 +290,7 @@ def train_mesh(
                 epoch, skip = divmod(step, steps_per_epoch)
                 batches = epoch_batches(data, batch_size, seed, epoch, skip, shuffle_buffer)
                 for features, targets in batches.as_numpy_iterator():
-                    feed = run.feed(features["source"], features["target_in"], targets)
+                    feed = run.feed(*_split(features), targets)
                     step, out = session.run([run.train_op, run.fetch], feed)
                     step = int(step)
                     if not np.isfinite(out["loss"]):
@@ -273,6 +303,7 @@ def train_mesh(
                         record = dict(zip(("loss", "nll", "kl_per_example"), sums / max(count, 1)))
                         record["elbo"] = -(record["nll"] + record["kl_per_example"])
                         record = {k: float(v) for k, v in record.items()}
+                        record["learning_rate"] = float(out["learning_rate"])
                         record.update(
                             kind="train",
                             step=step,
@@ -280,7 +311,7 @@ def train_mesh(
                         )
                         history.add(record)
                         with writer.as_default(step=step):
-                            for key in ("loss", "nll", "kl_per_example", "elbo"):
+                            for key in ("loss", "nll", "kl_per_example", "elbo", "learning_rate"):
                                 tf.summary.scalar(f"train/{key}", record[key])
                         sums, window_start, clock = np.zeros(3), step, time.time()
                     if step % checkpoint_every == 0:
@@ -320,17 +351,49 @@ def _floats(values):
     return {k: float(v) for k, v in values.items()}
 
 
+def _check_layout(hparams, batch_size, mesh, layout):
+    """Every dimension a layout rule splits must divide by its mesh dimension (rules naming a
+    mesh dimension this mesh lacks split nothing, so one layout serves several meshes)."""
+    sizes = {
+        "batch": batch_size,
+        "heads": hparams.num_heads,
+        "d_ff": hparams.d_ff,
+        "vocab": hparams.vocab_size,
+        "d_model": hparams.d_model,
+        "d_k": hparams.d_model // hparams.num_heads,
+    }
+    mesh_sizes = {d.name: d.size for d in mesh.dims}
+    for tensor_dim, mesh_dim in sorted(mtf.convert_to_layout_rules(layout)._pairs):
+        if mesh_dim not in mesh_sizes:  # as Mesh TensorFlow: a rule for another mesh
+            continue
+        size = sizes.get(tensor_dim)
+        if size is not None and size % mesh_sizes[mesh_dim]:
+            raise ValueError(
+                f"layout {layout!r} splits {tensor_dim}={size} over {mesh_dim}="
+                f"{mesh_sizes[mesh_dim]}, which does not divide it."
+            )
+
+
+def _split(features):
+    """`(source, target_in)` of a batch's features (`source` None for a language model)."""
+    if isinstance(features, dict):
+        return features["source"], features["target_in"]
+    return None, features
+
+
 def _padded_lengths(data):
-    """The static source and target lengths of `data`'s examples (graph mode needs them)."""
+    """The static source (None: a language model) and target lengths of `data`'s examples;
+    graph mode needs them."""
     features, targets = data.train.element_spec
-    source, target = features["source"].shape, targets.shape
-    if source.rank != 1 or source[0] is None or target.rank != 1 or target[0] is None:
+    source = features["source"].shape if isinstance(features, dict) else None
+    shapes = [s for s in (source, targets.shape) if s is not None]
+    if any(s.rank != 1 or s[0] is None for s in shapes):
         raise ValueError(
-            f"train_mesh needs examples of one padded length; {data.name!r} gives source "
-            f"{source} and target {target}. Pad them (e.g. `synthetic_translation.pad_to`, "
-            "`tfds_translation.pad_to`)."
+            f"train_mesh needs examples of one padded length; {data.name!r} gives "
+            f"{data.train.element_spec}. Pad them (e.g. `synthetic_translation.pad_to`, "
+            "`tfds_translation.max_length`)."
         )
-    return int(source[0]), int(target[0])
+    return (None if source is None else int(source[0])), int(targets.shape[0])
 
 
 def _evaluate(session, run, data, num_samples):
@@ -344,7 +407,7 @@ def _evaluate(session, run, data, num_samples):
         for features, target in data.test.batch(batch).as_numpy_iterator():
             n = len(target)
             arrays = [
-                _pad_rows(a, batch) for a in (features["source"], features["target_in"], target)
+                None if a is None else _pad_rows(a, batch) for a in (*_split(features), target)
             ]
             out = session.run(run.eval_fetch, run.feed(*arrays, draw=draw))
             probs.append(out["probs"][:n])

@@ -1,7 +1,7 @@
 """The Bayesian Transformer in Mesh TensorFlow's core (paper Section 3.1, Figure 9): the
 encoder-decoder of `blayers.models.transformer` written in `mtf` ops, so that a layout splits
 its heads, feed-forward width and vocabulary over a `model` mesh dimension and its batch over a
-`batch` dimension. Attention projections use Flipout and feed-forward layers local
+`batch` dimension (or its decoder-only language model: `source=None`). Attention projections use Flipout and feed-forward layers local
 reparameterization (`blayers.mesh.layers.bayesian_dense`), as in the paper; embeddings and the
 output layer are deterministic. Token id 0 is padding.
 
@@ -126,19 +126,25 @@ def _padding_bias(ids, length_dim, memory_dim):
 
 def transformer_logits(mesh, source, target_in, hparams, noise=None):
     """Next-token logits [batch, length, vocab], the list of the weights' KL terms and the
-    model's dimensions; `noise` is the Bayesian layers' `NoiseSource` (default: the graph's)."""
-    batch, source_length = source.shape.dims
-    target_length = target_in.shape.dims[1]
-    d = _Dims(hparams, batch.size, source_length.size, target_length.size)
+    model's dimensions; `noise` is the Bayesian layers' `NoiseSource` (default: the graph's).
+    With `source=None`, the decoder-only language model (no encoder, no cross-attention)."""
+    batch, target_length = target_in.shape.dims
+    source_size = target_length.size if source is None else source.shape.dims[1].size
+    d = _Dims(hparams, batch.size, source_size, target_length.size)
     builder = _Builder(hparams, d, noise)
-    source_memory = mtf.Dimension("source_memory", source_length.size)
-    source_bias = _padding_bias(source, source_length, source_memory)
-    x = builder.embed(source, source_length, "source")
-    for i in range(hparams.num_layers):
-        memory = mtf.rename_dimension(x, source_length.name, source_memory.name)
-        x = builder.block(x, builder.attention(x, memory, source_memory, source_bias, f"enc{i}"))
-        x = builder.block(x, builder.feed_forward(x, f"enc{i}"))
-    encoded = mtf.rename_dimension(x, source_length.name, source_memory.name)
+    encoded = None
+    if source is not None:
+        source_length = source.shape.dims[1]
+        source_memory = mtf.Dimension("source_memory", source_length.size)
+        source_bias = _padding_bias(source, source_length, source_memory)
+        x = builder.embed(source, source_length, "source")
+        for i in range(hparams.num_layers):
+            memory = mtf.rename_dimension(x, source_length.name, source_memory.name)
+            x = builder.block(
+                x, builder.attention(x, memory, source_memory, source_bias, f"enc{i}")
+            )
+            x = builder.block(x, builder.feed_forward(x, f"enc{i}"))
+        encoded = mtf.rename_dimension(x, source_length.name, source_memory.name)
     target_memory = mtf.Dimension("target_memory", target_length.size)
     query_positions = mtf.range(mesh, target_length, tf.int32)
     key_positions = mtf.range(mesh, target_memory, tf.int32)
@@ -147,9 +153,10 @@ def transformer_logits(mesh, source, target_in, hparams, noise=None):
     for i in range(hparams.num_layers):
         memory = mtf.rename_dimension(y, target_length.name, target_memory.name)
         y = builder.block(y, builder.attention(y, memory, target_memory, causal, f"dec{i}/self"))
-        y = builder.block(
-            y, builder.attention(y, encoded, source_memory, source_bias, f"dec{i}/cross")
-        )
+        if encoded is not None:
+            y = builder.block(
+                y, builder.attention(y, encoded, source_memory, source_bias, f"dec{i}/cross")
+            )
         y = builder.block(y, builder.feed_forward(y, f"dec{i}"))
     logits = mtf.layers.dense(y, d.vocab, reduced_dims=[d.model], name="logits")
     return logits, builder.kl_terms, d
