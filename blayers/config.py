@@ -18,6 +18,7 @@ import gin
 import keras
 
 from blayers import data, models, objectives, tasks, trainer  # noqa: F401 - registers configurables
+from blayers.control import env, planet, planner  # noqa: F401 - PlaNet's configurables
 from blayers.mesh import trainer as mesh_trainer  # noqa: F401 - the mesh loop's configurables
 
 __all__ = [
@@ -139,6 +140,12 @@ def _quiet_gin_search():
         yield
     finally:
         root.removeFilter(quiet)
+
+
+def binds(name):
+    """Whether the parsed configuration binds a parameter of configurable `name`
+    (`'train_planet'`): how the CLI tells an agent's config from a supervised one."""
+    return any(selector.split(".")[-1] == name for _, selector in gin.config._CONFIG)
 
 
 def parse(gin_files=(), gin_params=()):

@@ -13,9 +13,13 @@ import numpy as np
 from blayers import metrics as metrics_lib
 
 __all__ = [
+    "curve",
     "density_2d",
+    "episode_returns",
     "flow_samples",
+    "history_panels",
     "image_grid",
+    "open_loop_strip",
     "png_to_tensorboard",
     "regression_1d",
     "regression_calibration",
@@ -279,6 +283,94 @@ def sequence_reliability(token_confidence, token_correct, sequence_confidence, s
         ax.set_ylabel(label)
         ax.set_title(f"{level}-level calibration error {error:.3f} (n = {int(counts.sum())})")
         ax.legend(loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def episode_returns(runs, path):
+    """Return against episode (paper Figure 10): for each label, the median over its seeds'
+    curves with the 5th-95th percentile band. `runs`: `{label: [returns of seed 1, ...]}`."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for label, curves in runs.items():
+        length = min(len(c) for c in curves)
+        values = np.asarray([c[:length] for c in curves], float)
+        episodes = np.arange(1, length + 1)
+        ax.plot(episodes, np.median(values, 0), label=f"{label} ({len(curves)} seeds)")
+        if len(curves) > 1:
+            low, high = np.percentile(values, [5, 95], axis=0)
+            ax.fill_between(episodes, low, high, alpha=0.25)
+    ax.set_xlabel("episode")
+    ax.set_ylabel("return")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def curve(x, y, xlabel, ylabel, path):
+    """One quantity against another (log y-axis when all values are positive)."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.plot(x, y)
+    if len(y) and np.all(np.asarray(y) > 0):
+        _log_axis(ax)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def open_loop_strip(true, predicted, path, columns=10):
+    """An open-loop prediction (paper Figure 10): true frames above predicted ones, every
+    `len / columns`-th step, for `[T, H, W, 3]` images in [-0.5, 0.5]; for `[T, d]` states,
+    each of the first 6 dimensions over time, true against predicted."""
+    true, predicted = np.asarray(true), np.asarray(predicted)
+    if true.ndim == 4:
+        picks = np.linspace(0, len(true) - 1, min(columns, len(true))).astype(int)
+        fig, axes = plt.subplots(2, len(picks), figsize=(1.2 * len(picks), 2.6), squeeze=False)
+        for column, t in enumerate(picks):
+            for row, frames in enumerate((true, predicted)):
+                ax = axes[row, column]
+                ax.imshow(np.clip(frames[t] + 0.5, 0.0, 1.0))
+                ax.set_xticks([])
+                ax.set_yticks([])
+            axes[0, column].set_title(f"t+{t + 1}", fontsize=8)
+        axes[0, 0].set_ylabel("true")
+        axes[1, 0].set_ylabel("predicted")
+    else:
+        dims = min(6, true.shape[-1])
+        fig, axes = plt.subplots(dims, 1, figsize=(6, 1.4 * dims), sharex=True, squeeze=False)
+        for d in range(dims):
+            axes[d, 0].plot(true[:, d], label="true")
+            axes[d, 0].plot(predicted[:, d], "--", label="predicted")
+            axes[d, 0].set_ylabel(f"x[{d}]")
+        axes[0, 0].legend(fontsize=8)
+        axes[-1, 0].set_xlabel("open-loop step")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def history_panels(history, keys, path):
+    """Each of `keys` of the history's training records against the step, a panel each, with
+    any evaluation metrics in the last panels (an agent's curves; the supervised trainer's
+    are `training_curves`)."""
+    train = [h for h in history if h["kind"] == "train"]
+    evals = [h for h in history if h["kind"] == "eval"]
+    eval_keys = sorted({k for h in evals for k in h if k not in ("kind", "step")})
+    panels = [(k, train) for k in keys] + [(k, evals) for k in eval_keys]
+    columns = 3
+    rows = -(-len(panels) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4 * columns, 3 * rows), squeeze=False)
+    for ax, (key, records) in zip(axes.ravel(), panels):
+        points = [(h["step"], h[key]) for h in records if key in h and np.isfinite(h[key])]
+        if points:
+            ax.plot(*zip(*points), "o-" if records is evals else "-")
+        ax.set_title(key, fontsize=9)
+        ax.set_xlabel("step")
+    for ax in axes.ravel()[len(panels) :]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -56,6 +56,9 @@ def main(argv):
     if FLAGS.strategy == "mesh":
         _run_mesh()
         return
+    if config.binds("train_planet"):
+        _run_planet()
+        return
     dist = strategy.get_strategy(FLAGS.strategy, FLAGS.tpu, FLAGS.num_cpu_devices)
     print(
         f"Strategy {type(dist).__name__} with {dist.num_replicas_in_sync} replica(s); "
@@ -70,6 +73,24 @@ def main(argv):
         logging.error("%s", error)
         sys.exit(4)
     except ValueError as error:  # a bad argument found while building (a binding, a shape)
+        logging.error("Bad configuration:\n%s", error)
+        sys.exit(2)
+    print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
+    print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
+
+
+def _run_planet():
+    """The PlaNet agent (`blayers.control.planet.train_planet`), configured by gin."""
+    from blayers import run_files, trainer
+    from blayers.control import planet
+
+    print(f"PlaNet agent; model_dir {FLAGS.model_dir}.")
+    try:
+        metrics = planet.train_planet(FLAGS.model_dir)
+    except (run_files.RunLockedError, trainer.ChangedBindingsError) as error:
+        logging.error("%s", error)
+        sys.exit(4)
+    except ValueError as error:
         logging.error("Bad configuration:\n%s", error)
         sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")

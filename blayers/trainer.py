@@ -262,6 +262,9 @@ class Trainer:
         self.eval_batch_size = eval_batch_size
         self.phase_steps = None  # steps per training phase between collect() calls (None: one)
 
+    # Bindings a resumed run may change (a subclass with its own gin entry point names its own).
+    resumable_bindings = RESUMABLE_BINDINGS
+
     # -- phases ----------------------------------------------------------------------------------
     def run(self):
         """All phases; returns the final test metrics (dict)."""
@@ -345,7 +348,7 @@ class Trainer:
             changed = sorted(
                 key
                 for key in set(previous) | set(current)
-                if previous.get(key) != current.get(key) and key not in RESUMABLE_BINDINGS
+                if previous.get(key) != current.get(key) and key not in self.resumable_bindings
             )
             if changed:
                 lines = [
@@ -357,7 +360,7 @@ class Trainer:
                     "gin bindings; resuming would not apply these changes:\n  "
                     + "\n  ".join(lines)
                     + "\nUse a new --model_dir, or the original bindings. (Only "
-                    + ", ".join(RESUMABLE_BINDINGS)
+                    + ", ".join(self.resumable_bindings)
                     + " may change on resume.)"
                 )
         with open(path, "w") as f:

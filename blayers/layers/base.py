@@ -201,13 +201,14 @@ class BayesianLayer(SeededLayer):
         return list(self._random_weight_names)
 
     # -- per forward pass ------------------------------------------------------------------------
-    def call_weights(self):
-        """Draws every random weight anew and adds its regularizer (KL) to `self.losses`."""
+    def call_weights(self, add_losses=True):
+        """Draws every random weight anew and adds its regularizer (KL) to `self.losses`
+        (not with `add_losses=False`: a draw outside a Keras call, such as a planner's)."""
         for name in self._random_weight_names:
             rv = getattr(self, f"{name}_initializer")(self._bayesian_weights[name], self.dtype)
             setattr(self, name, rv)
             regularizer = getattr(self, f"{name}_regularizer")
-            if regularizer is not None:
+            if add_losses and regularizer is not None:
                 self._add_weight_loss(regularizer(rv))
 
     def _add_weight_loss(self, loss):

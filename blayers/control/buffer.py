@@ -1,0 +1,76 @@
+"""PlaNet's episode replay buffer, kept on disk in the run folder so that a killed run loses
+no experience: each finished episode is written as `episodes/<index>.npz` (to a temporary name,
+then renamed: a file is whole or absent), and a resumed run loads them all.
+
+An episode holds `observations [T + 1, ...]`, `actions [T + 1, action_dim]` (row 0 zeros: the
+action before the first observation) and `rewards [T + 1]` (row 0 zero), so that row `t` pairs
+the action taken before observation `t` with the reward it earned. Training draws `[batch,
+length]` chunks uniformly over episodes and start positions, from a NumPy generator seeded by
+the run's seed and the step: a resumed run draws the chunks the uninterrupted one would.
+"""
+
+import glob
+import os
+
+import numpy as np
+
+__all__ = ["EpisodeBuffer"]
+
+
+class EpisodeBuffer:
+    """Episodes of one run, in memory and under `directory`."""
+
+    def __init__(self, directory):
+        self.directory = directory
+        os.makedirs(directory, exist_ok=True)
+        for stale in glob.glob(os.path.join(directory, "*.tmp.npz")):
+            os.remove(stale)  # an episode whose write a kill interrupted
+        self.episodes = []
+        for path in sorted(glob.glob(os.path.join(directory, "*.npz"))):
+            with np.load(path) as f:
+                self.episodes.append({k: f[k] for k in ("observations", "actions", "rewards")})
+
+    def __len__(self):
+        return len(self.episodes)
+
+    @property
+    def num_steps(self):
+        return sum(len(e["rewards"]) - 1 for e in self.episodes)
+
+    def add(self, observations, actions, rewards):
+        """Appends one episode (see the module docstring for the layout) and writes it."""
+        episode = {
+            "observations": np.asarray(observations, np.float32),
+            "actions": np.asarray(actions, np.float32),
+            "rewards": np.asarray(rewards, np.float32),
+        }
+        lengths = {len(v) for v in episode.values()}
+        if len(lengths) != 1:
+            raise ValueError(f"EpisodeBuffer.add: rows differ between fields: {lengths}.")
+        index = len(self.episodes)
+        final = os.path.join(self.directory, f"{index:06d}.npz")
+        temporary = os.path.join(self.directory, f"{index:06d}.tmp.npz")
+        np.savez_compressed(temporary, **episode)
+        os.replace(temporary, final)
+        self.episodes.append(episode)
+        return index
+
+    def returns(self):
+        """Each episode's total reward, in collection order."""
+        return [float(e["rewards"].sum()) for e in self.episodes]
+
+    def sample(self, batch_size, length, seed, step):
+        """`(observations, actions, rewards)` of `batch_size` chunks of `length` rows, drawn
+        by a generator seeded with `(seed, step)`."""
+        usable = [i for i, e in enumerate(self.episodes) if len(e["rewards"]) >= length]
+        if not usable:
+            raise ValueError(f"EpisodeBuffer: no episode has {length} steps to sample.")
+        rng = np.random.default_rng([seed, step])
+        picks = rng.choice(usable, batch_size)
+        chunks = {k: [] for k in ("observations", "actions", "rewards")}
+        for i in picks:
+            episode = self.episodes[i]
+            start = rng.integers(0, len(episode["rewards"]) - length + 1)
+            for key in chunks:
+                chunks[key].append(episode[key][start : start + length])
+        return tuple(np.stack(chunks[k]) for k in ("observations", "actions", "rewards"))
