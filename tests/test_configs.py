@@ -15,6 +15,8 @@ CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
 SMOKES = [p for p in CONFIGS if p.name.endswith("_smoke.gin")]
 # Mesh TensorFlow configs: trained by `train_mesh` (tests below and tests/test_mesh.py).
 MESH = [p for p in CONFIGS if "train_mesh." in p.read_text()]
+# PlaNet configs: trained by `train_planet` (tests/test_planet.py).
+PLANET = [p for p in CONFIGS if "train_planet." in p.read_text()]
 
 
 def _text_with_includes(path):
@@ -63,7 +65,9 @@ def _train_briefly(path, model_dir, steps, *bindings):
     assert metrics and all(math.isfinite(v) for v in metrics.values())
 
 
-@pytest.mark.parametrize("path", [p for p in SMOKES if p not in MESH], ids=lambda p: p.name)
+@pytest.mark.parametrize(
+    "path", [p for p in SMOKES if p not in MESH + PLANET], ids=lambda p: p.name
+)
 def test_smoke_config_trains(path, tmp_path):
     if "tfds_" not in _text_with_includes(path):
         _train_briefly(path, tmp_path, 3)

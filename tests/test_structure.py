@@ -95,8 +95,10 @@ def test_import_graph_has_no_cycle():
     # The bottom imports nothing of blayers; only the CLI imports the application side.
     assert graph["blayers.registry"] == set()
     assert [n for n, t in graph.items() if "blayers.config" in t] == ["blayers.train"]
+    # An agent's trainer subclasses the trainer (its phases), beside it at the top.
     assert sorted(n for n, t in graph.items() if "blayers.trainer" in t) == [
         "blayers.config",
+        "blayers.control.planet",
         "blayers.train",
     ]
 

@@ -71,6 +71,6 @@ class EpisodeBuffer:
         for i in picks:
             episode = self.episodes[i]
             start = rng.integers(0, len(episode["rewards"]) - length + 1)
-            for key in chunks:
-                chunks[key].append(episode[key][start : start + length])
+            for key, rows in chunks.items():
+                rows.append(episode[key][start : start + length])
         return tuple(np.stack(chunks[k]) for k in ("observations", "actions", "rewards"))

@@ -101,7 +101,7 @@ def main():
             else:
                 raise ValueError(f"unknown command {command!r}")
             _write(replies, ("ok", value))
-        except Exception as error:  # reported to the parent, which raises it with context
+        except Exception as error:  # noqa: BLE001 - reported to the parent, which raises it
             _write(replies, ("error", f"{type(error).__name__}: {error}"))
 
 

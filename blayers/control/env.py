@@ -73,14 +73,14 @@ class ControlEnv:
         atexit.register(self.close)
         specs = self._call(
             "init",
-            dict(
-                domain=domain,
-                task=task,
-                observation=observation,
-                size=self.size,
-                camera=camera,
-                seed=seed,
-            ),
+            {
+                "domain": domain,
+                "task": task,
+                "observation": observation,
+                "size": self.size,
+                "camera": camera,
+                "seed": seed,
+            },
         )
         self.action_dim = int(np.prod(specs["action_shape"]))
         self.action_low, self.action_high = specs["action_low"], specs["action_high"]
