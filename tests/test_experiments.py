@@ -6,6 +6,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from blayers.data.synthetic import markov_entropy_rate
@@ -130,3 +131,17 @@ def test_bayesian_transformer_smoke_approaches_the_channel_optimum(tmp_path):
 def test_bayesian_transformer_lm_smoke_learns_english_characters(tmp_path):
     metrics = _train("bayesian_transformer_lm_smoke", tmp_path)
     assert metrics["nll"] < 2.6 and metrics["ece"] < 0.1  # uniform over 104 characters: 4.64
+
+
+@pytest.mark.slow
+def test_bayesian_planet_experiment_writes_the_figures_and_table(tmp_path):
+    pytest.importorskip("dm_control")
+    from experiments import bayesian_planet
+
+    rows = bayesian_planet.run_experiment(
+        str(tmp_path), "bayesian_planet_smoke", ["train_planet.train_steps = 20"], ["0"], 2
+    )
+    assert [r["model"] for r in rows] == ["Bayesian", "deterministic"]
+    assert all(np.isfinite(r["eval_return"]) and r["seeds"] == 1 for r in rows)
+    for name in ("score.png", "weight_kl.png", "open_loop.png", "results.md"):
+        assert (tmp_path / name).exists(), name

@@ -28,7 +28,7 @@ class EpisodeBuffer:
         self.episodes = []
         for path in sorted(glob.glob(os.path.join(directory, "*.npz"))):
             with np.load(path) as f:
-                self.episodes.append({k: f[k] for k in ("observations", "actions", "rewards")})
+                self.episodes.append({k: f[k] for k in f.files})
 
     def __len__(self):
         return len(self.episodes)
@@ -37,12 +37,14 @@ class EpisodeBuffer:
     def num_steps(self):
         return sum(len(e["rewards"]) - 1 for e in self.episodes)
 
-    def add(self, observations, actions, rewards):
-        """Appends one episode (see the module docstring for the layout) and writes it."""
+    def add(self, observations, actions, rewards, **extra):
+        """Appends one episode (see the module docstring for the layout) and writes it;
+        `extra` arrays of the same rows (the true velocities, for the probe) are kept too."""
         episode = {
             "observations": np.asarray(observations, np.float32),
             "actions": np.asarray(actions, np.float32),
             "rewards": np.asarray(rewards, np.float32),
+            **{k: np.asarray(v, np.float32) for k, v in extra.items()},
         }
         lengths = {len(v) for v in episode.values()}
         if len(lengths) != 1:

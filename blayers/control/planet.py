@@ -9,7 +9,8 @@
                       from the episode buffer
     evaluate()        a noise-free planned episode's return, a 50-step open-loop prediction
                       against the true observations, and the velocity probe (a linear
-                      regression from latent states to the true joint velocities, R^2)
+                      regression from latent states to the true joint velocities, fitted on
+                      collected episodes, R^2 on the evaluation episode)
     write_outputs()   metrics.json, score.png (return per episode), weight_kl.png (the
                       transition's weight KL over training), open_loop.png (true frames or
                       states above predicted ones), all also in TensorBoard
@@ -147,7 +148,12 @@ class PlanetTrainer(Trainer):
             index = len(self.buffer)
             planned = index >= self.seed_episodes
             episode = self.run_episode(index, planned=planned, noise=self.action_noise)
-            self.buffer.add(episode["observations"], episode["actions"], episode["rewards"])
+            self.buffer.add(
+                episode["observations"],
+                episode["actions"],
+                episode["rewards"],
+                velocities=episode["velocities"],
+            )
             logging.info(
                 "Episode %d (%s): return %.1f",
                 index,
@@ -292,20 +298,18 @@ class PlanetTrainer(Trainer):
 
     def run_episode(self, index, planned, noise, eval=False):
         """One episode: uniform random actions, or CEM plans with Gaussian noise of stddev
-        `noise`. Returns its rows (see `EpisodeBuffer`), return, latent features and the true
-        velocities (for the probe)."""
+        `noise`. Returns its rows (see `EpisodeBuffer`), its return and the true velocities
+        of each row (for the probe)."""
         rng = np.random.default_rng([self.seed, index, 1 if eval else 0])
         observation = self.env.reset(seed=rng.integers(2**31))
         action = np.zeros(self.env.action_dim, np.float32)
         state = self.model.initial_state(1)
         rows = {"observations": [observation], "actions": [action], "rewards": [0.0]}
-        features, velocities = [], []
+        velocities = [self.env.velocity()]
         done = False
         while not done:
             if planned:
                 state = self._filter_fn(state, tf.constant(action), tf.constant(observation))
-                features.append(np.concatenate([state["h"][0], state["z"][0]]))
-                velocities.append(self.env.velocity())
                 seed = tf.constant([self.seed * 7919 + index, len(rows["rewards"])], tf.int32)
                 action = self._plan_fn(state, seed).numpy()
                 action = np.clip(action + noise * rng.standard_normal(action.shape), -1, 1)
@@ -316,10 +320,10 @@ class PlanetTrainer(Trainer):
             rows["observations"].append(observation)
             rows["actions"].append(action)
             rows["rewards"].append(reward)
+            velocities.append(self.env.velocity())
         return {
             **{k: np.asarray(v, np.float32) for k, v in rows.items()},
             "return": float(np.sum(rows["rewards"])),
-            "features": np.asarray(features, np.float32),
             "velocities": np.asarray(velocities, np.float32),
         }
 
@@ -340,18 +344,24 @@ class PlanetTrainer(Trainer):
             "mse": float(np.mean((predicted - true) ** 2)),
         }
 
-    @staticmethod
-    def velocity_probe(episode):
-        """R^2 of a linear regression from latent features to true velocities, fitted on the
-        episode's first half and scored on its second (the paper's Figure 11 probe)."""
+    def latent_features(self, episode):
+        """`[T + 1, h + z]` filtered latent states of a whole episode."""
+        out, _ = self.model.observe(episode["observations"][None], episode["actions"][None])
+        return np.concatenate([out["h"][0], out["z"][0]], -1)
+
+    def velocity_probe(self, episode, train_episodes=5):
+        """R^2 on `episode` of a linear (ridge) regression from latent states to the true
+        velocities, fitted on the last `train_episodes` collected episodes (the paper's
+        Figure 11 probe: how much of the physical state the latents hold)."""
         from sklearn.linear_model import Ridge
 
-        x, y = episode["features"], episode["velocities"]
-        if len(x) < 4:
+        fitted = [e for e in self.buffer.episodes if "velocities" in e][-train_episodes:]
+        if not fitted:
             return float("nan")
-        half = len(x) // 2
-        probe = Ridge(alpha=1e-3).fit(x[:half], y[:half])
-        return float(probe.score(x[half:], y[half:]))
+        x = np.concatenate([self.latent_features(e) for e in fitted])
+        y = np.concatenate([e["velocities"] for e in fitted])
+        probe = Ridge(alpha=1.0).fit(x, y)
+        return float(probe.score(self.latent_features(episode), episode["velocities"]))
 
 
 def train_planet(model_dir, **kwargs):
