@@ -42,7 +42,7 @@ def format_metrics(metrics):
 def main(argv):
     del argv
     # Import after absl parsed flags: TF and the configurables load here.
-    from blayers import config, run_files, strategy, trainer
+    from blayers import config, strategy, trainer
 
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
@@ -64,15 +64,24 @@ def main(argv):
         f"Strategy {type(dist).__name__} with {dist.num_replicas_in_sync} replica(s); "
         f"model_dir {FLAGS.model_dir}."
     )
+    _train_and_report(lambda: trainer.train(FLAGS.model_dir, strategy=dist))
+
+
+def _train_and_report(train_fn):
+    """Runs `train_fn()` and prints its final metrics; a failure becomes a logged error and an
+    exit code: 3 a non-finite loss, 4 a locked run folder or changed bindings on resume, 2 a
+    bad argument found while building (a binding, a shape)."""
+    from blayers import run_files, trainer
+
     try:
-        metrics = trainer.train(FLAGS.model_dir, strategy=dist)
-    except trainer.NonFiniteLossError as error:
+        metrics = train_fn()
+    except FloatingPointError as error:  # NonFiniteLossError, and the mesh and agent loops'
         logging.error("%s", error)
         sys.exit(3)
     except (run_files.RunLockedError, trainer.ChangedBindingsError) as error:
         logging.error("%s", error)
         sys.exit(4)
-    except ValueError as error:  # a bad argument found while building (a binding, a shape)
+    except ValueError as error:
         logging.error("Bad configuration:\n%s", error)
         sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
@@ -81,26 +90,16 @@ def main(argv):
 
 def _run_planet():
     """The PlaNet agent (`blayers.control.planet.train_planet`), configured by gin."""
-    from blayers import run_files, trainer
     from blayers.control import planet
 
     print(f"PlaNet agent; model_dir {FLAGS.model_dir}.")
-    try:
-        metrics = planet.train_planet(FLAGS.model_dir)
-    except (run_files.RunLockedError, trainer.ChangedBindingsError) as error:
-        logging.error("%s", error)
-        sys.exit(4)
-    except ValueError as error:
-        logging.error("Bad configuration:\n%s", error)
-        sys.exit(2)
-    print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
-    print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
+    _train_and_report(lambda: planet.train_planet(FLAGS.model_dir))
 
 
 def _run_mesh():
     """The Mesh TensorFlow loop (`blayers.mesh.trainer.train_mesh`), configured by gin; the
     `--mesh_shape` and `--layout` flags override its bindings."""
-    from blayers import run_files, strategy
+    from blayers import strategy
     from blayers.mesh import trainer as mesh_trainer
 
     if FLAGS.num_cpu_devices:
@@ -109,16 +108,7 @@ def _run_mesh():
     print(
         f"Mesh TensorFlow {overrides or '(shape and layout from gin)'}; model_dir {FLAGS.model_dir}."
     )
-    try:
-        metrics = mesh_trainer.train_mesh(FLAGS.model_dir, **overrides)
-    except run_files.RunLockedError as error:
-        logging.error("%s", error)
-        sys.exit(4)
-    except ValueError as error:
-        logging.error("Bad configuration:\n%s", error)
-        sys.exit(2)
-    print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
-    print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
+    _train_and_report(lambda: mesh_trainer.train_mesh(FLAGS.model_dir, **overrides))
 
 
 def run():

@@ -23,7 +23,6 @@ import argparse
 import json
 import os
 import shutil
-import sys
 
 import numpy as np
 from absl import app, flags
@@ -130,14 +129,8 @@ def run_experiment(root, gin_file, gin_params, seeds, parallel):
         strategy="cpu",
         tpu=None,
     )
-    results, stopped = sweep.run_grid(runs, args)
-    sweep.write_table(
-        ["run", "status"], [[name, status] for name, _, status, _ in results], root, "runs"
-    )
+    results, stopped = sweep.run_experiment_grid(runs, args)
     rows = summarize(root, results, models)
-    for name, _, status, _ in results:
-        if not status.startswith(("finished", "skipped")):
-            print(f"{name}: {status}", file=sys.stderr)
     if stopped:
         raise KeyboardInterrupt
     return rows

@@ -18,7 +18,6 @@ import argparse
 import json
 import math
 import os
-import sys
 
 import numpy as np
 from absl import app, flags
@@ -163,15 +162,9 @@ def run_experiment(uci_dir, root, datasets, depths, splits, gin_file, gin_params
         strategy="cpu",
         tpu=None,
     )
-    results, stopped = sweep.run_grid(runs, args)
-    sweep.write_table(
-        ["run", "status"], [[name, status] for name, _, status, _ in results], root, "runs"
-    )
+    results, stopped = sweep.run_experiment_grid(runs, args)
     rows = summarize(results, keys)
     write_tables(rows, root)
-    for name, _, status, _ in results:
-        if not status.startswith(("finished", "skipped")):
-            print(f"{name}: {status}", file=sys.stderr)
     if stopped:
         raise KeyboardInterrupt
     return rows

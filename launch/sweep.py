@@ -238,6 +238,20 @@ def run_sweep(args):
     return rows
 
 
+def run_experiment_grid(planned, args):
+    """`run_grid`, then the runs' status table (`runs.md`, `runs.csv` in `args.root`) and each
+    unfinished run named on stderr: what an experiment script does before its own tables.
+    Returns `(results, stopped)` as `run_grid`."""
+    results, stopped = run_grid(planned, args)
+    write_table(
+        ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"
+    )
+    for name, _, status, _ in results:
+        if not status.startswith(("finished", "skipped")):
+            print(f"{name}: {status}", file=sys.stderr)
+    return results, stopped
+
+
 def run_grid(planned, args):
     """Runs `[(run_name, {binding: value text})]` as trainer subprocesses, `args.parallel` at
     a time, each in `args.root/run_name` with `args.gin_file` and `args.gin_param`; finished

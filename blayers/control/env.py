@@ -20,11 +20,12 @@ import numpy as np
 
 from blayers.control import dm_control_worker
 
-__all__ = ["ControlEnv", "control_env"]
+__all__ = ["ControlEnv"]
 
 
+@gin.configurable("control_env", module="blayers.control")
 class ControlEnv:
-    """One dm_control task, simulated in a child process.
+    """One dm_control task, simulated in a child process (in gin: `@control_env()`).
 
     Args:
       domain, task: the suite's names (`'cheetah', 'run'`; `'cartpole', 'balance'`).
@@ -145,18 +146,3 @@ class ControlEnv:
                 process.wait(timeout=10)
             except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
                 process.kill()
-
-
-@gin.configurable(module="blayers.control")
-def control_env(
-    domain="cheetah",
-    task="run",
-    observation="pixels",
-    action_repeat=4,
-    episode_steps=250,
-    size=64,
-    camera=0,
-    seed=0,
-):
-    """`train_planet.env = @control_env()`; see `ControlEnv`."""
-    return ControlEnv(domain, task, observation, action_repeat, episode_steps, size, camera, seed)
