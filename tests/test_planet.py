@@ -115,6 +115,49 @@ def test_weight_kl_is_in_the_loss_and_reaches_the_transition_posterior():
     assert float(objectives.split_losses(deterministic)[1]) == 0.0
 
 
+def test_latent_overshooting_at_distance_one_is_the_filtering_kl():
+    import tensorflow_probability as tfp
+
+    tf.keras.utils.set_random_seed(0)
+    model = WorldModel(
+        (3,), 1, deterministic_size=8, stochastic_size=2, hidden_units=8, free_nats=0.0
+    )
+    o, a = tf.random.normal((4, 6, 3)), tf.random.normal((4, 6, 1))
+    transition = model.transition(add_losses=False)
+    out, _ = model.observe(o, a, transition=transition)
+    mvn = tfp.distributions.MultivariateNormalDiag
+    filtering = mvn(out["qm"], out["qs"]).kl_divergence(mvn(out["pm"], out["ps"]))
+    expected = float(tf.reduce_mean(tf.reduce_sum(filtering[:, 1:], 1)))
+    one = float(model.overshooting_kl(out, a, 1, transition, free_nats=0.0))
+    assert one == pytest.approx(expected, rel=1e-5)
+    # Longer distances predict open-loop: a different, finite term with gradients to the
+    # transition and none to the (fixed) posterior targets' networks.
+    with tf.GradientTape() as tape:
+        out, _ = model.observe(o, a, transition=transition)
+        three = model.overshooting_kl(out, a, 3, transition, free_nats=0.0)
+    grads = dict(
+        zip(
+            (v.path for v in model.trainable_variables),
+            tape.gradient(three, model.trainable_variables),
+        )
+    )
+    assert np.isfinite(float(three)) and float(three) != pytest.approx(one)
+    assert grads["transition_prior/kernel/mean"] is not None or any(
+        "transition_prior" in p and g is not None for p, g in grads.items()
+    )
+    assert all(g is None for p, g in grads.items() if "posterior_head" in p)
+    with pytest.raises(ValueError, match="overshooting"):
+        WorldModel((3,), 1, overshooting=-1)
+    on = WorldModel(
+        (3,), 1, deterministic_size=8, stochastic_size=2, hidden_units=8, overshooting=2
+    )
+    assert float(on((o, a, tf.zeros((4, 6))))["overshooting"]) > 0
+    longer = WorldModel(
+        (3,), 1, deterministic_size=8, stochastic_size=2, hidden_units=8, overshooting=10
+    )  # longer than the chunk: capped at T - 1
+    assert np.isfinite(float(longer((o, a, tf.zeros((4, 6))))["overshooting"]))
+
+
 def test_episode_buffer_survives_a_restart_and_a_torn_write(tmp_path):
     buffer = EpisodeBuffer(str(tmp_path))
     episodes = _linear_system_episodes(3, 10)

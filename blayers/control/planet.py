@@ -15,7 +15,8 @@
                       transition's weight KL over training), open_loop.png (true frames or
                       states above predicted ones), all also in TensorBoard
 
-The loss per sequence is PlaNet's (reconstruction + reward NLL + latent KL with free nats)
+The loss per sequence is PlaNet's (reconstruction + reward NLL + latent KL with free nats,
+and latent overshooting when `WorldModel.overshooting` is on)
 plus `kl_weight * KL[q(W) || p(W)] / N`, the transition weights' KL over `N` the number of
 training sequences (buffer steps / chunk length), as the paper adds it. Episodes live on disk
 in `model_dir/episodes/` (written whole as each ends), so a killed run loses no experience and
@@ -44,7 +45,14 @@ from blayers.trainer import RESUMABLE_BINDINGS, Trainer
 
 __all__ = ["PlanetTrainer", "train_planet"]
 
-_TERMS = ("loss", "reconstruction", "reward_nll", "latent_kl", "weight_kl_per_sequence")
+_TERMS = (
+    "loss",
+    "reconstruction",
+    "reward_nll",
+    "latent_kl",
+    "overshooting",
+    "weight_kl_per_sequence",
+)
 
 
 class PlanetTrainer(Trainer):
@@ -274,11 +282,24 @@ class PlanetTrainer(Trainer):
             terms = self.model((observations, actions, rewards))
             _, weight_kl = objectives.split_losses(self.model)
             weight_term = self.kl_weight * weight_kl / sequences
-            loss = terms["reconstruction"] + terms["reward"] + terms["latent_kl"] + weight_term
+            loss = (
+                terms["reconstruction"]
+                + terms["reward"]
+                + terms["latent_kl"]
+                + terms["overshooting"]
+                + weight_term
+            )
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.step.assign_add(1)
-        return loss, terms["reconstruction"], terms["reward"], terms["latent_kl"], weight_term
+        return (
+            loss,
+            terms["reconstruction"],
+            terms["reward"],
+            terms["latent_kl"],
+            terms["overshooting"],
+            weight_term,
+        )
 
     def _filter(self, state, action, observation):
         """The posterior state after `action` and the new `observation` (batch of one)."""

@@ -82,6 +82,11 @@ class WorldModel(keras.Model):
       transition_layer: the transition's feed-forward layer, a blayers or Keras layer name
         (`'DenseReparameterization'`: the paper's Bayesian PlaNet; `'Dense'`: deterministic).
       free_nats: the latent KL's floor per time step (PlaNet: 3).
+      overshooting: latent overshooting's longest distance `D` (Hafner et al., 2019, Sec. 4;
+        0: off): the priors predicted `d = 1..D` steps open-loop from each posterior state are
+        pulled towards the (fixed) posteriors there, `overshooting_scale / D` times the sum
+        over `d` of their per-sequence KL (free nats applied per step).
+      overshooting_scale: the weight `beta` of that term.
     """
 
     def __init__(
@@ -93,6 +98,8 @@ class WorldModel(keras.Model):
         hidden_units=200,
         transition_layer="DenseReparameterization",
         free_nats=3.0,
+        overshooting=0,
+        overshooting_scale=1.0,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -101,6 +108,9 @@ class WorldModel(keras.Model):
         self.action_dim = int(action_dim)
         self.deterministic_size, self.stochastic_size = deterministic_size, stochastic_size
         self.free_nats = float(free_nats)
+        if int(overshooting) < 0:
+            raise ValueError(f"WorldModel.overshooting must be >= 0, got {overshooting}.")
+        self.overshooting, self.overshooting_scale = int(overshooting), float(overshooting_scale)
         # Latent noise comes from this generator (its state is checkpointed with the model), so
         # a resumed run draws what the uninterrupted one would.
         self.seed_generator = keras.random.SeedGenerator(name="latent_noise")
@@ -125,9 +135,9 @@ class WorldModel(keras.Model):
         self._build_all()
 
     def _build_all(self):
-        observations = tf.zeros((1, 1, *self.observation_shape))
-        actions = tf.zeros((1, 1, self.action_dim))
-        self.loss_terms(observations, actions, tf.zeros((1, 1)))
+        observations = tf.zeros((1, 2, *self.observation_shape))
+        actions = tf.zeros((1, 2, self.action_dim))
+        self.loss_terms(observations, actions, tf.zeros((1, 2)))
 
     # -- the state-space model --------------------------------------------------------------
     def initial_state(self, batch):
@@ -246,24 +256,67 @@ class WorldModel(keras.Model):
     # -- the objective -------------------------------------------------------------------------
     def loss_terms(self, observations, actions, rewards):
         """Per-sequence means over the batch: `reconstruction`, `reward` (NLLs summed over
-        time) and `latent_kl` (free nats applied per step). Inside a Keras call the
-        transition's weight KL (one draw per batch of sequences) joins `self.losses`."""
-        out, _ = self.observe(observations, actions, transition=self.transition(add_losses=True))
+        time, up to their constants), `latent_kl` (free nats applied per step) and
+        `overshooting` (0 when off). Inside a Keras call the transition's weight KL (one draw
+        per batch of sequences) joins `self.losses`."""
+        transition = self.transition(add_losses=True)
+        out, _ = self.observe(observations, actions, transition=transition)
         features = tf.concat([out["h"], out["z"]], -1)
         squared = tf.square(self.decode(features) - observations)
         axes = list(range(2, 2 + len(self.observation_shape)))
-        # Unit-variance Gaussians: NLL = squared error / 2 + log(2 pi) / 2 per dimension.
+        # Unit-variance Gaussians: the NLL is the squared error / 2 (plus a constant).
         reconstruction = tf.reduce_sum(squared, axes) / 2.0
         reward = tf.square(self.reward(features) - rewards) / 2.0
         posterior = tfd.MultivariateNormalDiag(out["qm"], out["qs"])
         prior = tfd.MultivariateNormalDiag(out["pm"], out["ps"])
         latent_kl = tf.maximum(posterior.kl_divergence(prior), self.free_nats)
         total = lambda x: tf.reduce_mean(tf.reduce_sum(x, 1))
+        overshooting = tf.constant(0.0)
+        if self.overshooting:
+            overshooting = self.overshooting_scale * self.overshooting_kl(
+                out, actions, self.overshooting, transition
+            )
         return {
             "reconstruction": total(reconstruction),
             "reward": total(reward),
             "latent_kl": total(latent_kl),
+            "overshooting": overshooting,
         }, out
+
+    def overshooting_kl(self, out, actions, distance, transition, free_nats=None):
+        """`(1 / D) sum_{d=1..D} sum_t max(free, KL[sg(q(z_t)) || p_d(z_t)])`, batch mean:
+        `p_d` is the prior predicted open-loop `d` steps from the posterior state at `t - d`
+        with the actions taken; posteriors are fixed targets (stop-gradient), as PlaNet's.
+        At `d = 1` it is the filtering KL of steps `1..T-1`."""
+        free = self.free_nats if free_nats is None else free_nats
+        actions = tf.convert_to_tensor(actions, tf.float32)
+        steps = actions.shape[1] if actions.shape[1] is not None else tf.shape(actions)[1]
+        if isinstance(steps, int):
+            if steps < 2:
+                return tf.constant(0.0)  # no step has a predecessor to predict it from
+            distance = min(distance, steps - 1)  # longer predictions have no target
+        starts = steps - 1
+        flat = lambda x: tf.reshape(x, [-1, x.shape[-1]])
+        state = {"h": flat(out["h"][:, :-1]), "z": flat(out["z"][:, :-1])}
+        # Shifted by k, padded past the end (padding rows are masked out below; a stddev pads
+        # with 1 so that their KL stays finite).
+        pad = lambda x, k, value=0.0: tf.pad(
+            x[:, k:], [[0, 0], [0, starts - tf.shape(x[:, k:])[1]], [0, 0]], constant_values=value
+        )
+        targets = {k: tf.stop_gradient(out[k]) for k in ("qm", "qs")}
+        total = 0.0
+        for d in range(1, distance + 1):
+            h, prior = self.prior_step(state, flat(pad(actions, d)), transition)
+            target = tfd.MultivariateNormalDiag(
+                flat(pad(targets["qm"], d)), flat(pad(targets["qs"], d, 1.0))
+            )
+            kl = tf.maximum(target.kl_divergence(prior), free)
+            kl = tf.reshape(kl, [-1, starts])
+            valid = (tf.range(starts) + d < steps)[None]  # the target exists
+            total += tf.reduce_mean(tf.reduce_sum(tf.where(valid, kl, 0.0), 1))
+            noise = self.latent_noise(tf.shape(prior.mean()))
+            state = {"h": h, "z": prior.mean() + prior.stddev() * noise}
+        return total / distance
 
     def call(self, inputs):
         observations, actions, rewards = inputs
