@@ -35,7 +35,11 @@ class EpisodeBuffer:
 
     @property
     def num_steps(self):
-        return sum(len(e["rewards"]) - 1 for e in self.episodes)
+        return self.steps_in(len(self.episodes))
+
+    def steps_in(self, episodes):
+        """Agent steps in the first `episodes` episodes."""
+        return sum(len(e["rewards"]) - 1 for e in self.episodes[:episodes])
 
     def add(self, observations, actions, rewards, **extra):
         """Appends one episode (see the module docstring for the layout) and writes it;
@@ -61,10 +65,13 @@ class EpisodeBuffer:
         """Each episode's total reward, in collection order."""
         return [float(e["rewards"].sum()) for e in self.episodes]
 
-    def sample(self, batch_size, length, seed, step):
+    def sample(self, batch_size, length, seed, step, episodes=None):
         """`(observations, actions, rewards)` of `batch_size` chunks of `length` rows, drawn
-        by a generator seeded with `(seed, step)`."""
-        usable = [i for i, e in enumerate(self.episodes) if len(e["rewards"]) >= length]
+        by a generator seeded with `(seed, step)` from the first `episodes` episodes (default
+        all: a resumed agent passes the count its step implies, so an episode collected after
+        its checkpoint waits for its turn)."""
+        pool = self.episodes[:episodes] if episodes is not None else self.episodes
+        usable = [i for i, e in enumerate(pool) if len(e["rewards"]) >= length]
         if not usable:
             raise ValueError(f"EpisodeBuffer: no episode has {length} steps to sample.")
         rng = np.random.default_rng([seed, step])

@@ -9,11 +9,11 @@ backend (`MUJOCO_GL=egl` unless the user chose another), which needs the system'
 (Mesa's `libegl1` on Debian and Ubuntu); state observations render nothing.
 """
 
-import atexit
 import importlib.util
 import os
 import subprocess
 import sys
+import weakref
 
 import gin
 import numpy as np
@@ -71,7 +71,8 @@ class ControlEnv:
             stdout=subprocess.PIPE,
             env=environment,
         )
-        atexit.register(self.close)
+        # Ends the simulator when this object goes, or at interpreter exit.
+        self._finalizer = weakref.finalize(self, _stop, self._process)
         specs = self._call(
             "init",
             {
@@ -138,11 +139,16 @@ class ControlEnv:
         return self._observation(raw), float(reward), done
 
     def close(self):
-        """Ends the simulator process (also at interpreter exit)."""
-        process = getattr(self, "_process", None)
-        if process is not None and process.poll() is None:
-            try:
-                dm_control_worker._write(process.stdin, ("close", None))
-                process.wait(timeout=10)
-            except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
-                process.kill()
+        """Ends the simulator process (also done when the object is collected, or at exit)."""
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+
+def _stop(process):
+    if process.poll() is None:
+        try:
+            dm_control_worker._write(process.stdin, ("close", None))
+            process.wait(timeout=10)
+        except (BrokenPipeError, OSError, subprocess.TimeoutExpired):
+            process.kill()

@@ -176,10 +176,13 @@ class PlanetTrainer(Trainer):
         end = min(
             end_step, (self.step_value() // self.collect_interval + 1) * self.collect_interval
         )
-        sequences = max(self.buffer.num_steps / self.chunk_length, 1.0)
+        # The episodes this phase trains on: those its step implies, not any collected after a
+        # checkpoint by a run that was then killed (a resume stays the uninterrupted run).
+        episodes = self.expected_episodes(self.step_value())
+        sequences = max(self.buffer.steps_in(episodes) / self.chunk_length, 1.0)
         while self.step_value() < end and not self.stop.requested:
             batch = self.buffer.sample(
-                self.batch_size, self.chunk_length, self.seed, self.step_value()
+                self.batch_size, self.chunk_length, self.seed, self.step_value(), episodes
             )
             values = self._train_step_fn(*batch, tf.constant(sequences, tf.float32))
             self.after_step(batch, *[float(v) for v in values])
