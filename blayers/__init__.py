@@ -8,7 +8,8 @@ Layers over distributions of functions, as drop-in Keras layers:
     loss = nll + sum(model.losses) / num_examples     # KL terms in model.losses
 
 Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Normal`, ...),
-`trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `predict`, `set_seed`,
+`trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `make_log_joint` (and
+`programs`: variational inference over a model and a posterior program), `predict`, `set_seed`,
 `set_kl_scale` (the per-example ELBO in `model.fit`), and the subpackages `layers`,
 `initializers`, `regularizers`, `constraints`.
 
@@ -21,11 +22,12 @@ from blayers import cli_env as _cli_env
 
 _cli_env.prepare()  # only in the `blayers.train` CLI process: before TensorFlow loads below
 
-from blayers import constraints, initializers, layers, regularizers
+from blayers import constraints, initializers, layers, programs, regularizers
 from blayers.distributions import *
 from blayers.distributions import __all__ as _distribution_names
 from blayers.objectives import set_kl_scale
 from blayers.predict import Prediction, predict
+from blayers.programs import make_log_joint
 from blayers.random_variable import RandomVariable
 from blayers.seeds import set_seed
 from blayers.tracing import condition, posterior_mean, take_mean, tape, trace, traceable
@@ -39,6 +41,8 @@ __all__ = [  # noqa: PLE0604
     "posterior_mean",
     "condition",
     "tape",
+    "make_log_joint",
+    "programs",
     "predict",
     "Prediction",
     "set_seed",

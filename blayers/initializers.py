@@ -31,6 +31,7 @@ tfd = tfp.distributions
 
 __all__ = [
     "RHO_RANGE",
+    "NormalPrior",
     "TrainableDeterministic",
     "TrainableGlorotNormal",
     "TrainableHalfCauchy",
@@ -147,7 +148,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             distribution,
             reinterpreted_batch_ndims=len(self.weight_shape),
             seed=seeds.next_seed(self.seed_generator),
-            name=self.name,
+            name=getattr(self, "variable_name", None) or self.name,
         )
 
     def _distribution(self, params, shape):
@@ -356,6 +357,39 @@ class TrainableDeterministic(TrainableInitializer):
 
     def _distribution(self, params, shape):
         return tfd.Deterministic(loc=params["loc"])
+
+
+@_register("normal_prior")
+class NormalPrior(TrainableInitializer):
+    """The prior itself, `w ~ N(mean, stddev^2)` elementwise, with nothing to train.
+
+    The paper's function prior with Bayesian neural-net layers (Tran et al., 2019, Sec. 2.5,
+    footnote 6): "set the initializer to return the desired weight prior and remove the default
+    regularizer". `DenseReparameterization(units, kernel_initializer=NormalPrior(name='w'),
+    kernel_regularizer=None)` in a model program draws functions from the prior, and
+    `blayers.programs.make_log_joint` counts `log p(w)` under the name `'w'`.
+
+    Args:
+      mean, stddev: the Normal's parameters (stddev positive).
+      seed: seeds the weight's draws.
+      **kwargs: `keras.layers.Layer` arguments (`name`: the weight variable's name).
+    """
+
+    def __init__(self, mean=0.0, stddev=1.0, seed=None, **kwargs):
+        super().__init__(seed=seed, **kwargs)
+        if not stddev > 0:
+            raise ValueError(f"NormalPrior needs stddev > 0, got {stddev}.")
+        self.mean, self.stddev = float(mean), float(stddev)
+
+    def _distribution(self, params, shape):
+        del params
+        return tfd.Normal(
+            loc=tf.fill(shape, tf.constant(self.mean, self.compute_dtype)),
+            scale=tf.constant(self.stddev, self.compute_dtype),
+        )
+
+    def get_config(self):
+        return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}
 
 
 def is_distribution_initializer(initializer):

@@ -21,6 +21,7 @@ __all__ = [
     "image_grid",
     "open_loop_strip",
     "png_to_tensorboard",
+    "point_process_intensity",
     "regression_1d",
     "regression_calibration",
     "reliability_diagram",
@@ -371,6 +372,56 @@ def history_panels(history, keys, path):
         ax.set_xlabel("step")
     for ax in axes.ravel()[len(panels) :]:
         ax.axis("off")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def point_process_intensity(grid, draws, kde, train, test, window, path, unit=""):
+    """Posterior intensity of a point process in original units: 1-D, the mean with the 5-95%
+    band, the kernel estimate and the events as rugs; 2-D, images of the mean and of the band's
+    width with the events, and the kernel estimate."""
+    window = np.asarray(window, "float64")
+    low, width = window[:, 0], window[:, 1] - window[:, 0]
+    scale = 1.0 / np.prod(width)  # unit-window intensity -> per original unit volume
+    draws, kde = np.asarray(draws) * scale, np.asarray(kde) * scale
+    mean, lo, hi = draws.mean(0), *np.percentile(draws, [5, 95], axis=0)
+    per = f" per {unit}" if unit else ""
+    if window.shape[0] == 1:
+        x = low[0] + width[0] * grid[:, 0]
+        fig, ax = plt.subplots(figsize=(8, 4))
+        ax.fill_between(x, lo, hi, color="C0", alpha=0.25, label="posterior 5-95%")
+        ax.plot(x, mean, "C0", label="posterior mean")
+        ax.plot(x, kde, "C1--", label="kernel estimate")
+        top = max(hi.max(), kde.max())
+        ax.plot(
+            low[0] + width[0] * train[:, 0],
+            np.full(len(train), -0.03 * top),
+            "|k",
+            label="train events",
+        )
+        ax.plot(
+            low[0] + width[0] * test[:, 0],
+            np.full(len(test), -0.07 * top),
+            "|",
+            color="C3",
+            label="held-out events",
+        )
+        ax.set_ylabel(f"intensity{per} (training pattern)")
+        ax.legend(fontsize=8)
+    else:
+        size = round(np.sqrt(len(grid)))
+        extent = [low[0], low[0] + width[0], low[1], low[1] + width[1]]
+        fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+        for ax, image, title in zip(
+            axes, (mean, hi - lo, kde), ("posterior mean", "5-95% band width", "kernel estimate")
+        ):
+            shown = ax.imshow(
+                image.reshape(size, size).T, origin="lower", extent=extent, cmap="viridis"
+            )
+            fig.colorbar(shown, ax=ax, label=f"intensity{per}")
+            ax.scatter(low[0] + width[0] * train[:, 0], low[1] + width[1] * train[:, 1], s=2, c="w")
+            ax.set_title(title)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

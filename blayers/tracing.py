@@ -4,7 +4,9 @@ Every random-variable constructor in `blayers` (`blayers.Normal`, ..., and the d
 trainable initializers build) is *traceable*. Inside `with blayers.trace(interceptor):` each
 construction `f(*args, **kwargs)` is routed through `interceptor(f, *args, **kwargs)`, which may
 build the variable differently or record it. While an interceptor runs it is removed from the
-stack, so interceptors nest: the inner one sees constructions made by the outer one.
+stack; one that builds the variable with `traceable(f)(...)` hands the construction on to the
+interceptors outside it, so they compose (`tape`, `condition`, `take_mean` and
+`blayers.make_log_joint` all do).
 
 This is Edward2's interception mechanism (Tran et al., 2018), used here for test-time behaviour
 (`take_mean`: weights fixed at their posterior mean) and, later, for probabilistic programs
@@ -77,7 +79,7 @@ def take_mean(f, *args, **kwargs):
     """
     from blayers.random_variable import RandomVariable
 
-    rv = f(*args, **kwargs)
+    rv = traceable(f)(*args, **kwargs)  # outer interceptors see the construction too
     try:
         mean = rv.distribution.mean()
     except NotImplementedError:
@@ -109,22 +111,24 @@ def condition(**values):
         name = kwargs.get("name")
         if name in values and kwargs.get("value") is None:
             kwargs["value"] = values[name]
-        return f(*args, **kwargs)
+        return traceable(f)(*args, **kwargs)
 
     return interceptor
 
 
 @contextlib.contextmanager
 def tape():
-    """Records every random variable constructed inside, in order, keyed by distribution name.
+    """Records every random variable constructed inside, in order, keyed by name.
 
-    Yields an `OrderedDict` `name -> RandomVariable`; a repeated name gets a numeric suffix.
+    Yields an `OrderedDict` `name -> RandomVariable`, the name being the constructor's `name`
+    argument (a layer's weight: `'<layer>/kernel'`; a layer's output: its `output_name`), else
+    the distribution's; a repeated name gets a numeric suffix.
     """
     recorded = collections.OrderedDict()
 
     def record(f, *args, **kwargs):
-        rv = f(*args, **kwargs)
-        name = rv.distribution.name
+        rv = traceable(f)(*args, **kwargs)
+        name = kwargs.get("name") or rv.distribution.name
         key, i = name, 1
         while key in recorded:
             key, i = f"{name}_{i}", i + 1

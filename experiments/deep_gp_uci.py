@@ -16,10 +16,8 @@ continues from its checkpoint. Writes `results.md`, `results.csv` and `results.j
 
 import argparse
 import json
-import math
 import os
 
-import numpy as np
 from absl import app, flags
 
 from blayers.data.uci import uci_num_splits
@@ -82,12 +80,6 @@ def plan(uci_dir, datasets, depths, splits=None):
     return runs, keys
 
 
-def mean_se(values):
-    values = np.asarray(values, np.float64)
-    se = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else float("nan")
-    return float(values.mean()), float(se)
-
-
 def summarize(results, keys):
     """One row per (data set, depth) from the finished runs' final metrics."""
     groups = {}
@@ -96,8 +88,8 @@ def summarize(results, keys):
             groups.setdefault(keys[name], []).append(final)
     rows = []
     for (dataset, depth), finals in groups.items():
-        ll = mean_se([f["test_log_likelihood"] for f in finals])
-        rmse = mean_se([f["rmse"] for f in finals])
+        ll = sweep.mean_se([f["test_log_likelihood"] for f in finals])
+        rmse = sweep.mean_se([f["rmse"] for f in finals])
         rows.append(
             {
                 "dataset": dataset,

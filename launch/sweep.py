@@ -22,6 +22,7 @@ import csv
 import ctypes
 import itertools
 import json
+import math
 import os
 import re
 import signal
@@ -212,6 +213,16 @@ def _write_tables(rows, names, root, columns):
             ]
         )
     return write_table(header, table, root)
+
+
+def mean_se(values):
+    """`(mean, standard error)` of a list of numbers (the error is NaN for one value)."""
+    values = [float(v) for v in values]
+    mean = sum(values) / len(values)
+    if len(values) < 2:
+        return mean, float("nan")
+    variance = sum((v - mean) ** 2 for v in values) / (len(values) - 1)
+    return mean, math.sqrt(variance / len(values))
 
 
 def write_table(header, rows, root, stem="results"):

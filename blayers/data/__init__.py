@@ -15,6 +15,7 @@ from blayers.data.bundled import (
     mnist_subset,
     pydoc_text_lm,
 )
+from blayers.data.point_patterns import load_pattern, point_pattern
 from blayers.data.synthetic import (
     gaussian_ring_2d,
     heteroscedastic_1d,
@@ -35,9 +36,11 @@ __all__ = [
     "from_arrays",
     "gaussian_ring_2d",
     "heteroscedastic_1d",
+    "load_pattern",
     "markov_sequences",
     "mnist_subset",
     "parallel_data",
+    "point_pattern",
     "pydoc_text_lm",
     "ring_distribution",
     "standardize",

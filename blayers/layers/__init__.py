@@ -3,6 +3,8 @@
 `dense`, `convolutional`, `recurrent`, `attention`, `embeddings`, `dropout`,
 `gaussian_process`, `stochastic_output`, `reversible`, `vector_quantizer`; the estimators'
 forward passes live once in `estimators` and the weight-distribution mechanism in `base`.
+`point_process.PoissonProcess` is a random variable over patterns whose rate is a layer (not a
+layer itself: a pattern has a random size).
 
 The public names of this package are the layers registered with `blayers.registry.
 register_layer` (the `@register` decorator of `base`): one decorator makes a new layer a name
@@ -30,6 +32,7 @@ for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")
 del _family
 
+from blayers.layers.point_process import PoissonProcess
 from blayers.layers.reversible import ReversibleLayer
 
 globals().update(_LAYERS)
@@ -50,6 +53,7 @@ def __dir__():
 __all__ = [  # noqa: PLE0604
     "BayesianLayer",
     "NestedLayers",
+    "PoissonProcess",
     "ReversibleLayer",
     "SeededLayer",
     *sorted(_LAYERS),

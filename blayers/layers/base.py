@@ -38,6 +38,7 @@ __all__ = [
     "WEIGHT_ARGS",
     "BayesianLayer",
     "LocalLosses",
+    "NamedOutput",
     "NestedLayers",
     "SeededLayer",
     "is_fixed",
@@ -59,6 +60,30 @@ class LocalLosses:
     a VQ-VAE's codebook and commitment losses), so the ELBO adds them to the likelihood term
     as they are instead of dividing them by the data-set size like a weight's KL
     (`blayers.objectives.split_losses`)."""
+
+
+class NamedOutput:
+    """Mixin for layers that return a `RandomVariable` (stochastic output and GP layers): the
+    variable is named `output_name` (default: the layer's name), the name `blayers.condition`,
+    `blayers.tape` and `blayers.programs.make_log_joint` know it by. A posterior program's layer
+    passes the name of the model's variable it approximates (`output_name='f'`)."""
+
+    def __init__(self, *args, output_name=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        if output_name is not None and (not isinstance(output_name, str) or not output_name):
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): output_name must be a non-empty string, "
+                f"got {output_name!r}."
+            )
+        self._output_name = output_name
+
+    @property
+    def output_name(self):
+        """The name of the random variable this layer returns."""
+        return self._output_name or self.name
+
+    def get_config(self):
+        return {**super().get_config(), "output_name": self._output_name}
 
 
 class NestedLayers:
@@ -179,6 +204,9 @@ class BayesianLayer(SeededLayer):
                 # layout maps.
                 init.name = name
                 init.build(shape)
+            # The weight's random variable is known as '<layer>/<weight>' (`condition`, `tape`,
+            # `blayers.programs.make_log_joint`).
+            init.variable_name = f"{self.name}/{name}"
             self._random_weight_names.append(name)
             setattr(self, name, None)  # filled by call_weights
         else:

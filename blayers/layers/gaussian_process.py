@@ -35,7 +35,7 @@ import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
 from blayers.constraints import softplus_inverse
-from blayers.layers.base import NestedLayers, SeededLayer, register
+from blayers.layers.base import NamedOutput, NestedLayers, SeededLayer, register
 from blayers.layers.dense import DenseReparameterization
 from blayers.random_variable import RandomVariable
 
@@ -168,10 +168,13 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
     """
     matrix = tf.convert_to_tensor(matrix)
     size = tf.shape(matrix)[-1]
-    scale = tf.stop_gradient(tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1))[..., None, None]
     eye = tf.eye(size, dtype=matrix.dtype)
 
     def attempt(i, target):
+        # The jitter scales with the (differentiable) mean diagonal: it is part of the objective,
+        # so a gradient that ignored it would be biased (two GPs whose amplitudes drift apart
+        # pay for the mismatch of their jitters in log p(f) - log q(f)).
+        scale = tf.reduce_mean(tf.linalg.diag_part(target), axis=-1)[..., None, None]
         factor = jitter * tf.pow(tf.constant(10.0, matrix.dtype), tf.cast(i, matrix.dtype))
         return tf.linalg.cholesky(target + factor * scale * eye)
 
@@ -197,7 +200,7 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
         return tf.identity(chol)
 
 
-class _GPBase(SeededLayer):
+class _GPBase(NamedOutput, SeededLayer):
     """Kernel and mean-function variables, shared by the GP layers."""
 
     def __init__(
@@ -400,6 +403,7 @@ class GaussianProcess(_GPBase):
             name="observation_noise_variance",
             shape=(),
             initializer=keras.initializers.Constant(_softplus_inverse(self.noise_init)),
+            trainable=self.conditional_inputs is not None,  # a prior has no observations
         )
 
     @property
@@ -437,6 +441,7 @@ class GaussianProcess(_GPBase):
             scale_row=tf.linalg.LinearOperatorLowerTriangular(tf.cast(chol, out_dtype)),
             scale_column=tf.linalg.LinearOperatorIdentity(self.units, dtype=out_dtype),
             seed=self.next_seed(),
+            name=self.output_name,
         )
 
     def get_config(self):
@@ -470,6 +475,14 @@ class SparseGaussianProcess(_GPBase):
       initial_variational_scale: initial diagonal of `L` (small values start inner layers of a
         deep GP near deterministic, as Salimbeni & Deisenroth).
       inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points).
+      full_covariance: False returns the marginals `N(mu(x), sigma^2(x))` (independent across
+        the batch); True returns the joint `q(f(X))` over the batch, per unit
+        `N(mu, K_XX - A^T A + A_u^T L L^T A_u)` (a `MultivariateNormalTriL` per unit, transposed
+        to `[batch, units]`), the variable a posterior program hands to a model's exact
+        `GaussianProcess` (`blayers.programs`, the Cox process).
+      add_kl_loss: add `KL[q(u) || p(u)]` to `layer.losses` on every call (the Keras-model
+        ELBO). A posterior program sets False: there `log p(f) - log q(f)` carries the KL.
+      output_name: name of the returned random variable (default: the layer's name).
       **kwargs: `GaussianProcess`'s kernel arguments (`amplitude`, `length_scale`, `jitter`,
         `cholesky_dtype`, `seed`) and `keras.layers.Layer` arguments.
     """
@@ -484,9 +497,12 @@ class SparseGaussianProcess(_GPBase):
         variational="full",
         initial_variational_scale=1e-2,
         inducing_inputs_initializer="random_normal",
+        full_covariance=False,
+        add_kl_loss=True,
         **kwargs,
     ):
         super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
+        self.full_covariance, self.add_kl_loss = bool(full_covariance), bool(add_kl_loss)
         if variational not in ("full", "mean_field"):
             raise ValueError(
                 f"SparseGaussianProcess: variational must be 'full' or "
@@ -559,6 +575,20 @@ class SparseGaussianProcess(_GPBase):
 
     def predict_marginals(self, inputs):
         """`(mu, sigma^2)` of `q(f(x))`, each `[batch, units]`, and the KL."""
+        mean, prior_var, explained, kl = self._predict(inputs, full_covariance=False)
+        variance = prior_var[:, None] + tf.transpose(explained)
+        out = self.compute_dtype
+        return tf.cast(mean, out), tf.cast(tf.maximum(variance, 1e-12), out), tf.cast(kl, out)
+
+    def predict_joint(self, inputs):
+        """`(mu [batch, units], L [units, batch, batch], KL)`: the mean and the jittered
+        Cholesky factor of each unit's joint covariance of `q(f(X))` over the batch."""
+        mean, prior_cov, explained, kl = self._predict(inputs, full_covariance=True)
+        chol = self._cholesky(prior_cov[None] + explained, "joint posterior covariance")
+        out = self.compute_dtype
+        return tf.cast(mean, out), tf.cast(chol, out), tf.cast(kl, out)
+
+    def _predict(self, inputs, full_covariance):
         x = self._inputs(inputs)
         dtype = self._linalg_dtype()
         kernel = self.kernel(dtype)
@@ -572,17 +602,32 @@ class SparseGaussianProcess(_GPBase):
         q_mean = tf.cast(self.variational_mean, dtype)  # [units, M]
         scale = self.variational_scale_tril(dtype)  # [units, M, M]
         mean = tf.cast(self.mean(x), dtype) + tf.transpose(tf.matmul(q_mean, a_u))
-        prior_var = kernel.apply(xd, xd, example_ndims=1) - tf.reduce_sum(tf.square(a), 0)
-        explained = tf.reduce_sum(tf.square(tf.matmul(scale, a_u[None], transpose_a=True)), 1)
-        variance = prior_var[:, None] + tf.transpose(explained)
+        projected = tf.matmul(scale, a_u[None], transpose_a=True)  # L^T A_u, [units, M, B]
         kl = self.kl_divergence(chol_zz)
-        out = self.compute_dtype
-        return tf.cast(mean, out), tf.cast(tf.maximum(variance, 1e-12), out), tf.cast(kl, out)
+        if full_covariance:  # K_XX - A^T A and A_u^T L L^T A_u
+            prior = kernel.matrix(xd, xd) - tf.matmul(a, a, transpose_a=True)
+            return mean, prior, tf.matmul(projected, projected, transpose_a=True), kl
+        prior_var = kernel.apply(xd, xd, example_ndims=1) - tf.reduce_sum(tf.square(a), 0)
+        return mean, prior_var, tf.reduce_sum(tf.square(projected), 1), kl
 
     def call(self, inputs):
-        mean, variance, kl = self.predict_marginals(inputs)
-        self.add_loss(kl)
-        return rv_lib.Normal(loc=mean, scale=tf.sqrt(variance), seed=self.next_seed())
+        if not self.full_covariance:
+            mean, variance, kl = self.predict_marginals(inputs)
+            if self.add_kl_loss:
+                self.add_loss(kl)
+            return rv_lib.Normal(
+                loc=mean, scale=tf.sqrt(variance), seed=self.next_seed(), name=self.output_name
+            )
+        mean, chol, kl = self.predict_joint(inputs)
+        if self.add_kl_loss:
+            self.add_loss(kl)
+        per_unit = tfd.MultivariateNormalTriL(loc=tf.transpose(mean), scale_tril=chol)
+        return rv_lib.TransformedDistribution(
+            distribution=tfd.Independent(per_unit, reinterpreted_batch_ndims=1),
+            bijector=tfp.bijectors.Transpose(perm=[1, 0]),
+            seed=self.next_seed(),
+            name=self.output_name,
+        )
 
     def get_config(self):
         return {
@@ -594,6 +639,8 @@ class SparseGaussianProcess(_GPBase):
             "inducing_inputs_initializer": keras.initializers.serialize(
                 self.inducing_inputs_initializer
             ),
+            "full_covariance": self.full_covariance,
+            "add_kl_loss": self.add_kl_loss,
         }
 
 
@@ -725,7 +772,7 @@ class RandomFourierFeatures(NestedLayers, SeededLayer):
 
 
 @register
-class GaussianLikelihood(keras.layers.Layer):
+class GaussianLikelihood(NamedOutput, keras.layers.Layer):
     """`y ~ N(f, sigma^2)` with a trainable `sigma^2` (softplus, initial `noise_variance`).
 
     Takes function values (a tensor, or a GP layer's `RandomVariable`, whose value is a
@@ -755,7 +802,9 @@ class GaussianLikelihood(keras.layers.Layer):
 
     def call(self, inputs):
         f = inputs.value if isinstance(inputs, RandomVariable) else tf.convert_to_tensor(inputs)
-        return rv_lib.Normal(loc=f, scale=tf.sqrt(self.noise_variance) + tf.zeros_like(f))
+        return rv_lib.Normal(
+            loc=f, scale=tf.sqrt(self.noise_variance) + tf.zeros_like(f), name=self.output_name
+        )
 
     def compute_output_shape(self, input_shape):
         return input_shape

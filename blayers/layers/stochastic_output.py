@@ -23,7 +23,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
-from blayers.layers.base import LocalLosses, SeededLayer, register
+from blayers.layers.base import LocalLosses, NamedOutput, SeededLayer, register
 from blayers.random_variable import RandomVariable
 
 tfd = tfp.distributions
@@ -42,7 +42,7 @@ __all__ = [
 _MIN_SCALE = 1e-5
 
 
-class _OutputLayer(SeededLayer):
+class _OutputLayer(NamedOutput, SeededLayer):
     """A projection to `parameters_per_unit * units` when `units` is set; subclasses map the
     (projected) tensor to a distribution."""
 
@@ -50,6 +50,7 @@ class _OutputLayer(SeededLayer):
       units: output elements, projected from the input by a trainable `Dense` layer; None
         reads the distribution's parameters from the input itself.
       seed: seeds the output's draw (its `value`).
+      output_name: name of the returned random variable (default: the layer's name).
       **kwargs: `keras.layers.Layer` arguments.
 """
 
@@ -131,7 +132,7 @@ class Normal(LocalLosses, _OutputLayer):
         else:
             loc, raw = tf.split(x, 2, axis=-1)
             scale = tf.nn.softplus(raw) + _MIN_SCALE
-        return rv_lib.Normal(loc=loc, scale=scale, seed=self.next_seed())
+        return rv_lib.Normal(loc=loc, scale=scale, seed=self.next_seed(), name=self.output_name)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -142,7 +143,9 @@ class Bernoulli(_OutputLayer):
     """`Bernoulli(logits = x)` (or `Dense(units)(x)`); values are float 0/1."""
 
     def _random_variable(self, x):
-        return rv_lib.Bernoulli(logits=x, dtype=x.dtype, seed=self.next_seed())
+        return rv_lib.Bernoulli(
+            logits=x, dtype=x.dtype, seed=self.next_seed(), name=self.output_name
+        )
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -153,7 +156,7 @@ class Poisson(_OutputLayer):
     """`Poisson(log_rate = x)` (or `Dense(units)(x)`)."""
 
     def _random_variable(self, x):
-        return rv_lib.Poisson(log_rate=x, seed=self.next_seed())
+        return rv_lib.Poisson(log_rate=x, seed=self.next_seed(), name=self.output_name)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.units or input_shape[-1],)
@@ -165,7 +168,7 @@ class Categorical(_OutputLayer):
     the output drops that axis."""
 
     def _random_variable(self, x):
-        return rv_lib.Categorical(logits=x, seed=self.next_seed())
+        return rv_lib.Categorical(logits=x, seed=self.next_seed(), name=self.output_name)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1])
@@ -199,6 +202,7 @@ class _Mixture(_OutputLayer):
             mixture_distribution=tfd.Categorical(logits=logits),
             components_distribution=self.component(loc=loc, scale=scale),
             seed=self.next_seed(),
+            name=self.output_name,
         )
 
     def compute_output_shape(self, input_shape):
@@ -239,7 +243,7 @@ class MixtureNormal(_Mixture):
 
 
 @register
-class Discretize(keras.layers.Layer):
+class Discretize(NamedOutput, keras.layers.Layer):
     """Discretizes a continuous random variable onto the integers `low..high`.
 
     `P(k) = F(k + 1/2) - F(k - 1/2)` inside, `P(low) = F(low + 1/2)` and
@@ -251,6 +255,7 @@ class Discretize(keras.layers.Layer):
 
     Args:
       low, high: the integer range (0 and 255 for 8-bit pixels).
+      output_name: name of the returned random variable (default: the layer's name).
     """
 
     def __init__(self, low=0, high=255, **kwargs):
@@ -268,14 +273,16 @@ class Discretize(keras.layers.Layer):
             return rv_lib.MixtureSameFamily(
                 mixture_distribution=distribution.mixture_distribution,
                 components_distribution=self._quantize(distribution.components_distribution),
+                name=self.output_name,
             )
-        return RandomVariable(self._quantize(distribution))
+        return self._quantize(distribution, constructor=rv_lib.QuantizedDistribution)
 
-    def _quantize(self, distribution):
+    def _quantize(self, distribution, constructor=tfd.QuantizedDistribution):
         shifted = tfd.TransformedDistribution(
             distribution, tfb.Shift(tf.constant(-0.5, distribution.dtype))
         )
-        return tfd.QuantizedDistribution(shifted, low=self.low, high=self.high)
+        kwargs = {"name": self.output_name} if constructor is not tfd.QuantizedDistribution else {}
+        return constructor(shifted, low=self.low, high=self.high, **kwargs)
 
     def compute_output_shape(self, input_shape):
         return input_shape

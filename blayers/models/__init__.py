@@ -12,6 +12,7 @@ import gin
 import keras
 
 from blayers import layers as blayers_layers
+from blayers.models.cox import CoxProcess, cox_process
 from blayers.models.flows import realnvp_flow
 from blayers.models.gaussian_process import deep_gp
 from blayers.models.resnet import resnet
@@ -24,6 +25,8 @@ __all__ = [
     "NUM_OUTPUTS",
     "VAE",
     "VQVAE",
+    "CoxProcess",
+    "cox_process",
     "deep_gp",
     "get_layer_class",
     "lstm_sequence_model",

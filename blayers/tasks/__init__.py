@@ -13,6 +13,7 @@ name into an instance.
 from blayers.tasks.base import Task, get, register_task
 from blayers.tasks.classification import Classification
 from blayers.tasks.density import Density, DensityModel
+from blayers.tasks.point_process import PointProcess, PointProcessModel, VariationalInference
 from blayers.tasks.regression import Regression
 from blayers.tasks.sequence import SequenceToSequence
 
@@ -20,9 +21,12 @@ __all__ = [
     "Classification",
     "Density",
     "DensityModel",
+    "PointProcess",
+    "PointProcessModel",
     "Regression",
     "SequenceToSequence",
     "Task",
+    "VariationalInference",
     "get",
     "register_task",
 ]
