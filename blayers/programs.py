@@ -33,7 +33,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers.random_variable import RandomVariable
-from blayers.tracing import trace, traceable
+from blayers.tracing import trace, traceable, unique_key
 
 tfd = tfp.distributions
 
@@ -66,10 +66,7 @@ def log_prob_terms(model, *args, values=None, **kwargs):
         # Variables built while this density is evaluated (a rate's GP) belong to the program.
         with trace(interceptor):
             log_prob = tf.reduce_sum(rv.distribution.log_prob(rv.value))
-        key, i = name, 1
-        while key in terms:
-            key, i = f"{name}_{i}", i + 1
-        terms[key] = log_prob
+        terms[unique_key(terms, name)] = log_prob
         return rv
 
     with trace(interceptor):

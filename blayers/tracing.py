@@ -116,6 +116,14 @@ def condition(**values):
     return interceptor
 
 
+def unique_key(mapping, name):
+    """`name`, or `name_1`, `name_2`, ... : the first key not yet in `mapping`."""
+    key, i = name, 1
+    while key in mapping:
+        key, i = f"{name}_{i}", i + 1
+    return key
+
+
 @contextlib.contextmanager
 def tape():
     """Records every random variable constructed inside, in order, keyed by name.
@@ -128,11 +136,7 @@ def tape():
 
     def record(f, *args, **kwargs):
         rv = traceable(f)(*args, **kwargs)
-        name = kwargs.get("name") or rv.distribution.name
-        key, i = name, 1
-        while key in recorded:
-            key, i = f"{name}_{i}", i + 1
-        recorded[key] = rv
+        recorded[unique_key(recorded, kwargs.get("name") or rv.distribution.name)] = rv
         return rv
 
     with trace(record):

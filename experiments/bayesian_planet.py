@@ -19,7 +19,6 @@ runner, then writes in `--root`:
 Finished runs are skipped, interrupted ones resume (the sweep's behaviour).
 """
 
-import argparse
 import json
 import os
 import shutil
@@ -121,15 +120,14 @@ def summarize(root, results, models):
 def run_experiment(root, gin_file, gin_params, seeds, parallel):
     """Trains every (model, seed) run (skipping finished ones); writes figures and tables."""
     runs, models = plan(seeds)
-    args = argparse.Namespace(
-        gin_file=[gin_file],
-        gin_param=list(gin_params),
-        root=root,
-        parallel=parallel,
-        strategy="cpu",
-        tpu=None,
+    results, stopped = sweep.run_experiment_grid(
+        runs,
+        root,
+        gin_file,
+        gin_params,
+        parallel,
+        quiet=False,  # PlaNet's own progress=False
     )
-    results, stopped = sweep.run_experiment_grid(runs, args)
     rows = summarize(root, results, models)
     if stopped:
         raise KeyboardInterrupt

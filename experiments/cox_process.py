@@ -15,7 +15,6 @@ Resume, failures and Ctrl-C are the sweep's. Writes `results.md`, `results.csv`,
 `results.json` in `--root`.
 """
 
-import argparse
 import json
 import os
 
@@ -92,15 +91,9 @@ def write_tables(rows, root):
 
 
 def run_experiment(root, patterns, splits, gin_file, gin_params, parallel):
-    args = argparse.Namespace(
-        gin_file=[gin_file],
-        gin_param=["train.progress = False", *gin_params],
-        root=root,
-        parallel=parallel,
-        strategy="cpu",
-        tpu=None,
+    results, stopped = sweep.run_experiment_grid(
+        plan(patterns, splits), root, gin_file, gin_params, parallel
     )
-    results, stopped = sweep.run_experiment_grid(plan(patterns, splits), args)
     rows = summarize(results)
     write_tables(rows, root)
     if stopped:

@@ -14,7 +14,6 @@ continues from its checkpoint. Writes `results.md`, `results.csv` and `results.j
 `--root` (the individual runs' table is `runs.md`).
 """
 
-import argparse
 import json
 import os
 
@@ -146,15 +145,7 @@ def write_tables(rows, root):
 def run_experiment(uci_dir, root, datasets, depths, splits, gin_file, gin_params, parallel):
     """Trains every run (skipping finished ones) and writes the tables; returns the rows."""
     runs, keys = plan(uci_dir, datasets, [int(d) for d in depths], splits)
-    args = argparse.Namespace(
-        gin_file=[gin_file],
-        gin_param=["train.progress = False", *gin_params],
-        root=root,
-        parallel=parallel,
-        strategy="cpu",
-        tpu=None,
-    )
-    results, stopped = sweep.run_experiment_grid(runs, args)
+    results, stopped = sweep.run_experiment_grid(runs, root, gin_file, gin_params, parallel)
     rows = summarize(results, keys)
     write_tables(rows, root)
     if stopped:

@@ -249,10 +249,19 @@ def run_sweep(args):
     return rows
 
 
-def run_experiment_grid(planned, args):
-    """`run_grid`, then the runs' status table (`runs.md`, `runs.csv` in `args.root`) and each
-    unfinished run named on stderr: what an experiment script does before its own tables.
-    Returns `(results, stopped)` as `run_grid`."""
+def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quiet=True):
+    """`run_grid` of `planned` on CPU, each run with `gin_file` and `gin_params` (`quiet`: and
+    `train.progress = False`, no progress bar), then the runs' status table (`runs.md`, `runs.csv` in `root`) and each unfinished run
+    named on stderr: what an experiment script does before its own tables. Returns
+    `(results, stopped)` as `run_grid`."""
+    args = argparse.Namespace(
+        gin_file=[gin_file],
+        gin_param=[*(["train.progress = False"] if quiet else []), *gin_params],
+        root=root,
+        parallel=parallel,
+        strategy="cpu",
+        tpu=None,
+    )
     results, stopped = run_grid(planned, args)
     write_table(
         ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"

@@ -260,39 +260,20 @@ class PoissonProcessDistribution(tfd.Distribution):
 
 
 @traceable
-def _poisson_process(rate, bounds, sample_shape=(), value=None, seed=None, **kwargs):
-    return RandomVariable(
-        PoissonProcessDistribution(rate, bounds, **kwargs),
-        sample_shape=sample_shape,
-        value=value,
-        seed=seed,
-    )
-
-
-def PoissonProcess(
-    rate,
-    bounds,
-    quadrature="midpoint",
-    num_quadrature_points=64,
-    max_rate=None,
-    quadrature_seed=0,
-    dtype=tf.float32,
-    value=None,
-    seed=None,
-    name="PoissonProcess",
-):
+def PoissonProcess(rate, bounds, value=None, seed=None, sample_shape=(), **kwargs):
     """A random variable over point patterns: an inhomogeneous Poisson process on `bounds`.
 
     Args:
       rate: a Keras layer or model (or callable) mapping locations `[m, d]` to positive
         intensities `[m]` or `[m, 1]`; a random one (GP layers then softplus) makes a Cox process.
       bounds: the window `[[low, high], ...]`, one pair per dimension (1-D, 2-D, ...).
-      quadrature, num_quadrature_points, max_rate, quadrature_seed: see
-        `PoissonProcessDistribution` (the integral's rule and its error, the thinning bound).
-      dtype: of the locations, the rate and the density.
       value: an observed pattern `[n, d]` (else one is drawn by thinning on first use).
       seed: stateless seed of the draw.
-      name: the variable's name (`condition`, `tape`, `make_log_joint`).
+      sample_shape: `()`: a pattern has a random size, so patterns are drawn one at a time.
+      **kwargs: `PoissonProcessDistribution`'s `quadrature`, `num_quadrature_points`,
+        `max_rate`, `quadrature_seed`, `dtype` (the integral's rule and its error, the thinning
+        bound, the locations' dtype) and `name`, the variable's name (`condition`, `tape`,
+        `make_log_joint`; default `'PoissonProcess'`).
 
     Example (the homogeneous process: `log_prob(X) = n log(lam) - lam |W|`):
       ```python
@@ -301,15 +282,9 @@ def PoissonProcess(
       process.log_prob(process.value)      # 2 log 3 - 6
       ```
     """
-    return _poisson_process(
-        rate,
-        bounds,
+    return RandomVariable(
+        PoissonProcessDistribution(rate, bounds, **kwargs),
+        sample_shape=sample_shape,
         value=value,
         seed=seed,
-        quadrature=quadrature,
-        num_quadrature_points=num_quadrature_points,
-        max_rate=max_rate,
-        quadrature_seed=quadrature_seed,
-        dtype=dtype,
-        name=name,
     )
