@@ -72,6 +72,18 @@ class CoxProcess(programs.VariationalProgram):
     ):
         kwargs.setdefault("dtype", "float64")
         super().__init__(num_samples=num_samples, **kwargs)
+        self._config = {
+            "dimension": int(dimension),
+            "hidden_units": tuple(int(u) for u in hidden_units),
+            "num_inducing": num_inducing,
+            "covariance_fn": covariance_fn,
+            "amplitude": amplitude,
+            "length_scale": length_scale,
+            "nugget": nugget,
+            "quadrature": quadrature,
+            "num_quadrature_points": num_quadrature_points,
+            "num_samples": num_samples,
+        }
         self.dimension = int(dimension)
         self.window = [[0.0, 1.0]] * self.dimension
         self.quadrature_kind, self.num_quadrature_points = quadrature, int(num_quadrature_points)
@@ -196,7 +208,7 @@ class CoxProcess(programs.VariationalProgram):
         return h
 
     def get_config(self):
-        return {"dimension": self.dimension, "num_samples": self.num_samples}
+        return {"name": self.name, "dtype": self.dtype_policy.name, **self._config}
 
 
 @gin.configurable(module="blayers.models")
