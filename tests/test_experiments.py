@@ -145,3 +145,24 @@ def test_bayesian_planet_experiment_writes_the_figures_and_table(tmp_path):
     assert all(np.isfinite(r["eval_return"]) and r["seeds"] == 1 for r in rows)
     for name in ("score.png", "weight_kl.png", "open_loop.png", "results.md"):
         assert (tmp_path / name).exists(), name
+
+
+def test_cox_process_experiment_writes_its_table(tmp_path):
+    """Both patterns (1-D and 2-D) through the experiment script at a few steps: the table of
+    held-out log-likelihoods per event and each run's intensity plot."""
+    from experiments import cox_process
+
+    rows = cox_process.run_experiment(
+        str(tmp_path),
+        ["coal", "brambles"],
+        1,
+        "cox_process_smoke",
+        ["train.train_steps = 5", "train.num_eval_samples = 5", "cox_process.num_inducing = 8"],
+        2,
+    )
+    assert [r["pattern"] for r in rows] == ["coal", "brambles"]
+    for row in rows:
+        assert all(np.isfinite(row[key][0]) for _, key in cox_process.METRICS)
+    table = (tmp_path / "results.md").read_text()
+    assert "| coal | 1 |" in table and "kernel intensity" in table
+    assert (tmp_path / "brambles_split0" / "intensity.png").exists()
