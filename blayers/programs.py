@@ -29,11 +29,12 @@ estimator there: its forward pass uses the weight's draw, the one whose density 
 import collections
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers.random_variable import RandomVariable
-from blayers.tracing import trace, traceable, unique_key
+from blayers.tracing import tape, trace, traceable, unique_key
 
 tfd = tfp.distributions
 
@@ -251,6 +252,27 @@ class VariationalProgram(keras.Model):
             posterior_args=(inputs,),
             num_samples=num_samples or self.num_samples,
         )
+
+    def non_finite_culprit(self, inputs):
+        """`(variable, what)` for the first non-finite log density of one ELBO draw on
+        `inputs` (posterior terms first), or None: the trainer names it when a loss is not
+        finite."""
+        inputs = tf.cast(inputs, self.compute_dtype)
+        with tape() as recorded:
+            self.posterior_program(inputs)
+        latents = {}
+        for name, rv in recorded.items():
+            if not np.all(np.isfinite(rv.value)):
+                return name, "posterior draw"
+            if not np.all(np.isfinite(rv.distribution.log_prob(rv.value))):
+                return name, "posterior log density"
+            latents[name] = rv.value
+        values = {**self.observed(inputs), **latents}
+        terms, _ = log_prob_terms(self.model_program, inputs, values=values)
+        for name, log_prob in terms.items():
+            if not np.isfinite(log_prob):
+                return name, "model log density"
+        return None
 
     def call(self, inputs, training=False):
         del training

@@ -122,16 +122,20 @@ def _is_finite(value):
 def first_non_finite_layer(model, inputs):
     """Replays a forward pass layer by layer; returns `(layer name, what)` for the first layer
     whose weights, KL (`layer.losses`) or output is non-finite, or None."""
+    if hasattr(model, "non_finite_culprit"):  # a model that can name its own culprit
+        return model.non_finite_culprit(inputs)
     layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
     if isinstance(model, keras.Sequential):
         outputs, h = [], inputs
         for layer in layers:
             h = layer(h, training=True)
             outputs.append(h)
-    else:
+    elif getattr(model, "inputs", None):  # functional: replay through a probe model
         probe = keras.Model(model.inputs, [layer.output for layer in layers])
         outputs = probe(inputs, training=True)
         outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    else:  # subclassed: no layer-by-layer replay; weights only
+        outputs = [None] * len(layers)
     for layer, output in zip(layers, outputs):
         for weight in layer.weights:
             if not _is_finite(weight):
@@ -140,7 +144,7 @@ def first_non_finite_layer(model, inputs):
             if not _is_finite(loss):
                 return layer.name, "KL / regularization loss"
         value = output.value if isinstance(output, RandomVariable) else output
-        for leaf in tf.nest.flatten(value):
+        for leaf in tf.nest.flatten(value) if value is not None else []:
             if not _is_finite(leaf):
                 return layer.name, "output"
     return None
@@ -554,7 +558,7 @@ class Trainer:
         x = self.strategy.experimental_local_results(batch[0])[0]
         culprit = first_non_finite_layer(self.model, x)
         where = (
-            f"first non-finite value in layer '{culprit[0]}' ({culprit[1]})"
+            f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
             if culprit
             else "no layer reproduced a non-finite value on a second pass"
         )

@@ -186,3 +186,15 @@ def test_cox_smoke_run_elbo_rises(tmp_path):
     assert len(elbo) == 6 and elbo[-1] > elbo[0] + 0.1, elbo
     assert (tmp_path / "intensity.png").exists()
     assert metrics["test_log_likelihood"] > metrics["homogeneous_test_log_likelihood"]
+
+
+def test_a_non_finite_elbo_names_its_variable():
+    model = cox_process((1,), 1, num_inducing=4, num_quadrature_points=8)
+    points = np.array([[0.2], [0.7]], "float32")
+    model(points)
+    assert model.non_finite_culprit(points) is None
+    outside = np.array([[0.2], [1.5]], "float32")  # a point outside the window: p = 0
+    assert model.non_finite_culprit(outside) == ("events", "model log density")
+    layer = model.posterior_layers[0]
+    layer.variational_mean.assign(np.full(layer.variational_mean.shape, np.nan))
+    assert model.non_finite_culprit(points) == ("f", "posterior draw")
