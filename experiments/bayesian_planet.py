@@ -32,11 +32,16 @@ from launch import sweep
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("root", "runs/bayesian_planet", "Folder of the runs and figures.")
-flags.DEFINE_string("gin_file", "bayesian_planet_cheetah", "Gin file of every run.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each model.")
-flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+
+
+def define_flags():
+    """The command line's flags (defined only when run as a script, so that importing
+    several experiment modules in one process defines no flag twice)."""
+    flags.DEFINE_string("root", "runs/bayesian_planet", "Folder of the runs and figures.")
+    flags.DEFINE_string("gin_file", "bayesian_planet_cheetah", "Gin file of every run.")
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
+    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each model.")
+    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def plan(seeds):
@@ -140,4 +145,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

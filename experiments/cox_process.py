@@ -38,12 +38,17 @@ METRICS = [
 ]
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("root", "runs/cox_process", "Folder of the runs and tables.")
-flags.DEFINE_list("patterns", list(PATTERN_BINDINGS), "Point patterns.")
-flags.DEFINE_integer("splits", 5, "Independent-thinning splits of each pattern.")
-flags.DEFINE_string("gin_file", "cox_process_coal", "Gin file of every run.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+
+
+def define_flags():
+    """The command line's flags (defined only when run as a script, so that importing
+    several experiment modules in one process defines no flag twice)."""
+    flags.DEFINE_string("root", "runs/cox_process", "Folder of the runs and tables.")
+    flags.DEFINE_list("patterns", list(PATTERN_BINDINGS), "Point patterns.")
+    flags.DEFINE_integer("splits", 5, "Independent-thinning splits of each pattern.")
+    flags.DEFINE_string("gin_file", "cox_process_coal", "Gin file of every run.")
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
+    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def plan(patterns, splits):
@@ -109,4 +114,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -49,14 +49,19 @@ PUBLISHED = {
 }
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("uci_dir", None, "Folder of the UCI data-set folders (20-split format).")
-flags.DEFINE_string("root", "runs/deep_gp_uci", "Folder of the runs and tables.")
-flags.DEFINE_list("datasets", DATASETS, "UCI data sets.")
-flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths.")
-flags.DEFINE_integer("splits", None, "First N splits of each data set (default all).")
-flags.DEFINE_string("gin_file", "deep_gp_uci", "Gin file of every run.")
-flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+
+
+def define_flags():
+    """The command line's flags (defined only when run as a script, so that importing
+    several experiment modules in one process defines no flag twice)."""
+    flags.DEFINE_string("uci_dir", None, "Folder of the UCI data-set folders (20-split format).")
+    flags.DEFINE_string("root", "runs/deep_gp_uci", "Folder of the runs and tables.")
+    flags.DEFINE_list("datasets", DATASETS, "UCI data sets.")
+    flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths.")
+    flags.DEFINE_integer("splits", None, "First N splits of each data set (default all).")
+    flags.DEFINE_string("gin_file", "deep_gp_uci", "Gin file of every run.")
+    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
+    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def plan(uci_dir, datasets, depths, splits=None):
@@ -170,4 +175,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

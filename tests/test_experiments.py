@@ -166,3 +166,13 @@ def test_cox_process_experiment_writes_its_table(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| coal | 1 |" in table and "kernel intensity" in table
     assert (tmp_path / "brambles_split0" / "intensity.png").exists()
+
+
+def test_experiment_modules_import_together():
+    """Tests import several experiment scripts into one process: their command-line flags are
+    defined only when a script runs, never twice."""
+    import importlib
+
+    for path in sorted((ROOT / "experiments").glob("*.py")):
+        if path.stem != "__init__":
+            importlib.import_module(f"experiments.{path.stem}")
