@@ -51,6 +51,7 @@ def log_prob_terms(model, *args, values=None, **kwargs):
     """
     values = dict(values or {})
     terms = collections.OrderedDict()
+    constructed = set()
 
     def interceptor(f, *f_args, **f_kwargs):
         name = f_kwargs.get("name")
@@ -68,22 +69,18 @@ def log_prob_terms(model, *args, values=None, **kwargs):
         with trace(interceptor):
             log_prob = tf.reduce_sum(rv.distribution.log_prob(rv.value))
         terms[unique_key(terms, name)] = log_prob
+        constructed.add(name)
         return rv
 
     with trace(interceptor):
         result = model(*args, **kwargs)
-    unused = sorted(set(values) - {k for k in terms} - {_base(k) for k in terms})
+    unused = sorted(set(values) - constructed)
     if unused:
         raise ValueError(
             f"make_log_joint: no random variable named {unused} in the program; it constructs "
             f"{list(terms)}."
         )
     return terms, result
-
-
-def _base(key):
-    name, _, suffix = key.rpartition("_")
-    return name if suffix.isdigit() and name else key
 
 
 def make_log_joint(model):
@@ -234,13 +231,15 @@ class VariationalProgram(keras.Model):
         self.last_elbo = None
 
     def model_program(self, inputs):
-        raise NotImplementedError(f"{type(self).__name__}.model_program")  # abstract
+        raise NotImplementedError(f"{type(self).__name__}.model_program")  # abstract; intentional
 
     def posterior_program(self, inputs):
-        raise NotImplementedError(f"{type(self).__name__}.posterior_program")  # abstract
+        raise NotImplementedError(
+            f"{type(self).__name__}.posterior_program"
+        )  # abstract; intentional
 
     def observed(self, inputs):
-        raise NotImplementedError(f"{type(self).__name__}.observed")  # abstract
+        raise NotImplementedError(f"{type(self).__name__}.observed")  # abstract; intentional
 
     def elbo(self, inputs, num_samples=None):
         """The `ELBO` of the programs on `inputs`."""

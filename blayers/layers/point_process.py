@@ -256,7 +256,9 @@ class PoissonProcessDistribution(tfd.Distribution):
         return tf.boolean_mask(candidates, keep < rate)[None]
 
     def _mean(self):
-        raise NotImplementedError("A point pattern has no mean; see integrated_rate().")
+        raise NotImplementedError(
+            "A point pattern has no mean; see integrated_rate()."
+        )  # intentional
 
 
 @traceable

@@ -135,12 +135,16 @@ class CoxProcess(programs.VariationalProgram):
         )
 
     # -- the two programs ------------------------------------------------------------------------
+    @staticmethod
+    def _apply(layers, locations):
+        h = locations
+        for layer in layers:
+            h = layer(h)
+        return h
+
     def _rate(self, layers):
         def rate(locations):
-            h = locations
-            for layer in layers:
-                h = layer(h)
-            f = tf.convert_to_tensor(h)
+            f = tf.convert_to_tensor(self._apply(layers, locations))
             return tf.cast(self.rate_scale, f.dtype) * tf.nn.softplus(f) / math.log(2.0)
 
         return rate
@@ -160,10 +164,7 @@ class CoxProcess(programs.VariationalProgram):
         return self.process()
 
     def posterior_program(self, points):
-        h = self.locations(points)
-        for layer in self.posterior_layers:
-            h = layer(h)
-        return h
+        return self._apply(self.posterior_layers, self.locations(points))
 
     def observed(self, points):
         return {"events": tf.cast(points, tf.float64)}
@@ -189,23 +190,12 @@ class CoxProcess(programs.VariationalProgram):
         """`[num_samples, m]` joint posterior draws of the rate at `locations [m, d]` (NumPy)."""
         x = tf.cast(tf.convert_to_tensor(locations), tf.float64)
         scale = float(self.rate_scale.numpy()) / math.log(2.0)
-        if len(self.posterior_layers) == 1:
+        if len(self.posterior_layers) == 1:  # one joint q(f): all draws from one factorization
             f = self.posterior_layers[0](x).distribution.sample(num_samples)[..., 0]
-        else:
-            f = tf.stack(
-                [
-                    tf.convert_to_tensor(self.posterior_program_at(x))[:, 0]
-                    for _ in range(num_samples)
-                ]
-            )
+        else:  # a deep posterior: each draw passes through every layer
+            draws = [self._apply(self.posterior_layers, x) for _ in range(num_samples)]
+            f = tf.stack([tf.convert_to_tensor(d)[:, 0] for d in draws])
         return (scale * tf.nn.softplus(f)).numpy()
-
-    def posterior_program_at(self, locations):
-        """The posterior layers applied to `locations` (one joint draw per layer)."""
-        h = locations
-        for layer in self.posterior_layers:
-            h = layer(h)
-        return h
 
     def get_config(self):
         return {"name": self.name, "dtype": self.dtype_policy.name, **self._config}
