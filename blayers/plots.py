@@ -386,8 +386,9 @@ def point_process_intensity(grid, draws, kde, train, test, window, path, unit=""
     scale = 1.0 / np.prod(width)  # unit-window intensity -> per original unit volume
     draws, kde = np.asarray(draws) * scale, np.asarray(kde) * scale
     mean, lo, hi = draws.mean(0), *np.percentile(draws, [5, 95], axis=0)
-    per = f" per {unit}" if unit else ""
-    if window.shape[0] == 1:
+    dims = window.shape[0]
+    per = (f" per {unit}" if dims == 1 else f" per ({unit})^{dims}") if unit else ""
+    if dims == 1:
         x = low[0] + width[0] * grid[:, 0]
         fig, ax = plt.subplots(figsize=(8, 4))
         ax.fill_between(x, lo, hi, color="C0", alpha=0.25, label="posterior 5-95%")
