@@ -255,10 +255,8 @@ class PoissonProcessDistribution(tfd.Distribution):
             keep = tf.random.stateless_uniform([count], keep_seed, dtype=self.dtype) * max_rate
         return tf.boolean_mask(candidates, keep < rate)[None]
 
-    def _mean(self):  # a pattern has no mean (intentional): TFP's mean() then says so
-        raise NotImplementedError(
-            "No mean of a point pattern; see integrated_rate()."
-        )  # intentional
+    def _mean(self):  # see integrated_rate() for the expected count
+        raise NotImplementedError("A point pattern has no mean.")  # intentional
 
 
 @traceable
