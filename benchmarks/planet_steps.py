@@ -52,7 +52,7 @@ def make_step(model):
         with tf.GradientTape() as tape:
             terms = model((observations, actions, rewards))
             _, kl = objectives.split_losses(model)
-            loss = terms["reconstruction"] + terms["reward"] + terms["latent_kl"] + kl / 1e4
+            loss, _ = model.objective(terms, kl, num_sequences=1e4)
         grads = tape.gradient(loss, model.trainable_variables)
         optimizer.apply_gradients(zip(grads, model.trainable_variables))
         return loss

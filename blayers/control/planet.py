@@ -284,14 +284,7 @@ class PlanetTrainer(Trainer):
         with tf.GradientTape() as tape:
             terms = self.model((observations, actions, rewards))
             _, weight_kl = objectives.split_losses(self.model)
-            weight_term = self.kl_weight * weight_kl / sequences
-            loss = (
-                terms["reconstruction"]
-                + terms["reward"]
-                + terms["latent_kl"]
-                + terms["overshooting"]
-                + weight_term
-            )
+            loss, weight_term = self.model.objective(terms, weight_kl, sequences, self.kl_weight)
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
         self.step.assign_add(1)

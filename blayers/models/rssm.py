@@ -318,6 +318,21 @@ class WorldModel(keras.Model):
             state = {"h": h, "z": prior.mean() + prior.stddev() * noise}
         return total / distance
 
+    @staticmethod
+    def objective(terms, weight_kl, num_sequences, kl_weight=1.0):
+        """`(loss, weight_term)`: PlaNet's loss (reconstruction + reward + latent KL +
+        overshooting, from `call`'s terms) plus the weight KL over the training sequences,
+        `kl_weight * weight_kl / num_sequences` (the paper's Bayesian PlaNet objective)."""
+        weight_term = kl_weight * weight_kl / num_sequences
+        loss = (
+            terms["reconstruction"]
+            + terms["reward"]
+            + terms["latent_kl"]
+            + terms["overshooting"]
+            + weight_term
+        )
+        return loss, weight_term
+
     def call(self, inputs):
         observations, actions, rewards = inputs
         terms, _ = self.loss_terms(observations, actions, rewards)
