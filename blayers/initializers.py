@@ -19,6 +19,7 @@ initializer names (deterministic weights), dicts from `serialize`, and instances
 """
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
@@ -32,12 +33,15 @@ tfd = tfp.distributions
 __all__ = [
     "RHO_RANGE",
     "NormalPrior",
+    "OrthogonalRandomFeatures",
+    "RandomSign",
     "TrainableDeterministic",
     "TrainableGlorotNormal",
     "TrainableHalfCauchy",
     "TrainableHeNormal",
     "TrainableInitializer",
     "TrainableLogNormal",
+    "TrainableMixtureOfDeltas",
     "TrainableNormal",
     "TrainableNormalFixedStddev",
     "TrainableNormalSharedStddev",
@@ -390,6 +394,139 @@ class NormalPrior(TrainableInitializer):
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}
+
+
+@_register("trainable_mixture_of_deltas")
+class TrainableMixtureOfDeltas(TrainableInitializer):
+    """A mixture of `num_components` point masses with trainable locations and mixture logits,
+    elementwise: `w ~ sum_k pi_k delta(loc_k)`. Each draw picks one component per entry (not
+    reparameterizable in the choice: the gradient reaches the selected locations, the mixture
+    weights learn through the KL's score). With `num_components` members it is an ensemble of
+    point estimates as a distribution (edward2's `TrainableMixtureOfDeltas`).
+
+    Args:
+      num_components: point masses per entry.
+      loc_initializer: Keras initializer of the locations `[*shape, num_components]`
+        (default Glorot-uniform per component, so components differ).
+      logits_initializer: of the mixture logits (default zeros: uniform weights).
+      loc_regularizer, loc_constraint: of the locations.
+      seed: seeds the component choices.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        num_components=5,
+        loc_initializer="glorot_uniform",
+        logits_initializer="zeros",
+        loc_regularizer=None,
+        loc_constraint=None,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        if not isinstance(num_components, int) or num_components < 1:
+            raise ValueError(
+                f"TrainableMixtureOfDeltas needs a positive integer num_components, got "
+                f"{num_components!r}."
+            )
+        self.num_components = num_components
+        component_shape = staticmethod(lambda shape: (*shape, num_components)).__func__
+        self._parameter(
+            "loc", _PerComponent(loc_initializer), loc_regularizer, loc_constraint, component_shape
+        )
+        self._parameter("logits", logits_initializer, None, None, component_shape)
+
+    def _distribution(self, params, shape):
+        return tfd.MixtureSameFamily(
+            tfd.Categorical(logits=params["logits"]), tfd.Deterministic(loc=params["loc"])
+        )
+
+    def get_config(self):
+        config = super().get_config()
+        config["num_components"] = self.num_components
+        config["loc_initializer"] = _REGISTRY.serialize(self._parameters["loc"].initializer.base)
+        config.pop("logits_regularizer", None)
+        config.pop("logits_constraint", None)
+        config.pop("loc_regularizer", None)
+        config["loc_regularizer"] = _REGISTRY.serialize(self._parameters["loc"].regularizer)
+        return config
+
+
+class _PerComponent(keras.initializers.Initializer):
+    """Initializes `[*shape, K]` as K independent draws of a Keras initializer of `shape` (so a
+    fan-based initializer sees the weight's fans, not the component axis)."""
+
+    def __init__(self, base):
+        self.base = keras.initializers.get(base)
+
+    def __call__(self, shape, dtype=None):
+        return tf.stack([self.base(shape[:-1], dtype) for _ in range(shape[-1])], axis=-1)
+
+
+@_register("random_sign")
+class RandomSign(keras.initializers.Initializer):
+    """Deterministic initializer: entries `+1` with probability `probs`, else `-1` (the random
+    sign initialization of BatchEnsemble and rank-1 factors, Wen et al. 2020; Dusenberry et al.
+    2020).
+
+    Args:
+      probs: probability of `+1`.
+      seed: seeds the signs.
+    """
+
+    def __init__(self, probs=0.5, seed=None):
+        if not 0.0 <= probs <= 1.0:
+            raise ValueError(f"random_sign needs 0 <= probs <= 1, got {probs}.")
+        self.probs, self.seed = float(probs), seed
+        self._generator = keras.random.SeedGenerator(seed)
+
+    def __call__(self, shape, dtype=None):
+        dtype = dtype or "float32"
+        u = keras.random.uniform(shape, seed=self._generator, dtype=dtype)
+        return tf.where(u < self.probs, tf.ones_like(u), -tf.ones_like(u))
+
+    def get_config(self):
+        return {"probs": self.probs, "seed": self.seed}
+
+
+@_register("orthogonal_random_features")
+class OrthogonalRandomFeatures(keras.initializers.Initializer):
+    """Orthogonal random features (Yu et al., 2016): a `[d, D]` projection whose columns come
+    in blocks of `d` orthogonal directions, each column rescaled by an independent chi(d) norm,
+    so columns are marginally `N(0, stddev^2 I)` (the RBF kernel's spectral density) but within
+    a block exactly orthogonal, which lowers the variance of the kernel approximation
+    `phi(x)^T phi(y)` compared with i.i.d. Gaussian features.
+
+    Args:
+      stddev: the marginal standard deviation of the entries (1 / length scale).
+      seed: seeds the directions and norms.
+    """
+
+    def __init__(self, stddev=1.0, seed=None):
+        if not stddev > 0:
+            raise ValueError(f"orthogonal_random_features needs stddev > 0, got {stddev}.")
+        self.stddev, self.seed = float(stddev), seed
+
+    def __call__(self, shape, dtype=None):
+        if len(shape) != 2:
+            raise ValueError(
+                f"orthogonal_random_features initializes [input_dim, num_features] kernels, got "
+                f"shape {shape}."
+            )
+        d, num = int(shape[0]), int(shape[1])
+        rng = np.random.RandomState(self.seed)
+        blocks = []
+        for _ in range(-(-num // d)):
+            q, r = np.linalg.qr(rng.randn(d, d))
+            q = q * np.sign(np.diag(r))  # Haar-distributed rotation
+            norms = np.sqrt(rng.chisquare(d, size=d))
+            blocks.append(q * norms[None, :])
+        matrix = self.stddev * np.concatenate(blocks, axis=1)[:, :num]
+        return tf.constant(matrix, dtype=dtype or "float32")
+
+    def get_config(self):
+        return {"stddev": self.stddev, "seed": self.seed}
 
 
 def is_distribution_initializer(initializer):

@@ -30,6 +30,7 @@ __all__ = [
     "set_kl_scale",
     "sigmoid_kl_annealing",
     "split_losses",
+    "training_log_prob",
 ]
 
 
@@ -53,6 +54,17 @@ def sigmoid_kl_annealing(step, midpoint=1000, rate=0.01):
     return tf.sigmoid(rate * (tf.cast(step, tf.float32) - midpoint))
 
 
+def training_log_prob(distribution, targets):
+    """The log-likelihood a training loss maximizes: `distribution.log_prob(targets)`, except for
+    an ensemble's mixture (`blayers.layers.EnsembleOutput`), whose members are fitted
+    independently: the mean of the members' `member_log_prob` (Lakshminarayanan et al., 2017;
+    Wen et al., 2020), a lower bound on the mixture's log-likelihood (Jensen)."""
+    member_log_prob = getattr(distribution, "member_log_prob", None)
+    if member_log_prob is not None:
+        return tf.reduce_mean(member_log_prob(targets), axis=-1)
+    return distribution.log_prob(targets)
+
+
 @keras.saving.register_keras_serializable("blayers.objectives")
 class NegativeLogLikelihood(keras.losses.Loss):
     """Keras loss `-mean log p(y_true | y_pred)` for models whose output is a `RandomVariable`.
@@ -71,7 +83,7 @@ class NegativeLogLikelihood(keras.losses.Loss):
                 "NegativeLogLikelihood needs a model whose output is a "
                 f"RandomVariable, got {type(y_pred).__name__}."
             )
-        log_prob = y_pred.distribution.log_prob(tf.cast(y_true, y_pred.dtype))
+        log_prob = training_log_prob(y_pred.distribution, tf.cast(y_true, y_pred.dtype))
         if log_prob.shape.rank and log_prob.shape.rank > 1:
             log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
         losses = -log_prob

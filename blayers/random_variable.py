@@ -130,19 +130,37 @@ class RandomVariable:
 
     __str__ = __repr__
 
-    # Identity semantics, like Python objects: Keras and tf.nest store layers' outputs in sets
-    # and dicts. Elementwise comparison is available through tf.equal(rv, other).
+    # Hashing is by identity (Keras and tf.nest keep layers' outputs in sets and dicts, and two
+    # variables with equal values are still two variables). Comparison follows the value where
+    # the other side is a value (a number, an array, a tensor): `rv == 0.` is the elementwise
+    # tensor `rv.value == 0.`, as for a tensor. Between random variables (or other objects) it
+    # is identity, so containers of random variables work.
     def __hash__(self):
         return id(self)
 
     def __eq__(self, other):
+        if _is_value(other):
+            return tf.equal(self.value, tf.cast(other, self.dtype))
         return self is other
 
     def __ne__(self, other):
+        if _is_value(other):
+            return tf.not_equal(self.value, tf.cast(other, self.dtype))
         return self is not other
 
     def __bool__(self):
-        return bool(self.value)
+        # As a graph tensor: a random variable's truth is its value's, which Python control flow
+        # must not silently read (edward2 raises the same error).
+        raise TypeError(
+            "Using a blayers.RandomVariable as a Python bool is not allowed: test its value "
+            "(bool(rv.value), tf.reduce_any(rv.value)) or use tf.cond."
+        )
+
+    def __tf_tracing_type__(self, context):
+        """`tf.function` traces once per random variable object: the distribution and value
+        are captured by the trace (as edward2 does), so passing another variable retraces."""
+        del context
+        return _RandomVariableTraceType(self)
 
     def __float__(self):
         return float(self.value)
@@ -183,6 +201,42 @@ class RandomVariable:
                 if expected.is_compatible_with(value.shape):
                     return RandomVariable(distribution, value=value)
         return value
+
+
+def _is_value(other):
+    return isinstance(other, (int, float, complex, np.ndarray, np.generic)) or (
+        tf.is_tensor(other) and not isinstance(other, RandomVariable)
+    )
+
+
+class _RandomVariableTraceType(tf.types.experimental.TraceType):
+    """Identity-keyed trace type: one `tf.function` trace per random variable object."""
+
+    def __init__(self, rv):
+        self._rv = rv
+
+    def is_subtype_of(self, other):
+        return self == other
+
+    def most_specific_common_supertype(self, others):
+        return self if all(self == other for other in others) else None
+
+    def placeholder_value(self, placeholder_context):
+        del placeholder_context
+        return self._rv
+
+    def to_tensors(self, value):
+        del value
+        return []
+
+    def __eq__(self, other):
+        return isinstance(other, _RandomVariableTraceType) and other._rv is self._rv
+
+    def __hash__(self):
+        return id(self._rv)
+
+    def __repr__(self):
+        return f"RandomVariableTraceType({self._rv!r})"
 
 
 def _unwrap(value):

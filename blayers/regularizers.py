@@ -18,6 +18,7 @@ import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from blayers import constraints as constraints_lib
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry
 from blayers.sampling import normal_parameters
@@ -26,15 +27,22 @@ tfd = tfp.distributions
 
 __all__ = [
     "PRIOR",
+    "RANK1_PRIOR",
+    "CauchyKLDivergence",
     "DistributionRegularizer",
     "HalfCauchyKLDivergence",
+    "LogNormalKLDivergence",
     "LogUniformKLDivergence",
+    "NormalEmpiricalBayesKLDivergence",
     "NormalKLDivergence",
     "ScaleMixtureKLDivergence",
+    "TrainableNormalKLDivergenceStdDev",
+    "UniformKLDivergence",
     "deserialize",
     "get",
     "normal_parameters",
     "prior",
+    "rank1_prior",
     "serialize",
 ]
 
@@ -216,7 +224,216 @@ class HalfCauchyKLDivergence(DistributionRegularizer):
         return {**super().get_config(), "loc": self.loc, "scale": self.scale}
 
 
+@_register("cauchy_kl_divergence")
+class CauchyKLDivergence(DistributionRegularizer):
+    """Monte Carlo `KL[q || Cauchy(loc, scale)]` (heavy-tailed prior on real weights)."""
+
+    def __init__(self, loc=0.0, scale=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not scale > 0:
+            raise ValueError(f"cauchy_kl_divergence needs scale > 0, got {scale}.")
+        self.loc, self.scale = float(loc), float(scale)
+
+    def divergence(self, rv):
+        prior = tfd.Cauchy(tf.cast(self.loc, rv.dtype), tf.cast(self.scale, rv.dtype))
+        return self._monte_carlo(rv, prior.log_prob)
+
+    def get_config(self):
+        return {**super().get_config(), "loc": self.loc, "scale": self.scale}
+
+
+def _log_normal_parameters(distribution):
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    if type(distribution) is tfd.LogNormal:
+        return distribution.loc, distribution.scale
+    return None
+
+
+@_register("log_normal_kl_divergence")
+class LogNormalKLDivergence(DistributionRegularizer):
+    """`KL[q || LogNormal(loc, scale)]` for positive weights (scales, precisions). For a
+    LogNormal q it is the KL of the underlying Normals (KL is invariant under the bijection
+    `exp`), analytic; Monte Carlo for any other q."""
+
+    def __init__(self, loc=0.0, scale=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not scale > 0:
+            raise ValueError(f"log_normal_kl_divergence needs scale > 0, got {scale}.")
+        self.loc, self.scale = float(loc), float(scale)
+
+    def divergence(self, rv):
+        params = _log_normal_parameters(rv.distribution)
+        if params is None:
+            prior = tfd.LogNormal(tf.cast(self.loc, rv.dtype), tf.cast(self.scale, rv.dtype))
+            return self._monte_carlo(rv, prior.log_prob)
+        loc, scale = (tf.broadcast_to(p, rv.shape) for p in params)
+        return normal_kl_sum(loc, scale, self.loc, self.scale)
+
+    def get_config(self):
+        return {**super().get_config(), "loc": self.loc, "scale": self.scale}
+
+
+@_register("uniform_kl_divergence")
+class UniformKLDivergence(DistributionRegularizer):
+    """`KL[q || Uniform(low, high)] = -H[q] + n log(high - low)` (n entries), exact when q's
+    support lies in `[low, high]` (a sigmoid- or tanh-squashed q); for a q with wider support,
+    such as a Normal, it is the KL to the improper flat prior up to a constant, as in edward2
+    (whose constant is 0: `low=0, high=1`). Uses q's analytic entropy where TFP has one."""
+
+    def __init__(self, low=0.0, high=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not high > low:
+            raise ValueError(f"uniform_kl_divergence needs high > low, got [{low}, {high}].")
+        self.low, self.high = float(low), float(high)
+
+    def divergence(self, rv):
+        size = float(rv.shape.num_elements())
+        try:
+            entropy = tf.reduce_sum(rv.distribution.entropy())
+        except NotImplementedError:
+            entropy = -tf.reduce_sum(rv.distribution.log_prob(rv.value))
+        return size * math.log(self.high - self.low) - entropy
+
+    def get_config(self):
+        return {**super().get_config(), "low": self.low, "high": self.high}
+
+
+@_register("normal_empirical_bayes_kl_divergence")
+class NormalEmpiricalBayesKLDivergence(DistributionRegularizer):
+    """Normal prior whose variance is set by empirical Bayes under an inverse-gamma hyperprior
+    (Wu et al., 2019): `p(v) = InvGamma(concentration, scale)`, `p(w_i | v) = N(mean, v)`.
+
+    The regularizer is `KL[q(w) || N(mean, v*)] - log p(v*)` at the optimal variance
+    `v* = (sum_i (s_i^2 + (m_i - mean)^2) + 2 scale) / (n + 2 concentration + 2)`, the minimizer
+    of that expression given q (closed form for a Normal q; other q use TFP's moments).
+    """
+
+    def __init__(
+        self, mean=0.0, variance_concentration=2.01, variance_scale=0.101, scale_factor=1.0
+    ):
+        super().__init__(scale_factor)
+        if not (variance_concentration > 0 and variance_scale > 0):
+            raise ValueError(
+                "normal_empirical_bayes_kl_divergence needs a positive variance_concentration "
+                f"and variance_scale, got {variance_concentration} and {variance_scale}."
+            )
+        self.mean = float(mean)
+        self.variance_concentration = float(variance_concentration)
+        self.variance_scale = float(variance_scale)
+
+    def optimal_variance(self, rv):
+        """`v*` for the variable's current q."""
+        params = normal_parameters(rv.distribution)
+        if params is None:
+            loc, variance = rv.distribution.mean(), rv.distribution.variance()
+        else:
+            loc, variance = params[0], tf.square(params[1])
+        loc = tf.broadcast_to(loc, rv.shape)
+        variance = tf.broadcast_to(variance, rv.shape)
+        n = float(rv.shape.num_elements())
+        second = tf.reduce_sum(variance) + tf.reduce_sum(tf.square(loc - self.mean))
+        return (second + 2.0 * self.variance_scale) / (n + 2.0 * self.variance_concentration + 2.0)
+
+    def divergence(self, rv):
+        variance = self.optimal_variance(rv)
+        prior = tfd.Normal(tf.cast(self.mean, rv.dtype), tf.sqrt(variance))
+        hyperprior = tfd.InverseGamma(
+            tf.cast(self.variance_concentration, rv.dtype), tf.cast(self.variance_scale, rv.dtype)
+        )
+        try:
+            kl = tf.reduce_sum(rv.distribution.kl_divergence(prior))
+        except NotImplementedError:
+            kl = self._monte_carlo(rv, prior.log_prob)
+        return kl - hyperprior.log_prob(variance)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "mean": self.mean,
+            "variance_concentration": self.variance_concentration,
+            "variance_scale": self.variance_scale,
+        }
+
+
+@_register("trainable_normal_kl_divergence_stddev")
+class TrainableNormalKLDivergenceStdDev(DistributionRegularizer, keras.layers.Layer):
+    """`KL[q || N(mean, sigma^2)]` with the prior's standard deviation `sigma` trained with the
+    network (type-II maximum likelihood of the prior scale, one `sigma` per weight tensor, or
+    per entry with `per_entry=True`).
+
+    It is a Keras layer: the layer whose weight it regularizes tracks it, so `sigma` trains,
+    saves and loads with that layer (`BayesianLayer` builds it with the weight). Analytic for a
+    Normal q, Monte Carlo otherwise.
+
+    Args:
+      mean: the prior's mean.
+      stddev_initializer: Keras initializer of the unconstrained `sigma` (default: softplus^-1
+        of 1 with a little noise, as in edward2).
+      stddev_constraint: maps the variable to `sigma` (default softplus).
+      per_entry: one `sigma` per entry of the weight instead of one per tensor.
+      scale_factor: multiplies the divergence.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        mean=0.0,
+        stddev_initializer=None,
+        stddev_constraint="softplus",
+        per_entry=False,
+        scale_factor=1.0,
+        **kwargs,
+    ):
+        keras.layers.Layer.__init__(self, **kwargs)
+        self.scale_factor = scale_factor
+        self.mean = float(mean)
+        self.stddev_initializer = keras.initializers.get(
+            stddev_initializer
+            or keras.initializers.TruncatedNormal(mean=0.5413248, stddev=0.1)  # softplus^-1(1)
+        )
+        self.stddev_constraint = constraints_lib.get(stddev_constraint)
+        self.per_entry = per_entry
+
+    def build(self, input_shape):
+        self.stddev = self.add_weight(
+            name="prior_stddev",
+            shape=tuple(input_shape) if self.per_entry else (),
+            initializer=self.stddev_initializer,
+        )
+        self.built = True
+
+    def prior_stddev(self):
+        """The prior's current `sigma`."""
+        stddev = tf.convert_to_tensor(self.stddev)
+        return self.stddev_constraint(stddev) if self.stddev_constraint else stddev
+
+    def __call__(self, x):  # a regularizer's call, not Keras' layer call
+        return DistributionRegularizer.__call__(self, x)
+
+    def divergence(self, rv):
+        if not self.built:
+            self.build(rv.shape)
+        stddev = tf.cast(self.prior_stddev(), rv.dtype)
+        prior = tfd.Normal(tf.cast(self.mean, rv.dtype), stddev)
+        params = normal_parameters(rv.distribution)
+        if params is None:
+            return self._monte_carlo(rv, prior.log_prob)
+        loc, scale = (tf.broadcast_to(p, rv.shape) for p in params)
+        return tf.reduce_sum(tfd.Normal(loc, scale).kl_divergence(prior))
+
+    def get_config(self):
+        return {
+            "mean": self.mean,
+            "stddev_initializer": keras.initializers.serialize(self.stddev_initializer),
+            "stddev_constraint": _REGISTRY.serialize(self.stddev_constraint),
+            "per_entry": self.per_entry,
+            "scale_factor": self.scale_factor,
+        }
+
+
 PRIOR = "prior"
+RANK1_PRIOR = "rank1_prior"
 
 
 @gin.configurable("prior", module="blayers.regularizers")
@@ -232,11 +449,26 @@ def prior(regularizer=None):
     return regularizer if regularizer is not None else NormalKLDivergence()
 
 
+@gin.configurable("rank1_prior", module="blayers.regularizers")
+def rank1_prior(regularizer=None):
+    """The default prior of rank-1 factors (`DenseRank1`'s `alpha` and `gamma`), the regularizer
+    for the name `'rank1_prior'`. `None` is `normal_kl_divergence(mean=1, stddev=1)`: centred on
+    the identity perturbation (Dusenberry et al., 2020). One binding swaps it:
+
+        rank1_prior.regularizer = @normal_kl_divergence()
+        normal_kl_divergence.mean = 1.0
+        normal_kl_divergence.stddev = 0.1
+    """
+    return regularizer if regularizer is not None else NormalKLDivergence(mean=1.0, stddev=1.0)
+
+
 def get(identifier):
-    """A regularizer from None, a name (`'prior'`: the configured default prior; a blayers or
-    Keras regularizer name), a config dict, or an instance."""
+    """A regularizer from None, a name (`'prior'`: the configured default prior; `'rank1_prior'`
+    the rank-1 factors'; a blayers or Keras regularizer name), a config dict, or an instance."""
     if identifier == PRIOR:
         return prior()
+    if identifier == RANK1_PRIOR:
+        return rank1_prior()
     return _REGISTRY.get(identifier)
 
 

@@ -27,6 +27,15 @@ _FAMILIES = (
     "stochastic_output",
     "reversible",
     "vector_quantizer",
+    "ensemble",
+    "batch_ensemble",
+    "rank1",
+    "variational_dropout",
+    "hierarchical",
+    "ncp",
+    "spectral_norm",
+    "heteroscedastic",
+    "discrete_flows",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")

@@ -207,6 +207,8 @@ class BayesianLayer(SeededLayer):
             # The weight's random variable is known as '<layer>/<weight>' (`condition`, `tape`,
             # `blayers.programs.make_log_joint`).
             init.variable_name = f"{self.name}/{name}"
+            if isinstance(reg, keras.layers.Layer) and not reg.built:
+                reg.build(shape)  # a prior with trainable parameters, tracked by this layer
             self._random_weight_names.append(name)
             setattr(self, name, None)  # filled by call_weights
         else:

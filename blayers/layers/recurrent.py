@@ -214,7 +214,8 @@ class _ForgetBiasOnes(keras.initializers.Initializer):
 
     def __call__(self, shape, dtype=None):
         zeros = tf.zeros([self.units], dtype or "float32")
-        return tf.concat([zeros, tf.ones_like(zeros), zeros, zeros], 0)
+        # A rank-1 cell's per-member bias `[E, 4 units]` gets the same row for every member.
+        return tf.broadcast_to(tf.concat([zeros, tf.ones_like(zeros), zeros, zeros], 0), shape)
 
     def get_config(self):
         return {"units": self.units}

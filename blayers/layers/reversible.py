@@ -30,6 +30,7 @@ import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
 from blayers.layers.base import NestedLayers, register
+from blayers.layers.dense import dense_matmul
 from blayers.random_variable import RandomVariable
 
 tfb = tfp.bijectors
@@ -216,10 +217,11 @@ class ActNorm(ReversibleLayer):
         return tf.reduce_sum(self.log_scale) + tf.zeros(tf.shape(x)[:-1], x.dtype)
 
 
-def _made_masks(degrees_in, hidden_dims, rng):
-    """Masks (in -> hidden, hidden -> hidden, ..., hidden -> out) of MADE."""
+def _made_masks(degrees_in, hidden_dims, rng, channels=1):
+    """Masks (in -> hidden, hidden -> hidden, ..., hidden -> out) of MADE; `degrees_in` are the
+    positions' degrees, each position carrying `channels` input features."""
     d = len(degrees_in)
-    degrees = [degrees_in]
+    degrees = [np.repeat(degrees_in, channels)]
     for units in hidden_dims:
         low = min(int(degrees[-1].min()), d - 1)
         degrees.append(np.arange(units) % max(d - 1, 1) + low if d > 1 else np.zeros(units, int))
@@ -240,11 +242,18 @@ class MADE(keras.layers.Layer):
     Jacobian is strictly triangular in that order. `params` is inferred by `RealNVP` (2: shift
     and log-scale) when left None.
 
+    With `event_ndims=2` the inputs are `[..., length, channels]` (several channels per
+    autoregressive position, e.g. one-hot tokens for discrete flows) and the outputs
+    `[..., length, params]`: output position `i` sees every channel of the positions before
+    `i`.
+
     Args:
       hidden_dims: sizes of the masked hidden layers (the paper's `MADE([512, 512])`).
       order: `'left-to-right'`, `'right-to-left'` or `'random'`.
-      params: outputs per feature (None: set by the layer that uses it).
+      params: outputs per position (None: set by the layer that uses it).
       activation: hidden activation (default relu).
+      use_bias: biases in the masked layers.
+      event_ndims: 1 (`[..., d]` inputs) or 2 (`[..., length, channels]`).
       seed: seeds a `'random'` order and the masks' degrees.
       **kwargs: `keras.layers.Layer` arguments.
     """
@@ -255,10 +264,15 @@ class MADE(keras.layers.Layer):
         order="left-to-right",
         params=None,
         activation="relu",
+        use_bias=True,
+        event_ndims=1,
         seed=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if event_ndims not in (1, 2):
+            raise ValueError(f"MADE: event_ndims must be 1 or 2, got {event_ndims!r}.")
+        self.use_bias, self.event_ndims = use_bias, event_ndims
         if order not in ("left-to-right", "right-to-left", "random"):
             raise ValueError(
                 f"MADE: order must be 'left-to-right', 'right-to-left' or 'random', got {order!r}."
@@ -268,7 +282,13 @@ class MADE(keras.layers.Layer):
         self.activation = keras.activations.get(activation)
 
     def build(self, input_shape):
-        d = input_shape[-1]
+        channels = 1
+        if self.event_ndims == 2:
+            d, channels = input_shape[-2], input_shape[-1]
+        else:
+            d = input_shape[-1]
+        if d is None or channels is None:
+            raise ValueError(f"MADE ({self.name}) needs known event sizes, got {input_shape}.")
         params = self.params or 1
         self.params = params
         rng = np.random.RandomState(self.seed)
@@ -279,10 +299,11 @@ class MADE(keras.layers.Layer):
         else:
             degrees = rng.permutation(d)
         self.input_degrees = degrees
-        masks = _made_masks(degrees, self.hidden_dims, rng)
+        masks = _made_masks(degrees, self.hidden_dims, rng, channels)
         masks[-1] = np.repeat(masks[-1], params, axis=1)  # `params` outputs per input
         self._masks = [tf.constant(m) for m in masks]
-        sizes = [d, *self.hidden_dims, d * params]
+        self._event = (d, channels)
+        sizes = [d * channels, *self.hidden_dims, d * params]
         self.kernels, self.biases = [], []
         for i, (fan_in, fan_out) in enumerate(itertools.pairwise(sizes)):
             last = i == len(sizes) - 2
@@ -295,17 +316,23 @@ class MADE(keras.layers.Layer):
             )
             self.biases.append(
                 self.add_weight(name=f"bias_{i}", shape=(fan_out,), initializer="zeros")
+                if self.use_bias
+                else None
             )
 
     def call(self, inputs):
         h = tf.convert_to_tensor(inputs, self.compute_dtype)
+        d, channels = self._event
+        batch_shape = tf.shape(h)[: h.shape.rank - self.event_ndims]
+        h = tf.reshape(h, tf.concat([batch_shape, [d * channels]], 0))
         for i, (kernel, bias, mask) in enumerate(zip(self.kernels, self.biases, self._masks)):
-            h = tf.matmul(h, kernel * mask) + bias
+            h = dense_matmul(h, kernel * mask)
+            if bias is not None:
+                h = h + bias
             if i < len(self.kernels) - 1:
                 h = self.activation(h)
-        d = inputs.shape[-1]
         # Output columns are input-major: unit i's `params` outputs are adjacent.
-        return tf.reshape(h, tf.concat([tf.shape(h)[:-1], [d, self.params]], 0))
+        return tf.reshape(h, tf.concat([batch_shape, [d, self.params]], 0))
 
     def get_config(self):
         return {
@@ -315,6 +342,8 @@ class MADE(keras.layers.Layer):
             "params": self.params,
             "seed": self.seed,
             "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "event_ndims": self.event_ndims,
         }
 
 

@@ -3,6 +3,7 @@
 import numpy as np
 import tensorflow as tf
 
+from blayers import objectives
 from blayers.random_variable import RandomVariable
 
 __all__ = ["Task", "get", "register_task"]
@@ -67,8 +68,9 @@ class Task:
         )
 
     def negative_log_likelihood(self, outputs, targets):
-        """Per-example `-log p(y | outputs)` (summed over any sequence or event axis)."""
-        log_prob = self.likelihood(outputs).log_prob(targets)
+        """Per-example `-log p(y | outputs)` (summed over any sequence or event axis); an
+        ensemble's members are fitted each on its own (`objectives.training_log_prob`)."""
+        log_prob = objectives.training_log_prob(self.likelihood(outputs), targets)
         if log_prob.shape.rank > 1:
             log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
         return -log_prob

@@ -1,0 +1,525 @@
+"""BatchEnsemble (Wen et al., 2020): `E` members sharing one weight, each with rank-1 fast
+weights, run in one pass over a member-major batch (`blayers.layers.EnsembleTile`).
+
+Member `m`'s weight is `W * outer(alpha_m, gamma_m)`, so
+
+    y_m = activation(((x * alpha_m) op W) * gamma_m + b_m)
+
+for any linear `op` (dense matmul, convolution): one `op` over the `E * B` rows costs what the
+single network's `op` costs on those rows, and the members add `E (in + out)` parameters (plus
+`E * out` biases) to the shared `W`. The same mechanism with *distributions* over `alpha` and
+`gamma` is the rank-1 Bayesian network (`blayers.layers.rank1`): which one a layer is depends
+only on the initializers (`BayesianLayer`'s rule), so both families share this code.
+
+Also here: the hyper-parameter ensemble layer `DenseHyperBatchEnsemble` (Wenzel et al., 2020)
+and the conditional dense layer `CondDense` (CondConv, Yang et al., 2019), whose kernel is a
+per-example mixture of expert kernels.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from blayers.layers.base import WEIGHT_ARGS, register
+from blayers.layers.convolutional import _Conv2D
+from blayers.layers.dense import _DenseBase, dense_matmul
+from blayers.layers.ensemble import check_ensemble_size, member_rows
+from blayers.layers.estimators import ReparameterizationEstimator
+
+__all__ = [
+    "CondDense",
+    "Conv2DBatchEnsemble",
+    "DenseBatchEnsemble",
+    "DenseHyperBatchEnsemble",
+    "FastWeights",
+    "fast_weight_initializer",
+]
+
+
+def fast_weight_initializer():
+    """`N(1, 0.5^2)`: fast weights start near the shared weight but differ across members, which
+    the members need to diverge (uncertainty-baselines' `random_sign_init = -0.5`); all-ones
+    starts would keep identical members identical."""
+    return keras.initializers.RandomNormal(mean=1.0, stddev=0.5)
+
+
+FAST_WEIGHT_ARGS = """      ensemble_size: members `E`; the batch holds `E` member-major copies (`EnsembleTile`).
+      alpha_initializer, gamma_initializer: of the fast weights `alpha` `[E, in]` and `gamma`
+        `[E, out]`: Keras initializers (BatchEnsemble) or distribution initializers (rank-1
+        BNN), see the class's defaults.
+      alpha_regularizer, gamma_regularizer: their regularizers (the KL terms of random ones).
+      alpha_constraint, gamma_constraint: Keras constraints of deterministic ones.
+"""
+
+
+class FastWeights:
+    """Mixin of a `BayesianLayer` family (`_DenseBase`, `_Conv2D`): per-member fast weights
+    `alpha` `[E, in]`, `gamma` `[E, out]` and bias `[E, out]` around the family's shared kernel.
+    Random fast weights are drawn once per call, one draw per member (reparameterization)."""
+
+    def _configure_fast_weights(
+        self,
+        ensemble_size,
+        alpha_initializer,
+        gamma_initializer,
+        alpha_regularizer,
+        gamma_regularizer,
+        alpha_constraint,
+        gamma_constraint,
+    ):
+        self.ensemble_size = check_ensemble_size(
+            f"{type(self).__name__} ({self.name})", ensemble_size
+        )
+        self._configure_weight("alpha", alpha_initializer, alpha_regularizer, alpha_constraint)
+        self._configure_weight("gamma", gamma_initializer, gamma_regularizer, gamma_constraint)
+
+    def _default_regularizer(self, regularizer):
+        if regularizer is None and self._default_fast_regularizer is not None:
+            return self._default_fast_regularizer
+        return regularizer
+
+    def _build_fast_weights(self, input_dim, output_dim):
+        self.add_bayesian_weight("alpha", (self.ensemble_size, input_dim))
+        self.add_bayesian_weight("gamma", (self.ensemble_size, output_dim))
+
+    def _bias_shape(self, output_dim):
+        return (self.ensemble_size, output_dim)
+
+    def call(self, inputs, mask=None):
+        del mask
+        self.call_weights()
+        inputs = tf.convert_to_tensor(inputs, dtype=self.compute_dtype)
+        name = f"{type(self).__name__} ({self.name})"
+        alpha = tf.convert_to_tensor(self.alpha)
+        gamma = tf.convert_to_tensor(self.gamma)
+        outputs = self.apply_kernel(inputs * member_rows(alpha, inputs, name))
+        outputs = outputs * member_rows(gamma, outputs, name)
+        if self.use_bias:
+            outputs = outputs + member_rows(tf.convert_to_tensor(self.bias), outputs, name)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def member_kernels(self):
+        """`[E, ..., in, out]`: each member's effective kernel `W * outer(alpha_m, gamma_m)` at
+        this call's draw (the layer must have been called)."""
+        kernel = tf.convert_to_tensor(self.kernel)
+        alpha = tf.convert_to_tensor(self.alpha)
+        gamma = tf.convert_to_tensor(self.gamma)
+        middle = [1] * (kernel.shape.rank - 2)
+        alpha = tf.reshape(alpha, [self.ensemble_size, *middle, -1, 1])
+        gamma = tf.reshape(gamma, [self.ensemble_size, *middle, 1, -1])
+        return kernel[None] * alpha * gamma
+
+    def _fast_weight_config(self):
+        return {
+            "ensemble_size": self.ensemble_size,
+            **self._weight_config("alpha"),
+            **self._weight_config("gamma"),
+        }
+
+
+class _DenseFastWeights(FastWeights, ReparameterizationEstimator, _DenseBase):
+    _args_doc = (
+        """    Args:
+      units: output size.
+"""
+        + FAST_WEIGHT_ARGS
+        + """      activation, use_bias: as `keras.layers.Dense` (the bias is per member, `[E, units]`).
+"""
+        + WEIGHT_ARGS
+    )
+
+    def __init__(
+        self,
+        units,
+        ensemble_size=4,
+        alpha_initializer=None,
+        gamma_initializer=None,
+        alpha_regularizer=None,
+        gamma_regularizer=None,
+        alpha_constraint=None,
+        gamma_constraint=None,
+        kernel_initializer="glorot_uniform",
+        kernel_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(
+            units,
+            kernel_initializer=kernel_initializer,
+            kernel_regularizer=kernel_regularizer,
+            **kwargs,
+        )
+        self._configure_fast_weights(
+            ensemble_size,
+            alpha_initializer or self._default_fast_initializer(),
+            gamma_initializer or self._default_fast_initializer(),
+            self._default_regularizer(alpha_regularizer),
+            self._default_regularizer(gamma_regularizer),
+            alpha_constraint,
+            gamma_constraint,
+        )
+
+    _default_fast_initializer = staticmethod(fast_weight_initializer)
+    _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
+
+    def build(self, input_shape):
+        input_dim = input_shape[-1]
+        if input_dim is None:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) needs a known last input dimension."
+            )
+        self.add_bayesian_weight("kernel", (input_dim, self.units))
+        self._build_fast_weights(input_dim, self.units)
+        if self.use_bias:
+            self.add_bayesian_weight("bias", self._bias_shape(self.units))
+        else:
+            self.bias = None
+        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+
+    def get_config(self):
+        return {**super().get_config(), **self._fast_weight_config()}
+
+
+class _Conv2DFastWeights(FastWeights, ReparameterizationEstimator, _Conv2D):
+    _args_doc = (
+        """    Args:
+      filters, kernel_size, strides, padding, data_format, dilation_rate, activation, use_bias:
+        as `keras.layers.Conv2D` (the bias is per member, `[E, filters]`).
+"""
+        + FAST_WEIGHT_ARGS
+        + WEIGHT_ARGS
+    )
+
+    def __init__(
+        self,
+        filters,
+        kernel_size,
+        ensemble_size=4,
+        alpha_initializer=None,
+        gamma_initializer=None,
+        alpha_regularizer=None,
+        gamma_regularizer=None,
+        alpha_constraint=None,
+        gamma_constraint=None,
+        kernel_initializer="he_normal",
+        kernel_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(
+            filters,
+            kernel_size,
+            kernel_initializer=kernel_initializer,
+            kernel_regularizer=kernel_regularizer,
+            **kwargs,
+        )
+        self._configure_fast_weights(
+            ensemble_size,
+            alpha_initializer or self._default_fast_initializer(),
+            gamma_initializer or self._default_fast_initializer(),
+            self._default_regularizer(alpha_regularizer),
+            self._default_regularizer(gamma_regularizer),
+            alpha_constraint,
+            gamma_constraint,
+        )
+
+    _default_fast_initializer = staticmethod(fast_weight_initializer)
+    _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
+
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError(f"{type(self).__name__} ({self.name}) needs known input channels.")
+        self.add_bayesian_weight("kernel", self.kernel_size + (channels, self.filters))
+        self._build_fast_weights(channels, self.filters)
+        if self.use_bias:
+            self.add_bayesian_weight("bias", self._bias_shape(self.filters))
+        else:
+            self.bias = None
+        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: channels})
+
+    def get_config(self):
+        return {**super().get_config(), **self._fast_weight_config()}
+
+
+@register
+class DenseBatchEnsemble(_DenseFastWeights):
+    """BatchEnsemble dense layer (Wen et al., 2020): member `m` computes
+    `activation(((x * alpha_m) @ W) * gamma_m + b_m)` on its rows of a member-major batch.
+
+    Deterministic fast weights starting at `N(1, 0.5^2)` (`fast_weight_initializer`); the shared
+    `W` starts Glorot-uniform. Distribution initializers for `alpha`/`gamma` make it
+    `DenseRank1`.
+    """
+
+
+@register
+class Conv2DBatchEnsemble(_Conv2DFastWeights):
+    """BatchEnsemble 2-D convolution (Wen et al., 2020): member `m` convolves
+    `x * alpha_m` (input channels scaled) with the shared kernel and scales the output channels
+    by `gamma_m`, then adds its bias `b_m`. The shared kernel starts He-normal."""
+
+
+@register
+class DenseHyperBatchEnsemble(keras.layers.Layer):
+    """Hyper-BatchEnsemble dense layer (Wenzel et al., 2020): an ensemble over both weights and
+    hyper-parameters, each member conditioned on its own hyper-parameters `lambda`.
+
+    Called on `[x, lambdas]` (`lambdas`: `[E * B, h]`, each row the hyper-parameters of its
+    member, e.g. log L2 strength and dropout rate, rescaled to about [-1, 1]):
+
+        y = activation(x K_m + e1(lambda) * (x D_m) + b_m + e2(lambda) * b'_m),
+        K_m = W * outer(r_m, s_m),  D_m = W' * outer(u_m, v_m),
+        [e1, e2](lambda) = lambda @ E   (linear, no bias, as in the paper)
+
+    With `l2_index`, column `l2_index` of `lambdas` is each example's L2 coefficient `c` and the
+    layer adds the self-tuning penalty `mean_rows c ||K_m + D_m diag(e1(lambda))||^2` to its
+    losses (the effective kernel's norm, computed per output column without materializing it).
+
+    Args:
+      units: output size.
+      ensemble_size: members `E`.
+      activation, use_bias: as `keras.layers.Dense`.
+      alpha_initializer, gamma_initializer: of the fast weights (default `N(1, 0.5^2)`).
+      kernel_initializer: of `W` and `W'`.
+      embedding_initializer: of `E` `[h, 2 units]`.
+      bias_initializer: of `b` and `b'` (`[E, units]` each).
+      l2_index: the column of `lambdas` holding the L2 coefficient (None: no penalty).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        units,
+        ensemble_size=4,
+        activation=None,
+        use_bias=True,
+        alpha_initializer=None,
+        gamma_initializer=None,
+        kernel_initializer="glorot_uniform",
+        embedding_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        l2_index=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = f"DenseHyperBatchEnsemble ({self.name})"
+        if not isinstance(units, (int, np.integer)) or units <= 0:
+            raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
+        self.units = int(units)
+        self.ensemble_size = check_ensemble_size(name, ensemble_size)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.alpha_initializer = keras.initializers.get(
+            alpha_initializer or fast_weight_initializer()
+        )
+        self.gamma_initializer = keras.initializers.get(
+            gamma_initializer or fast_weight_initializer()
+        )
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.embedding_initializer = keras.initializers.get(embedding_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.l2_index = l2_index
+
+    def build(self, input_shape):
+        x_shape, lambda_shape = input_shape
+        d, h = x_shape[-1], lambda_shape[-1]
+        if d is None or h is None:
+            raise ValueError(
+                f"DenseHyperBatchEnsemble ({self.name}) needs known feature and hyper-parameter "
+                f"sizes, got {input_shape}."
+            )
+        if self.l2_index is not None and not 0 <= self.l2_index < h:
+            raise ValueError(
+                f"DenseHyperBatchEnsemble ({self.name}): l2_index {self.l2_index} is outside the "
+                f"{h} hyper-parameters."
+            )
+        e, u = self.ensemble_size, self.units
+        for prefix in ("", "delta_"):
+            setattr(
+                self,
+                f"{prefix}kernel",
+                self.add_weight(
+                    name=f"{prefix}kernel", shape=(d, u), initializer=self.kernel_initializer
+                ),
+            )
+            setattr(
+                self,
+                f"{prefix}alpha",
+                self.add_weight(
+                    name=f"{prefix}alpha", shape=(e, d), initializer=self.alpha_initializer
+                ),
+            )
+            setattr(
+                self,
+                f"{prefix}gamma",
+                self.add_weight(
+                    name=f"{prefix}gamma", shape=(e, u), initializer=self.gamma_initializer
+                ),
+            )
+            if self.use_bias:
+                setattr(
+                    self,
+                    f"{prefix}bias",
+                    self.add_weight(
+                        name=f"{prefix}bias", shape=(e, u), initializer=self.bias_initializer
+                    ),
+                )
+        self.embedding = self.add_weight(
+            name="embedding", shape=(h, 2 * u), initializer=self.embedding_initializer
+        )
+
+    def call(self, inputs):
+        x, lambdas = (tf.convert_to_tensor(t, self.compute_dtype) for t in inputs)
+        name = f"DenseHyperBatchEnsemble ({self.name})"
+        e1, e2 = tf.split(tf.matmul(lambdas, self.embedding), 2, axis=-1)
+
+        def rank_one(kernel, alpha, gamma):
+            projected = dense_matmul(x * member_rows(alpha, x, name), kernel)
+            return projected * member_rows(gamma, projected, name)
+
+        outputs = rank_one(self.kernel, self.alpha, self.gamma)
+        outputs += e1 * rank_one(self.delta_kernel, self.delta_alpha, self.delta_gamma)
+        if self.use_bias:
+            outputs += member_rows(self.bias, outputs, name)
+            outputs += e2 * member_rows(self.delta_bias, outputs, name)
+        if self.l2_index is not None:
+            self.add_loss(self._l2_penalty(lambdas[:, self.l2_index], e1))
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def _l2_penalty(self, coefficients, e1):
+        """`mean_i c_i ||K_m + D_m diag(e1_i)||_F^2`, column by column:
+        `sum_j |K_j|^2 + 2 e1_ij <K_j, D_j> + e1_ij^2 |D_j|^2` with `K_j`, `D_j` the member's
+        effective kernel columns."""
+
+        def kernels(kernel, alpha, gamma):  # [E, d, u]
+            return kernel[None] * alpha[:, :, None] * gamma[:, None, :]
+
+        k = kernels(self.kernel, self.alpha, self.gamma)
+        dk = kernels(self.delta_kernel, self.delta_alpha, self.delta_gamma)
+        name = f"DenseHyperBatchEnsemble ({self.name})"
+        kk = member_rows(tf.reduce_sum(k * k, 1), e1, name)  # [E * B, u]
+        kd = member_rows(tf.reduce_sum(k * dk, 1), e1, name)
+        dd = member_rows(tf.reduce_sum(dk * dk, 1), e1, name)
+        norms = tf.reduce_sum(kk + 2.0 * e1 * kd + tf.square(e1) * dd, axis=-1)
+        return tf.reduce_mean(coefficients * norms)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0][:-1]) + (self.units,)
+
+    def get_config(self):
+        serialize = keras.initializers.serialize
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "ensemble_size": self.ensemble_size,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "alpha_initializer": serialize(self.alpha_initializer),
+            "gamma_initializer": serialize(self.gamma_initializer),
+            "kernel_initializer": serialize(self.kernel_initializer),
+            "embedding_initializer": serialize(self.embedding_initializer),
+            "bias_initializer": serialize(self.bias_initializer),
+            "l2_index": self.l2_index,
+        }
+
+
+@register
+class CondDense(keras.layers.Layer):
+    """Conditional dense layer (CondConv, Yang et al., 2019): `num_experts` kernels and biases,
+    mixed per example by routing weights, `y_i = activation(x_i (sum_k r_ik W_k) + sum_k r_ik
+    b_k)`. Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]` (e.g.
+    a softmax or sigmoid of a router on `x`; one-hot rows select one expert per example).
+
+    Args:
+      units: output size.
+      num_experts: kernels mixed per example.
+      activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
+        bias_regularizer: as `keras.layers.Dense`, per expert (each expert's kernel is
+        initialized as a `[in, units]` kernel of its own).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        units,
+        num_experts=1,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
+            raise ValueError(
+                f"CondDense ({self.name}) needs a positive integer num_experts, got "
+                f"{num_experts!r}."
+            )
+        if not isinstance(units, (int, np.integer)) or units <= 0:
+            raise ValueError(
+                f"CondDense ({self.name}) needs positive integer units, got {units!r}."
+            )
+        self.units, self.num_experts = int(units), int(num_experts)
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+
+    def build(self, input_shape, routing_shape=None):
+        d = input_shape[-1]
+        per_expert = self.kernel_initializer
+
+        def experts_init(shape, dtype=None):  # each expert initialized as a kernel of its own
+            return tf.stack([per_expert(shape[1:], dtype) for _ in range(shape[0])])
+
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.num_experts, d, self.units),
+            initializer=experts_init,
+            regularizer=self.kernel_regularizer,
+        )
+        self.bias = (
+            self.add_weight(
+                name="bias",
+                shape=(self.num_experts, self.units),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+            )
+            if self.use_bias
+            else None
+        )
+
+    def call(self, inputs, routing_weights):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
+        # sum_k r_ik (x_i W_k): one matmul per expert, no per-example kernels materialized.
+        per_expert = tf.einsum("bd,kdu->bku", x, self.kernel)
+        outputs = tf.einsum("bk,bku->bu", r, per_expert)
+        if self.use_bias:
+            outputs += tf.matmul(r, self.bias)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def compute_output_shape(self, input_shape, routing_shape=None):
+        return tuple(input_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "num_experts": self.num_experts,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
+            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+        }

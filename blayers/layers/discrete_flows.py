@@ -1,0 +1,227 @@
+"""Discrete flows (Tran et al., 2019, "Discrete Flows: Invertible Generative Models of Discrete
+Data"): bijections of one-hot sequences `[..., length, vocab]` by modular arithmetic,
+`y = (mu + sigma * x) mod K`, with `mu`, `sigma` read off a network by a straight-through
+argmax (`one_hot_argmax`: the forward pass is the hard one-hot, the gradient the softmax's at
+`temperature`). A discrete bijection has no volume change, so a flow's pmf is
+`p(y) = p_base(reverse(y))`: called on a `RandomVariable` over one-hot tokens, these layers return
+the transformed random variable (`blayers.layers.ReversibleLayer`).
+
+* `DiscreteAutoregressiveFlow(layer)`: `mu`, `sigma` of position `t` from positions `< t` (a
+  `MADE(event_ndims=2)`); `reverse` (data -> base, the likelihood's direction) is one parallel
+  pass, `forward` (sampling) one pass per position.
+* `DiscreteBipartiteFlow(layer, mask)`: positions with `mask = 1` pass unchanged and condition
+  `mu`, `sigma` of the others: both directions are one pass.
+
+`sigma` is restricted to units of `Z_K` (coprime with `K`), so every transform is invertible.
+"""
+
+import math
+
+import numpy as np
+import tensorflow as tf
+
+from blayers.layers.base import NestedLayers, register
+from blayers.layers.reversible import ReversibleLayer
+
+__all__ = [
+    "DiscreteAutoregressiveFlow",
+    "DiscreteBipartiteFlow",
+    "multiplicative_inverse",
+    "one_hot_add",
+    "one_hot_argmax",
+    "one_hot_minus",
+    "one_hot_multiply",
+]
+
+
+def one_hot_argmax(logits, temperature):
+    """The one-hot argmax of `logits` in the forward pass; the gradient of
+    `softmax(logits / temperature)` in the backward pass (straight-through)."""
+    hard = tf.one_hot(tf.argmax(logits, axis=-1), logits.shape[-1], dtype=logits.dtype)
+    soft = tf.nn.softmax(logits / temperature, axis=-1)
+    return soft + tf.stop_gradient(hard - soft)
+
+
+def _shift_matrix(shift):
+    """`M[..., i, u] = shift[..., (u - i) mod K]`."""
+    vocab = shift.shape[-1]
+    return tf.stack([tf.roll(shift, i, axis=-1) for i in range(vocab)], axis=-2)
+
+
+def one_hot_add(inputs, shift):
+    """`(inputs + shift) mod K` for one-hot (or soft one-hot: a weighted sum of shifts)
+    vectors on the last axis."""
+    return tf.einsum("...v,...vu->...u", inputs, _shift_matrix(tf.cast(shift, inputs.dtype)))
+
+
+def one_hot_minus(inputs, shift):
+    """`(inputs - shift) mod K` in one-hot space."""
+    return tf.einsum("...v,...uv->...u", inputs, _shift_matrix(tf.cast(shift, inputs.dtype)))
+
+
+def _multiplication_table(vocab, dtype):
+    """`T[a, v, u] = [a v = u mod K]`."""
+    a = np.arange(vocab)
+    table = np.zeros((vocab, vocab, vocab), np.float64)
+    table[a[:, None], a[None, :], (a[:, None] * a[None, :]) % vocab] = 1.0
+    return tf.constant(table, dtype)
+
+
+def one_hot_multiply(inputs, scale):
+    """`(inputs * scale) mod K` in one-hot space."""
+    table = _multiplication_table(inputs.shape[-1], inputs.dtype)
+    return tf.einsum("...a,...v,avu->...u", tf.cast(scale, inputs.dtype), inputs, table)
+
+
+def _inverses(vocab):
+    """`inv[a]`: the inverse of `a` modulo `K`, or -1 where none exists (`gcd(a, K) > 1`)."""
+    return np.array([pow(a, -1, vocab) if math.gcd(a, vocab) == 1 else -1 for a in range(vocab)])
+
+
+def multiplicative_inverse(scale):
+    """The one-hot inverse modulo `K` of one-hot `scale` (entries without an inverse map to 0)."""
+    vocab = scale.shape[-1]
+    inverses = _inverses(vocab)
+    table = np.zeros((vocab, vocab), np.float64)
+    valid = inverses >= 0
+    table[np.arange(vocab)[valid], inverses[valid]] = 1.0
+    return tf.einsum("...a,au->...u", scale, tf.constant(table, scale.dtype))
+
+
+class _DiscreteFlow(NestedLayers, ReversibleLayer):
+    nested_layer_args = ("layer",)
+
+    def __init__(self, layer, temperature=0.1, **kwargs):
+        super().__init__(**kwargs)
+        if not temperature > 0:
+            raise ValueError(f"{type(self).__name__} ({self.name}): temperature must be > 0.")
+        self.layer, self.temperature = layer, float(temperature)
+
+    def build(self, input_shape):
+        vocab = input_shape[-1]
+        if vocab is None or input_shape[-2] is None:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) needs known length and vocabulary sizes, "
+                f"got {input_shape}."
+            )
+        self.vocab_size = int(vocab)
+        # -inf on the scales without an inverse modulo K keeps every transform bijective.
+        units = _inverses(self.vocab_size) >= 0
+        self._scale_mask = tf.constant(np.where(units, 0.0, -1e9), self.compute_dtype)
+        if not self.layer.built:
+            self.layer.build(input_shape)
+
+    def _loc_scale(self, net, dtype):
+        """`(mu, sigma)` one-hots from the network's `[..., K]` (location only, sigma = 1) or
+        `[..., 2K]` outputs."""
+        k = self.vocab_size
+        if net.shape[-1] == k:
+            return one_hot_argmax(tf.cast(net, dtype), self.temperature), None
+        if net.shape[-1] != 2 * k:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): the network returns {net.shape[-1]} "
+                f"values per position; expected vocab_size = {k} (location) or {2 * k} "
+                "(location and scale)."
+            )
+        loc, scale = tf.split(tf.cast(net, dtype), 2, axis=-1)
+        scale = one_hot_argmax(scale + tf.cast(self._scale_mask, dtype), self.temperature)
+        return one_hot_argmax(loc, self.temperature), scale
+
+    def _network(self, inputs):
+        net = self.layer(inputs)
+        if net.shape.rank == inputs.shape.rank + 1:  # MADE's [..., length, params]
+            net = tf.reshape(net, tf.concat([tf.shape(net)[:-2], [-1]], 0))
+        return net
+
+    def get_config(self):
+        return {**super().get_config(), "temperature": self.temperature, **self._nested_config()}
+
+
+@register
+class DiscreteAutoregressiveFlow(_DiscreteFlow):
+    """Autoregressive discrete flow: `y_t = (mu_t + sigma_t x_t) mod K` with `mu_t`, `sigma_t`
+    functions of `y_{<t}` (the network is causal over positions, e.g.
+    `MADE([64], params=2 * vocab, event_ndims=2)`; `params = vocab` for location only).
+
+    As in edward2: `reverse(y) = (mu(y) + sigma(y) y) mod K` (the likelihood's direction, one
+    parallel pass) and `forward(x)` its inverse, `(x - mu) sigma^-1 mod K` computed position by
+    position (sampling).
+
+    Args:
+      layer: the causal network, `[..., length, K]` -> `[..., length, K or 2K]` (a MADE's
+        `[..., length, K, 1]` / `[..., length, 1, 2K]` outputs are flattened per position).
+      temperature: of the straight-through softmax.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def reverse(self, y):
+        y = tf.convert_to_tensor(y, self.compute_dtype)
+        loc, scale = self._loc_scale(self._network(y), y.dtype)
+        scaled = y if scale is None else one_hot_multiply(y, scale)
+        return one_hot_add(scaled, loc)
+
+    def forward(self, x):
+        x = tf.convert_to_tensor(x, self.compute_dtype)
+        length = x.shape[-2]
+        outputs = tf.zeros_like(x)
+        position = tf.range(length)
+        for t in range(length):
+            # Positions > t of `outputs` are zeros; the causal network ignores them for t.
+            loc, scale = self._loc_scale(self._network(outputs), x.dtype)
+            new = one_hot_minus(x, loc)
+            if scale is not None:
+                new = one_hot_multiply(new, multiplicative_inverse(scale))
+            keep = tf.cast(position == t, x.dtype)[:, None]
+            outputs = outputs * (1.0 - keep) + new * keep
+        return outputs
+
+
+@register
+class DiscreteBipartiteFlow(_DiscreteFlow):
+    """Bipartite (coupling) discrete flow: positions with `mask = 1` pass unchanged; the others
+    become `(mu + sigma x) mod K` (`reverse`) with `mu`, `sigma` from the network on the masked
+    inputs. Both directions are one pass.
+
+    Args:
+      layer: the network, `[..., length, K]` -> `[..., length, K or 2K]`.
+      mask: `[length]` 0/1 (list or array): the conditioning positions.
+      temperature: of the straight-through softmax.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, layer, mask, temperature=0.1, **kwargs):
+        super().__init__(layer, temperature=temperature, **kwargs)
+        mask = np.asarray(mask, np.float32).reshape(-1)
+        if not np.all((mask == 0) | (mask == 1)):
+            raise ValueError(f"DiscreteBipartiteFlow ({self.name}): mask must be 0/1, got {mask}.")
+        self.mask = mask
+
+    def build(self, input_shape):
+        if input_shape[-2] != len(self.mask):
+            raise ValueError(
+                f"DiscreteBipartiteFlow ({self.name}): mask has {len(self.mask)} positions, the "
+                f"inputs {input_shape[-2]}."
+            )
+        super().build(input_shape)
+
+    def _parts(self, inputs):
+        mask = tf.constant(self.mask[:, None], inputs.dtype)
+        loc, scale = self._loc_scale(self._network(inputs * mask), inputs.dtype)
+        return mask, loc, scale
+
+    def reverse(self, y):
+        y = tf.convert_to_tensor(y, self.compute_dtype)
+        mask, loc, scale = self._parts(y)
+        scaled = y if scale is None else one_hot_multiply(y, scale)
+        return mask * y + (1.0 - mask) * one_hot_add(scaled, loc)
+
+    def forward(self, x):
+        x = tf.convert_to_tensor(x, self.compute_dtype)
+        mask, loc, scale = self._parts(x)
+        new = one_hot_minus(x, loc)
+        if scale is not None:
+            new = one_hot_multiply(new, multiplicative_inverse(scale))
+        return mask * x + (1.0 - mask) * new
+
+    def get_config(self):
+        return {**super().get_config(), "mask": self.mask.astype(int).tolist()}

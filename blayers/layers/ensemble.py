@@ -1,0 +1,192 @@
+"""The batch layout of efficient ensembles: members share one batch, member-major.
+
+BatchEnsemble (Wen et al., 2020) and rank-1 Bayesian networks (Dusenberry et al., 2020) run
+their `E` members in one forward pass: the batch is tiled `E` times (`EnsembleTile`), so rows
+`[m * B, (m + 1) * B)` belong to member `m`, and every fast-weight layer scales the rows of
+member `m` by that member's vectors. The network's head (`EnsembleOutput`) folds the members
+back: `[E * B, ...]` logits become one `RandomVariable` per example over the uniform mixture of
+the members' predictive distributions (`EnsembleMixture`).
+
+Training follows the papers: each member is fitted to every example (the loss averages the
+members' negative log-likelihoods, `EnsembleMixture.member_log_prob`); evaluation reads the
+mixture, `p(y | x) = 1/E sum_m p_m(y | x)`.
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers.layers.base import NamedOutput, register
+from blayers.random_variable import RandomVariable
+
+tfd = tfp.distributions
+
+__all__ = [
+    "EnsembleMixture",
+    "EnsembleOutput",
+    "EnsembleTile",
+    "check_ensemble_size",
+    "member_rows",
+]
+
+
+def check_ensemble_size(layer_name, ensemble_size):
+    if (
+        not isinstance(ensemble_size, (int, np.integer))
+        or isinstance(ensemble_size, bool)
+        or ensemble_size < 1
+    ):
+        raise ValueError(
+            f"{layer_name}: ensemble_size must be a positive integer, got {ensemble_size!r}."
+        )
+    return int(ensemble_size)
+
+
+def member_rows(vectors, inputs, layer_name):
+    """Per-row copies of per-member `vectors` `[E, k]` for member-major `inputs` `[E * B, ...,
+    k']`: `[E * B, 1, ..., 1, k]`, broadcasting against the inputs' middle axes."""
+    ensemble_size = vectors.shape[0]
+    batch = tf.shape(inputs)[0]
+    tf.debugging.assert_equal(
+        batch % ensemble_size,
+        0,
+        message=(
+            f"{layer_name}: the batch ({'{'}batch{'}'}) must hold ensemble_size = {ensemble_size} "
+            "member-major copies; tile the inputs with blayers.layers.EnsembleTile first."
+        ),
+    )
+    rows = tf.repeat(vectors, batch // ensemble_size, axis=0)
+    middle = inputs.shape.rank - 2
+    if middle > 0:
+        rows = tf.reshape(rows, tf.concat([tf.shape(rows)[:1], [1] * middle, [-1]], 0))
+    return rows
+
+
+@register
+class EnsembleTile(keras.layers.Layer):
+    """`[B, ...] -> [E * B, ...]`: `E` member-major copies of the batch (member `m` gets rows
+    `[m * B, (m + 1) * B)`), the input of a network of BatchEnsemble or rank-1 layers.
+
+    Args:
+      ensemble_size: members `E`.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, ensemble_size, **kwargs):
+        super().__init__(**kwargs)
+        self.ensemble_size = check_ensemble_size(f"EnsembleTile ({self.name})", ensemble_size)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs)
+        multiples = tf.concat([[self.ensemble_size], tf.ones([inputs.shape.rank - 1], tf.int32)], 0)
+        return tf.tile(inputs, multiples)
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0]
+        return (None if batch is None else batch * self.ensemble_size, *input_shape[1:])
+
+    def get_config(self):
+        return {**super().get_config(), "ensemble_size": self.ensemble_size}
+
+
+class EnsembleMixture(tfd.MixtureSameFamily):
+    """The uniform mixture `1/E sum_m p_m(y)` of an ensemble's members.
+
+    `members` has batch shape `[..., E]` (the members on the last batch axis). `log_prob` is the
+    mixture's; `member_log_prob(y)` is `[..., E]`, each member's own log-likelihood, which the
+    training loss averages (members are fitted independently, as in Lakshminarayanan et al.,
+    2017 and Wen et al., 2020). `probs_parameter()` (categorical members) is the mixture's
+    class probabilities.
+    """
+
+    def __init__(self, components_distribution, validate_args=False, name="EnsembleMixture"):
+        parameters = dict(locals())
+        members = components_distribution
+        ensemble_size = members.batch_shape[-1]
+        dtype = members.dtype if members.dtype.is_floating else tf.float32
+        weights = tfd.Categorical(logits=tf.zeros(members.batch_shape, dtype))
+        super().__init__(weights, members, validate_args=validate_args, name=name)
+        self._parameters = parameters
+        self.ensemble_size = ensemble_size
+
+    @property
+    def members(self):
+        return self.components_distribution
+
+    def member_log_prob(self, value):
+        """`log p_m(value)` of every member, `[..., E]`."""
+        value = tf.convert_to_tensor(value)
+        event_rank = self.members.event_shape.rank or 0
+        return self.members.log_prob(tf.expand_dims(value, -1 - event_rank))
+
+    def probs_parameter(self):
+        """The mixture's class probabilities (categorical members)."""
+        return tf.reduce_mean(self.members.probs_parameter(), axis=-2)
+
+    @classmethod
+    def _parameter_properties(cls, dtype, num_classes=None):
+        properties = tfd.MixtureSameFamily._parameter_properties(dtype, num_classes)
+        return {"components_distribution": properties["components_distribution"]}
+
+
+@register
+class EnsembleOutput(NamedOutput, keras.layers.Layer):
+    """The head of a member-major network: `[E * B, k]` outputs -> a `RandomVariable` over
+    `EnsembleMixture` per example (batch `[B]`).
+
+    Args:
+      ensemble_size: members `E` (as the network's `EnsembleTile`).
+      distribution: the members' likelihood: `'categorical'` (the `k` outputs are logits) or
+        `'normal'` (`k = 2 d`: means and softplus-scales of `d` targets).
+      output_name: the random variable's name (default: the layer's).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, ensemble_size, distribution="categorical", **kwargs):
+        super().__init__(**kwargs)
+        self.ensemble_size = check_ensemble_size(f"EnsembleOutput ({self.name})", ensemble_size)
+        if distribution not in ("categorical", "normal"):
+            raise ValueError(
+                f"EnsembleOutput ({self.name}): distribution must be 'categorical' or 'normal', "
+                f"got {distribution!r}."
+            )
+        self.distribution = distribution
+
+    def call(self, inputs):
+        outputs = tf.convert_to_tensor(inputs, self.compute_dtype)
+        size = outputs.shape[-1]
+        # [E * B, k] -> [B, E, k]: members on the last batch axis.
+        outputs = tf.reshape(outputs, tf.stack([self.ensemble_size, -1, size]))
+        outputs = tf.transpose(outputs, [1, 0, 2])
+        if self.distribution == "categorical":
+            members = tfd.Categorical(logits=outputs)
+        else:
+            if size % 2:
+                raise ValueError(
+                    f"EnsembleOutput ({self.name}): distribution='normal' needs an even number of "
+                    f"outputs (means and scales), got {size}."
+                )
+            loc, raw = tf.split(outputs, 2, axis=-1)
+            members = tfd.Independent(
+                tfd.Normal(loc, tf.nn.softplus(raw) + 1e-6), reinterpreted_batch_ndims=1
+            )
+        mixture = EnsembleMixture(members)
+        # The value: the mixture's most probable class, or its mean; metrics read the distribution.
+        if self.distribution == "categorical":
+            value = tf.argmax(mixture.probs_parameter(), axis=-1, output_type=tf.int32)
+        else:
+            value = mixture.mean()
+        return RandomVariable(mixture, value=tf.stop_gradient(value))
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0]
+        batch = None if batch is None else batch // self.ensemble_size
+        return (batch,) if self.distribution == "categorical" else (batch, input_shape[-1] // 2)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "ensemble_size": self.ensemble_size,
+            "distribution": self.distribution,
+        }
