@@ -47,6 +47,7 @@ __all__ = [
     "TrainableNormalSharedStddev",
     "deserialize",
     "get",
+    "independent_draws",
     "is_distribution_initializer",
     "serialize",
 ]
@@ -453,6 +454,18 @@ class TrainableMixtureOfDeltas(TrainableInitializer):
         return config
 
 
+def independent_draws(initializer, shape, count, dtype=None):
+    """`count` independent draws of a Keras `initializer` of `shape` (ensemble members, mixture
+    components, experts). Keras' unseeded initializers repeat their values call after call, so
+    each draw gets its own seed (consecutive from the initializer's, or a random one)."""
+    config = initializer.get_config()
+    if "seed" not in config:
+        return [initializer(shape, dtype) for _ in range(count)]
+    base = config["seed"] if config["seed"] is not None else np.random.randint(2**30)
+    cls = type(initializer)
+    return [cls.from_config({**config, "seed": base + k})(shape, dtype) for k in range(count)]
+
+
 class _PerComponent(keras.initializers.Initializer):
     """Initializes `[*shape, K]` as K independent draws of a Keras initializer of `shape` (so a
     fan-based initializer sees the weight's fans, not the component axis)."""
@@ -461,7 +474,7 @@ class _PerComponent(keras.initializers.Initializer):
         self.base = keras.initializers.get(base)
 
     def __call__(self, shape, dtype=None):
-        return tf.stack([self.base(shape[:-1], dtype) for _ in range(shape[-1])], axis=-1)
+        return tf.stack(independent_draws(self.base, shape[:-1], shape[-1], dtype), axis=-1)
 
 
 @_register("random_sign")

@@ -160,6 +160,8 @@ class RandomVariable:
         """`tf.function` traces once per random variable object: the distribution and value
         are captured by the trace (as edward2 does), so passing another variable retraces."""
         del context
+        if tf.executing_eagerly():
+            self.value  # noqa: B018 - draw now: a draw inside the trace would leak its tensor
         return _RandomVariableTraceType(self)
 
     def __float__(self):

@@ -302,11 +302,13 @@ class UniformKLDivergence(DistributionRegularizer):
 @_register("normal_empirical_bayes_kl_divergence")
 class NormalEmpiricalBayesKLDivergence(DistributionRegularizer):
     """Normal prior whose variance is set by empirical Bayes under an inverse-gamma hyperprior
-    (Wu et al., 2019): `p(v) = InvGamma(concentration, scale)`, `p(w_i | v) = N(mean, v)`.
+    (Wu et al., 2019): `p(v) = InvGamma(variance_concentration, variance_scale)`,
+    `p(w_i | v) = N(mean, v)`.
 
     The regularizer is `KL[q(w) || N(mean, v*)] - log p(v*)` at the optimal variance
-    `v* = (sum_i (s_i^2 + (m_i - mean)^2) + 2 scale) / (n + 2 concentration + 2)`, the minimizer
-    of that expression given q (closed form for a Normal q; other q use TFP's moments).
+    `v* = (sum_i (s_i^2 + (m_i - mean)^2) + 2 b) / (n + 2 a + 2)` (`a`, `b`: the concentration
+    and scale), the minimizer of that expression given q (closed form for a Normal q; other q
+    use TFP's moments).
     """
 
     def __init__(
@@ -341,10 +343,12 @@ class NormalEmpiricalBayesKLDivergence(DistributionRegularizer):
         hyperprior = tfd.InverseGamma(
             tf.cast(self.variance_concentration, rv.dtype), tf.cast(self.variance_scale, rv.dtype)
         )
-        try:
-            kl = tf.reduce_sum(rv.distribution.kl_divergence(prior))
-        except NotImplementedError:
+        params = normal_parameters(rv.distribution)
+        if params is None:
             kl = self._monte_carlo(rv, prior.log_prob)
+        else:
+            loc, scale = (tf.broadcast_to(p, rv.shape) for p in params)
+            kl = tf.reduce_sum(tfd.Normal(loc, scale).kl_divergence(prior))
         return kl - hyperprior.log_prob(variance)
 
     def get_config(self):

@@ -383,11 +383,21 @@ class Trainer:
         the step implies."""
         while self.step_value() < end_step and not self.stop.requested:
             epoch, skip = divmod(self.step_value(), self.steps_per_epoch)
+            if skip == 0:
+                self.begin_epoch(epoch)
             for batch in self.batches(epoch, skip):
                 values = [float(v) for v in self.train_step(batch)]
                 self.after_step(batch, *values)
                 if self.step_value() >= end_step or self.stop.requested:
                     break
+
+    def begin_epoch(self, epoch):
+        """Start of an epoch (not of a resumed one's middle): layers with a `begin_epoch()`
+        (SNGP's exact-sum precision) restart their per-epoch statistics."""
+        del epoch
+        for layer in self.model._flatten_layers(include_self=False, recursive=True):
+            if callable(getattr(layer, "begin_epoch", None)):
+                layer.begin_epoch()
 
     def batches(self, epoch, skip):
         """The distributed batches of `epoch`, less the first `skip`
@@ -413,7 +423,11 @@ class Trainer:
         if current % self.checkpoint_every == 0:
             self.save_checkpoint()
         if self.eval_every and current % self.eval_every == 0 and current < self.train_steps:
+            began = time.time()
             self.evaluate()
+            # Evaluation time is not training time (steps_per_second, train_seconds).
+            start, started, sums = self._window
+            self._window = (start, started + time.time() - began, sums)
 
     def log(self, step, count, sums, kl_weight, seconds):
         """One training record: means over the `count` steps since the last record."""
@@ -473,6 +487,8 @@ class Trainer:
             "data": self.data.name,
             "task": self.data.task.name,
             "num_train": self.num_train,
+            "parameters": self.parameter_counts(),
+            "train_seconds": self.train_seconds(),
             "final": _jsonable(metrics),
         }
         with open(os.path.join(self.model_dir, "metrics.json"), "w") as f:
@@ -486,6 +502,32 @@ class Trainer:
         self.writer.flush()
 
     # -- helpers ---------------------------------------------------------------------------------
+    def parameter_counts(self):
+        """`{'trainable', 'total'}` scalars in the model's variables (`total` adds the
+        non-trainable state: normalization statistics, a GP's precision; seed states excluded)."""
+
+        def count(variables):
+            return int(sum(np.prod(v.shape) for v in variables))
+
+        state = {id(v) for v in self.seed_states}
+        return {
+            "trainable": count(self.model.trainable_variables),
+            "total": count(v for v in self.model.variables if id(v) not in state),
+        }
+
+    def train_seconds(self):
+        """Wall-clock seconds of the training steps over the whole run (resumes included), from
+        the logged windows (`steps / steps_per_second`); evaluations are not counted."""
+        seconds, previous = 0.0, None
+        for record in self.history.records:
+            if record.get("kind") != "train":
+                continue
+            start = previous if previous is not None and previous < record["step"] else 0
+            if record.get("steps_per_second"):
+                seconds += (record["step"] - start) / record["steps_per_second"]
+            previous = record["step"]
+        return seconds
+
     def step_value(self):
         return _current(self.step)
 

@@ -168,6 +168,48 @@ def test_cox_process_experiment_writes_its_table(tmp_path):
     assert (tmp_path / "brambles_split0" / "intensity.png").exists()
 
 
+def test_uncertainty_baselines_experiment_writes_its_table(tmp_path):
+    """All six methods through the comparison script at a few steps: one row each, with the
+    ensembles' parameter overhead small and the mean-field BNN's about 2x."""
+    from experiments import uncertainty_baselines
+
+    rows = uncertainty_baselines.run_experiment(
+        str(tmp_path),
+        list(uncertainty_baselines.METHODS),
+        "uncertainty_baselines_smoke",
+        ["train.train_steps = 4", "train.num_eval_samples = 2", "train.log_every = 2"],
+        2,
+    )
+    by_method = {r["method"]: r for r in rows}
+    assert set(by_method) == set(uncertainty_baselines.METHODS)
+    for row in rows:
+        assert 0.0 <= row["accuracy"] <= 1.0 and np.isfinite(row["nll"])
+        assert 0.0 <= row["ood_auroc_entropy"] <= 1.0 and row["train_seconds"] > 0
+    assert (
+        1.0
+        < by_method["batch_ensemble"]["parameter_ratio"]
+        < by_method["rank1"]["parameter_ratio"]
+        < 1.2
+    )
+    assert 1.9 < by_method["flipout"]["parameter_ratio"] < 2.1
+    table = (tmp_path / "results.md").read_text()
+    assert "| Rank-1 BNN (4) |" in table and "OOD AUROC" in table
+
+
+@pytest.mark.slow
+def test_uncertainty_baselines_smoke_methods_learn(tmp_path):
+    """The smoke config's full training: every method classifies the digits and tells noise
+    images from them."""
+    from experiments import uncertainty_baselines
+
+    rows = uncertainty_baselines.run_experiment(
+        str(tmp_path), list(uncertainty_baselines.METHODS), "uncertainty_baselines_smoke", [], 2
+    )
+    for row in rows:
+        assert row["accuracy"] > 0.9, row
+        assert row["nll"] < 0.5 and row["ood_auroc_entropy"] > 0.8, row
+
+
 def test_experiment_modules_import_together():
     """Tests import several experiment scripts into one process: their command-line flags are
     defined only when a script runs, never twice."""

@@ -198,3 +198,33 @@ def test_paper_figure_6_vae_as_written():
     kl = tf.reduce_sum(encoding.kl_divergence(blayers.Normal(0.0, 1.0)), -1)
     loss = tf.reduce_mean(nll + kl)
     assert loss.shape == () and np.isfinite(loss.numpy())
+
+
+def test_comparison_with_values_is_elementwise_and_with_variables_is_identity():
+    x = blayers.Normal(tf.zeros(3), 1.0)
+    value = x.value.numpy()
+    np.testing.assert_array_equal(x == value, [True, True, True])
+    np.testing.assert_array_equal(x != 5.0, [True, True, True])
+    np.testing.assert_array_equal(x == tf.constant(value), [True, True, True])
+    y = blayers.Normal(tf.zeros(3), 1.0, value=value)
+    assert x == x and x != y and not (x == y)  # noqa: PLR0124, SIM201 - identity
+    assert {x: 1, y: 2}[x] == 1 and hash(x) == id(x)
+
+
+def test_truth_value_raises_as_a_graph_tensor():
+    x = blayers.Normal(0.0, 1.0)
+    with pytest.raises(TypeError, match="bool"):
+        not x  # noqa: B018 - the expression under test
+
+
+def test_random_variables_pass_through_tf_function_signatures():
+    x = blayers.Normal(0.0, 1.0)
+    double = tf.function(lambda rv: rv * 2.0 + rv.distribution.stddev())
+    np.testing.assert_allclose(double(x), 2.0 * x.value + 1.0)
+    np.testing.assert_allclose(double(x), 2.0 * x.value + 1.0)
+    other = blayers.Normal(3.0, 2.0)
+    np.testing.assert_allclose(double(other), 2.0 * other.value + 2.0)
+    first, second = x.__tf_tracing_type__(None), other.__tf_tracing_type__(None)
+    assert first == x.__tf_tracing_type__(None) and first.is_subtype_of(first)
+    assert first != second and not first.is_subtype_of(second)
+    assert first.most_specific_common_supertype([second]) is None

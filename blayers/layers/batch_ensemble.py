@@ -20,6 +20,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from blayers.initializers import independent_draws
 from blayers.layers.base import WEIGHT_ARGS, register
 from blayers.layers.convolutional import _Conv2D
 from blayers.layers.dense import _DenseBase, dense_matmul
@@ -472,12 +473,12 @@ class CondDense(keras.layers.Layer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
 
-    def build(self, input_shape, routing_shape=None):
-        d = input_shape[-1]
+    def build(self, inputs_shape, routing_weights_shape=None):
+        d = inputs_shape[-1]
         per_expert = self.kernel_initializer
 
         def experts_init(shape, dtype=None):  # each expert initialized as a kernel of its own
-            return tf.stack([per_expert(shape[1:], dtype) for _ in range(shape[0])])
+            return tf.stack(independent_draws(per_expert, shape[1:], shape[0], dtype))
 
         self.kernel = self.add_weight(
             name="kernel",
@@ -508,8 +509,8 @@ class CondDense(keras.layers.Layer):
             outputs = self.activation(outputs)
         return outputs
 
-    def compute_output_shape(self, input_shape, routing_shape=None):
-        return tuple(input_shape[:-1]) + (self.units,)
+    def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
+        return tuple(inputs_shape[:-1]) + (self.units,)
 
     def get_config(self):
         return {

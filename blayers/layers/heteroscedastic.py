@@ -47,10 +47,13 @@ class MCSoftmaxDenseFA(SeededLayer):
             raise ValueError(f"{name}: temperature must be > 0, got {temperature}.")
         self.num_classes, self.num_factors = int(num_classes), int(num_factors)
         self.temperature, self.num_mc_samples = float(temperature), int(num_mc_samples)
-        self.loc_layer = keras.layers.Dense(self.num_classes, name="loc")
-        self.diag_layer = keras.layers.Dense(self.num_classes, activation="softplus", name="diag")
+        policy = self.dtype_policy
+        self.loc_layer = keras.layers.Dense(self.num_classes, name="loc", dtype=policy)
+        self.diag_layer = keras.layers.Dense(
+            self.num_classes, activation="softplus", name="diag", dtype=policy
+        )
         self.factor_layer = (
-            keras.layers.Dense(self.num_classes * self.num_factors, name="factors")
+            keras.layers.Dense(self.num_classes * self.num_factors, name="factors", dtype=policy)
             if self.num_factors
             else None
         )

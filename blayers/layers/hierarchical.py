@@ -23,10 +23,20 @@ from blayers.layers.estimators import FlipoutEstimator
 __all__ = ["Conv2DHierarchical", "DenseHierarchical", "Hierarchical"]
 
 
+HIERARCHICAL_ARGS = """      local_scale_initializer, global_scale_initializer: distribution initializers of the
+        scales (default `'trainable_log_normal'`, starting near 1).
+      local_scale_regularizer: the local scales' prior KL (default
+        `'half_cauchy_kl_divergence'`, HalfCauchy(0, 1)).
+      global_scale_regularizer: default `HalfCauchyKLDivergence(scale=1e-5)`, the small global
+        scale of Louizos et al. (strong shrinkage; rebind for a weaker one).
+      local_scale_constraint, global_scale_constraint: Keras constraints when deterministic.
+"""
+
+
 class Hierarchical(FlipoutEstimator):
     """Mixin of a `BayesianLayer` family: a local scale per input unit and a global scale.
 
-    Args (besides the family's):
+    Its arguments, besides the family's:
       local_scale_initializer, global_scale_initializer: distribution initializers of the
         scales (default `'trainable_log_normal'`, starting near 1).
       local_scale_regularizer: their prior's KL (default `'half_cauchy_kl_divergence'`,
@@ -88,8 +98,12 @@ class DenseHierarchical(Hierarchical, _DenseBase):
     """Dense layer with a hierarchical (horseshoe) prior: `W_ij = V_ij s_i g`, a local scale per
     input unit and a global scale, half-Cauchy a priori (Louizos et al., 2017)."""
 
+    _args_doc = _DenseBase._args_doc + HIERARCHICAL_ARGS
+
 
 @register
 class Conv2DHierarchical(Hierarchical, _Conv2D):
     """2-D convolution with a hierarchical (horseshoe) prior: a local scale per input channel
     and a global scale, half-Cauchy a priori (Louizos et al., 2017)."""
+
+    _args_doc = _Conv2D._args_doc + HIERARCHICAL_ARGS

@@ -149,8 +149,8 @@ class NCPNormalOutput(LocalLosses, keras.layers.Layer):
             return RandomVariable(clean, value=value[:half])
         return value[:half]
 
-    def compute_output_shape(self, input_shape, targets_shape=None):
-        return input_shape
+    def compute_output_shape(self, inputs_shape, targets_shape=None):
+        return inputs_shape
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}

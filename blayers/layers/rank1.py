@@ -72,7 +72,7 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
       alpha_regularizer, gamma_regularizer, recurrent_alpha_regularizer,
         recurrent_gamma_regularizer: their KL terms (default `'rank1_prior'`).
       kernel_initializer, recurrent_initializer: of `W`, `U` (default Glorot-uniform,
-        orthogonal).
+        orthogonal); kernel_regularizer, recurrent_regularizer: theirs (default None).
       **kwargs: the other `_LSTMCell` arguments (activation, use_bias, unit_forget_bias, ...).
     """
 

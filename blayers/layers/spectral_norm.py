@@ -33,7 +33,7 @@ class _SpectralNormBase(NestedLayers, keras.layers.Layer):
         super().__init__(**kwargs)
         name = f"{type(self).__name__} ({self.name})"
         if not isinstance(layer, keras.layers.Layer):
-            raise ValueError(f"{name}: `layer` must be a Keras layer, got {layer!r}.")
+            raise TypeError(f"{name}: `layer` must be a Keras layer, got {layer!r}.")
         if not isinstance(iteration, int) or iteration < 1:
             raise ValueError(f"{name}: iteration must be a positive integer, got {iteration!r}.")
         if not norm_multiplier > 0:
@@ -44,7 +44,7 @@ class _SpectralNormBase(NestedLayers, keras.layers.Layer):
     def _check_kernel(self):
         kernel = getattr(self.layer, "kernel", None)
         if not isinstance(kernel, keras.Variable):
-            raise ValueError(
+            raise TypeError(
                 f"{type(self).__name__} ({self.name}): the wrapped layer "
                 f"{self.layer.name!r} has no deterministic `kernel` variable to normalize."
             )

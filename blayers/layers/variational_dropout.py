@@ -29,12 +29,18 @@ LOG_ALPHA_CLIP = 8.0
 _EPS = 1e-8
 
 
+VD_ARGS = """      threshold: `log alpha` at or above which a weight is dropped at prediction (default 3).
+    Defaults differ from the family's: kernel `'trainable_glorot_normal'` (means must start away
+    from zero), kernel regularizer `'log_uniform_kl_divergence'`.
+"""
+
+
 class VariationalDropout(LocalReparameterizationEstimator):
     """Mixin of a `BayesianLayer` family: the sparse variational dropout forward pass.
 
-    Args (besides the family's): threshold: `log alpha` at or above which a weight is dropped
-    at prediction (default 3). Defaults: kernel `'trainable_glorot_normal'`, kernel regularizer
-    `'log_uniform_kl_divergence'`.
+    Its argument besides the family's: `threshold`, the `log alpha` at or above which a weight
+    is dropped at prediction (default 3). Defaults: kernel `'trainable_glorot_normal'`, kernel
+    regularizer `'log_uniform_kl_divergence'`.
     """
 
     def __init__(
@@ -100,8 +106,12 @@ class DenseVariationalDropout(VariationalDropout, _DenseBase):
     rates learned under a log-uniform prior; weights with `log alpha >= threshold` are pruned at
     prediction. Default kernel regularizer `'log_uniform_kl_divergence'`."""
 
+    _args_doc = _DenseBase._args_doc + VD_ARGS
+
 
 @register
 class Conv2DVariationalDropout(VariationalDropout, _Conv2D):
     """2-D convolution with sparse variational dropout (Molchanov et al., 2017), per kernel
     entry; the local reparameterization samples each output position's pre-activation."""
+
+    _args_doc = _Conv2D._args_doc + VD_ARGS

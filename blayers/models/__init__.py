@@ -12,6 +12,7 @@ import gin
 import keras
 
 from blayers import layers as blayers_layers
+from blayers.models.baselines import uncertainty_baseline
 from blayers.models.cox import CoxProcess, cox_process
 from blayers.models.flows import realnvp_flow
 from blayers.models.gaussian_process import deep_gp
@@ -37,6 +38,7 @@ __all__ = [
     "transformer",
     "transformer_lm",
     "transformer_schedule",
+    "uncertainty_baseline",
     "vae",
     "vqvae",
 ]

@@ -1,0 +1,223 @@
+"""BatchEnsemble, rank-1 layers, the ensemble layout, Hyper-BatchEnsemble and CondDense: the
+members' maths against materialized kernels, then Keras integration."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+from conftest import check_moments
+
+import blayers
+from blayers.layers import (
+    CondDense,
+    Conv2DBatchEnsemble,
+    Conv2DRank1,
+    DenseBatchEnsemble,
+    DenseHyperBatchEnsemble,
+    DenseRank1,
+    EnsembleOutput,
+    EnsembleTile,
+    LSTMCellRank1,
+)
+from blayers.objectives import training_log_prob
+
+tfd = tfp.distributions
+RNG = np.random.RandomState(0)
+E = 3
+
+
+@pytest.mark.parametrize("cls", [DenseBatchEnsemble, DenseRank1])
+def test_dense_members_use_their_rank_one_kernels(cls):
+    x = RNG.randn(4, 5).astype("float32")
+    layer = cls(6, ensemble_size=E, activation="relu")
+    y = layer(EnsembleTile(E)(x)).numpy()
+    kernels, bias = layer.member_kernels().numpy(), np.asarray(layer.bias)
+    expected = np.concatenate([np.maximum(x @ kernels[m] + bias[m], 0) for m in range(E)])
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("cls", [Conv2DBatchEnsemble, Conv2DRank1])
+def test_conv_members_use_their_rank_one_kernels(cls):
+    x = RNG.randn(2, 6, 6, 3).astype("float32")
+    layer = cls(4, 3, ensemble_size=E, padding="same")
+    y = layer(EnsembleTile(E)(x)).numpy()
+    kernels, bias = layer.member_kernels().numpy(), np.asarray(layer.bias)
+    expected = np.concatenate(
+        [tf.nn.conv2d(x, kernels[m], 1, "SAME").numpy() + bias[m] for m in range(E)]
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_batch_must_hold_whole_members():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="EnsembleTile"):
+        DenseBatchEnsemble(2, ensemble_size=3)(tf.ones([4, 2]))
+
+
+def test_batch_ensemble_members_differ_and_are_deterministic():
+    layer = DenseBatchEnsemble(3, ensemble_size=E)
+    x = EnsembleTile(E)(tf.ones([1, 4]))
+    y1, y2 = layer(x).numpy(), layer(x).numpy()
+    np.testing.assert_array_equal(y1, y2)
+    assert not np.allclose(y1[0], y1[1])  # N(1, 0.5^2) fast weights: members start apart
+    assert layer.losses == []
+
+
+def test_rank1_kl_is_the_closed_form_toward_the_rank1_prior():
+    layer = DenseRank1(3, ensemble_size=E)
+    layer(EnsembleTile(E)(tf.ones([2, 4])))
+    expected = 0.0
+    for name in ("alpha", "gamma"):
+        params = getattr(layer, f"{name}_initializer").parameters()
+        q = tfd.Normal(params["mean"], params["stddev"])
+        expected += float(tf.reduce_sum(q.kl_divergence(tfd.Normal(1.0, 1.0))))
+    np.testing.assert_allclose(float(tf.add_n(layer.losses)), expected, rtol=1e-5)
+
+
+def test_rank1_factors_are_drawn_from_their_posterior():
+    layer = DenseRank1(2, ensemble_size=E, use_bias=False)
+    x = EnsembleTile(E)(tf.ones([1, 1]))
+    layer(x)
+    alpha = layer.alpha_initializer.parameters()
+    gamma = layer.gamma_initializer.parameters()
+    kernel = np.asarray(layer.kernel)
+    draws = np.stack([layer(x).numpy() for _ in range(2000)])  # [n, E, 2]
+    # y_m = a_m W g_m with independent Normal factors: mean and variance in closed form.
+    am, av = alpha["mean"].numpy()[:, 0], alpha["stddev"].numpy()[:, 0] ** 2
+    gm, gv = gamma["mean"].numpy(), gamma["stddev"].numpy() ** 2
+    mean = am[:, None] * kernel[0] * gm
+    second = (am**2 + av)[:, None] * kernel[0] ** 2 * (gm**2 + gv)
+    check_moments(draws, mean, second - mean**2)
+
+
+def test_ensemble_output_mixture_and_member_training_loss():
+    logits = RNG.randn(E * 2, 4).astype("float32")
+    out = EnsembleOutput(E)(logits)
+    members = logits.reshape(E, 2, 4).transpose(1, 0, 2)
+    member_lp = tf.nn.log_softmax(members).numpy()
+    y = np.array([1, 3])
+    expected_members = member_lp[np.arange(2), :, y]
+    np.testing.assert_allclose(out.distribution.member_log_prob(y), expected_members, rtol=1e-5)
+    mixture = np.log(np.exp(expected_members).mean(-1))
+    np.testing.assert_allclose(out.distribution.log_prob(y), mixture, rtol=1e-5)
+    np.testing.assert_allclose(
+        training_log_prob(out.distribution, y), expected_members.mean(-1), rtol=1e-5
+    )
+    np.testing.assert_allclose(
+        out.distribution.probs_parameter(), np.exp(member_lp).mean(1), rtol=1e-5
+    )
+    normal = EnsembleOutput(2, distribution="normal")(RNG.randn(4, 2).astype("float32"))
+    assert normal.distribution.member_log_prob(np.zeros([2, 1], "float32")).shape == (2, 2)
+
+
+def test_ensemble_trains_with_fit_and_round_trips(tmp_path):
+    x = RNG.randn(64, 5).astype("float32")
+    y = (x[:, 0] > 0).astype("int32")
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            EnsembleTile(E),
+            DenseRank1(16, ensemble_size=E, activation="relu"),
+            DenseBatchEnsemble(2, ensemble_size=E),
+            EnsembleOutput(E),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.05), blayers.objectives.NegativeLogLikelihood())
+    model.fit(x, y, epochs=30, batch_size=32, verbose=0)
+    with blayers.posterior_mean():
+        probs = model(x).distribution.probs_parameter().numpy()
+    assert (probs.argmax(-1) == y).mean() > 0.9
+    path = tmp_path / "ensemble.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    with blayers.posterior_mean():
+        np.testing.assert_allclose(
+            loaded(x).distribution.probs_parameter(), probs, rtol=1e-5, atol=1e-6
+        )
+
+
+def test_lstm_cell_rank1_members_and_round_trip(tmp_path):
+    cell = LSTMCellRank1(4, ensemble_size=2)
+    model = keras.Sequential([keras.Input((5, 3)), EnsembleTile(2), keras.layers.RNN(cell)])
+    x = RNG.randn(3, 5, 3).astype("float32")
+    with blayers.posterior_mean():
+        y = model(x).numpy()
+    assert y.shape == (6, 4) and not np.allclose(y[:3], y[3:])
+    assert len(model.losses) == 4  # the four factors' KL terms
+    # Member m is an LSTM with kernels W * outer(r_m, s_m), U * outer(r'_m, s'_m).
+    with blayers.posterior_mean():
+        cell.begin_sequence(6)
+        means = {
+            f: getattr(cell, f"{f}_initializer").parameters()["mean"].numpy() for f in cell._FACTORS
+        }
+    w, u, b = np.asarray(cell.kernel), np.asarray(cell.recurrent_kernel), np.asarray(cell.bias)
+    for m in range(2):
+        ref = keras.layers.LSTMCell(4)
+        ref.build((None, 3))
+        ref.kernel.assign(w * np.outer(means["alpha"][m], means["gamma"][m]))
+        ref.recurrent_kernel.assign(
+            u * np.outer(means["recurrent_alpha"][m], means["recurrent_gamma"][m])
+        )
+        ref.bias.assign(b[m])
+        np.testing.assert_allclose(keras.layers.RNN(ref)(x), y[3 * m : 3 * m + 3], atol=1e-5)
+    path = tmp_path / "rank1_lstm.keras"
+    model.save(path)
+    with blayers.posterior_mean():
+        np.testing.assert_allclose(keras.models.load_model(path)(x), y, atol=1e-6)
+
+
+def test_hyper_batch_ensemble_formula_and_l2_penalty():
+    x = RNG.randn(E * 2, 4).astype("float32")
+    lambdas = RNG.randn(E * 2, 2).astype("float32")
+    layer = DenseHyperBatchEnsemble(3, ensemble_size=E, l2_index=0)
+    y = layer([x, lambdas]).numpy()
+    emb = np.asarray(layer.embedding)
+    e1, e2 = np.split(lambdas @ emb, 2, axis=-1)
+    member = np.repeat(np.arange(E), 2)
+
+    def kernels(prefix):
+        k, a, g = (np.asarray(getattr(layer, f"{prefix}{n}")) for n in ("kernel", "alpha", "gamma"))
+        return k[None] * a[:, :, None] * g[:, None, :]
+
+    k, dk = kernels(""), kernels("delta_")
+    expected = np.stack(
+        [
+            x[i] @ k[member[i]]
+            + e1[i] * (x[i] @ dk[member[i]])
+            + np.asarray(layer.bias)[member[i]]
+            + e2[i] * np.asarray(layer.delta_bias)[member[i]]
+            for i in range(len(x))
+        ]
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    penalty = np.mean(
+        [
+            lambdas[i, 0] * np.sum((k[member[i]] + dk[member[i]] * e1[i][None, :]) ** 2)
+            for i in range(len(x))
+        ]
+    )
+    np.testing.assert_allclose(float(layer.losses[0]), penalty, rtol=1e-4)
+
+
+def test_cond_dense_mixes_expert_kernels():
+    x = RNG.randn(5, 4).astype("float32")
+    routing = np.abs(RNG.randn(5, 3)).astype("float32")
+    layer = CondDense(2, num_experts=3)
+    y = layer(x, routing).numpy()
+    kernel, bias = np.asarray(layer.kernel), np.asarray(layer.bias)
+    expected = np.stack(
+        [x[i] @ np.tensordot(routing[i], kernel, 1) + routing[i] @ bias for i in range(5)]
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(kernel[0], kernel[1])  # experts initialized independently
+
+
+@pytest.mark.parametrize("cls", [DenseBatchEnsemble, DenseRank1])
+def test_float64_and_gin(cls):
+    layer = cls(3, ensemble_size=2, dtype="float64")
+    y = layer(tf.ones([2, 4], tf.float64))
+    assert y.dtype == tf.float64 and all(w.dtype == "float64" for w in layer.weights)
+    import gin
+
+    gin.parse_config(f"{cls.__name__}.ensemble_size = 5")
+    assert cls(3).ensemble_size == 5

@@ -1,0 +1,148 @@
+"""Every layer of issue 15's families as a Keras citizen: `.keras` round trip, float64, masks,
+gin. (Their maths lives in test_ensembles, test_weight_priors, test_sngp_ncp and
+test_discrete_flows.)"""
+
+import gin
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import blayers
+from blayers import layers as L
+
+RNG = np.random.RandomState(0)
+
+
+def _dense_input(dim=4):
+    return RNG.randn(4, dim)
+
+
+def _image_input():
+    return RNG.randn(2, 6, 6, 3)
+
+
+CASES = {
+    "DenseBatchEnsemble": (
+        lambda: [L.EnsembleTile(2), L.DenseBatchEnsemble(3, ensemble_size=2)],
+        _dense_input,
+    ),
+    "DenseRank1": (lambda: [L.EnsembleTile(2), L.DenseRank1(3, ensemble_size=2)], _dense_input),
+    "Conv2DBatchEnsemble": (
+        lambda: [L.EnsembleTile(2), L.Conv2DBatchEnsemble(3, 3, ensemble_size=2)],
+        _image_input,
+    ),
+    "Conv2DRank1": (
+        lambda: [L.EnsembleTile(2), L.Conv2DRank1(3, 3, ensemble_size=2)],
+        _image_input,
+    ),
+    "DenseVariationalDropout": (lambda: [L.DenseVariationalDropout(3)], _dense_input),
+    "Conv2DVariationalDropout": (lambda: [L.Conv2DVariationalDropout(3, 3)], _image_input),
+    "DenseHierarchical": (lambda: [L.DenseHierarchical(3)], _dense_input),
+    "Conv2DHierarchical": (lambda: [L.Conv2DHierarchical(3, 3)], _image_input),
+    "SpectralNormalization": (
+        lambda: [L.SpectralNormalization(keras.layers.Dense(3))],
+        _dense_input,
+    ),
+    "SpectralNormalizationConv2D": (
+        lambda: [L.SpectralNormalizationConv2D(keras.layers.Conv2D(3, 3))],
+        _image_input,
+    ),
+    "RandomFeatureGaussianProcess": (
+        lambda: [L.RandomFeatureGaussianProcess(3, num_inducing=16)],
+        _dense_input,
+    ),
+    "MCSoftmaxDenseFA": (lambda: [L.MCSoftmaxDenseFA(3, num_factors=2, seed=1)], _dense_input),
+    "NCPNormalPerturb": (lambda: [L.NCPNormalPerturb(), keras.layers.Dense(2)], _dense_input),
+    "EnsembleOutput": (
+        lambda: [L.EnsembleTile(2), keras.layers.Dense(3), L.EnsembleOutput(2)],
+        _dense_input,
+    ),
+}
+
+
+def _model(name):
+    make, inputs = CASES[name]
+    x = inputs()
+    return keras.Sequential([keras.Input(x.shape[1:]), *make()]), x
+
+
+def _outputs(model, x):
+    out = model(x, training=False)
+    if isinstance(out, blayers.RandomVariable):
+        return out.distribution.probs_parameter().numpy()
+    return np.asarray(out)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_keras_round_trip(name, tmp_path):
+    model, x = _model(name)
+    x = x.astype("float32")
+    model(x, training=True)  # statistics (SNGP's precision, power iteration) move once
+    with blayers.posterior_mean():
+        before = _outputs(model, x)
+    path = tmp_path / f"{name}.keras"
+    model.save(path)
+    loaded = keras.models.load_model(path)
+    with blayers.posterior_mean():
+        if name == "MCSoftmaxDenseFA":  # Monte Carlo: same seed state, same draws
+            state = model.layers[-1].seed_generator.state.numpy()
+            before = _outputs(model, x)
+            loaded.layers[-1].seed_generator.state.assign(state)
+        np.testing.assert_allclose(_outputs(loaded, x), before, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_float64(name):
+    make, inputs = CASES[name]
+    keras.config.set_dtype_policy("float64")
+    try:
+        built = make()
+    finally:
+        keras.config.set_dtype_policy("float32")
+    x = tf.constant(inputs(), tf.float64)
+    for layer in built:
+        x = layer(x, training=True)
+    value = x.distribution.probs_parameter() if isinstance(x, blayers.RandomVariable) else x
+    assert value.dtype == tf.float64
+
+
+@pytest.mark.parametrize(
+    "layer",
+    [
+        lambda: L.DenseVariationalDropout(3),
+        lambda: L.DenseHierarchical(3),
+        lambda: L.DenseBatchEnsemble(3, ensemble_size=1),
+        lambda: L.DenseRank1(3, ensemble_size=1),
+    ],
+)
+def test_masks_pass_through_sequence_layers(layer):
+    tokens = keras.Input((None,), dtype="int32")
+    h = keras.layers.Embedding(7, 4, mask_zero=True)(tokens)
+    h = layer()(h)
+    out = keras.layers.GlobalAveragePooling1D()(h)
+    model = keras.Model(tokens, out)
+    with blayers.posterior_mean():
+        padded = model(np.array([[1, 2, 0, 0, 0]])).numpy()
+        short = model(np.array([[1, 2]])).numpy()
+    # The mask reached the pooling: padding does not enter the average.
+    np.testing.assert_allclose(padded, short, rtol=1e-5, atol=1e-6)
+    assert model.layers[2].supports_masking
+
+
+def test_gin_configures_the_new_families():
+    gin.parse_config(
+        """
+        DenseVariationalDropout.threshold = 2.0
+        RandomFeatureGaussianProcess.num_inducing = 8
+        SpectralNormalization.norm_multiplier = 0.5
+        rank1_prior.regularizer = @normal_kl_divergence()
+        normal_kl_divergence.mean = 1.0
+        normal_kl_divergence.stddev = 0.1
+        """
+    )
+    assert L.DenseVariationalDropout(2).threshold == 2.0
+    assert L.RandomFeatureGaussianProcess(2).num_inducing == 8
+    assert L.SpectralNormalization(keras.layers.Dense(2)).norm_multiplier == 0.5
+    prior = L.DenseRank1(2).alpha_regularizer
+    assert (prior.mean, prior.stddev) == (1.0, 0.1)
