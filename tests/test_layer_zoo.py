@@ -146,3 +146,40 @@ def test_gin_configures_the_new_families():
     assert L.SpectralNormalization(keras.layers.Dense(2)).norm_multiplier == 0.5
     prior = L.DenseRank1(2).alpha_regularizer
     assert (prior.mean, prior.stddev) == (1.0, 0.1)
+
+
+def test_multi_input_layers_round_trip(tmp_path):
+    """CondDense, DenseHyperBatchEnsemble and NCPNormalOutput take a second input; the
+    bipartite flow and the rank-1 LSTM cell nest layers: all save and load."""
+    x_in, r_in, y_in = keras.Input((4,)), keras.Input((3,)), keras.Input((2,))
+    tiled = L.EnsembleTile(2)(x_in)
+    hyper = L.DenseHyperBatchEnsemble(2, ensemble_size=2, l2_index=0)(
+        [tiled, L.EnsembleTile(2)(r_in)]
+    )
+    cond = L.CondDense(2, num_experts=3)(x_in, keras.layers.Softmax()(r_in))
+    ncp = L.NCPNormalOutput(stddev=2.0)(cond, y_in)
+    model = keras.Model([x_in, r_in, y_in], [hyper, ncp])
+    inputs = [RNG.randn(3, 4), RNG.randn(3, 3), RNG.randn(3, 2)]
+    inputs = [a.astype("float32") for a in inputs]
+    before = [np.asarray(o) for o in model(inputs)]
+    model.save(tmp_path / "multi.keras")
+    after = [np.asarray(o) for o in keras.models.load_model(tmp_path / "multi.keras")(inputs)]
+    for a, b in zip(before, after):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+    flow = keras.Sequential([keras.Input((4, 3)),
+                             L.DiscreteBipartiteFlow(keras.layers.Dense(6), mask=[1, 0, 0, 1])])
+    tokens = tf.one_hot(RNG.randint(0, 3, (5, 4)), 3)
+    flow.save(tmp_path / "flow.keras")
+    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "flow.keras")(tokens),
+                                  flow(tokens))
+
+
+def test_lstm_cell_rank1_float64():
+    keras.config.set_dtype_policy("float64")
+    try:
+        rnn = keras.layers.RNN(L.LSTMCellRank1(3, ensemble_size=2))
+    finally:
+        keras.config.set_dtype_policy("float32")
+    out = rnn(tf.constant(RNG.randn(4, 5, 2), tf.float64))
+    assert out.dtype == tf.float64 and all(w.dtype == "float64" for w in rnn.weights)

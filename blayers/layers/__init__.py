@@ -1,8 +1,11 @@
 """Bayesian layers, one module per family.
 
 `dense`, `convolutional`, `recurrent`, `attention`, `embeddings`, `dropout`,
-`gaussian_process`, `stochastic_output`, `reversible`, `vector_quantizer`; the estimators'
-forward passes live once in `estimators` and the weight-distribution mechanism in `base`.
+`gaussian_process` (GPs, random features, SNGP's head), `stochastic_output`, `reversible`,
+`vector_quantizer`, and the rest of edward2's families: `ensemble` (the member-major batch),
+`batch_ensemble`, `rank1`, `variational_dropout`, `hierarchical`, `ncp`, `spectral_norm`,
+`heteroscedastic`, `discrete_flows`; the estimators' forward passes live once in `estimators`
+and the weight-distribution mechanism in `base`.
 `point_process.PoissonProcess` is a random variable over patterns whose rate is a layer (not a
 layer itself: a pattern has a random size).
 

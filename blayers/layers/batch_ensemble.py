@@ -44,7 +44,8 @@ def fast_weight_initializer():
     return keras.initializers.RandomNormal(mean=1.0, stddev=0.5)
 
 
-FAST_WEIGHT_ARGS = """      ensemble_size: members `E`; the batch holds `E` member-major copies (`EnsembleTile`).
+FAST_WEIGHT_ARGS = """      ensemble_size: members `E` (keyword); the batch holds `E` member-major copies
+        (`EnsembleTile`).
       alpha_initializer, gamma_initializer: of the fast weights `alpha` `[E, in]` and `gamma`
         `[E, out]`: Keras initializers (BatchEnsemble) or distribution initializers (rank-1
         BNN), see the class's defaults.
@@ -55,36 +56,68 @@ FAST_WEIGHT_ARGS = """      ensemble_size: members `E`; the batch holds `E` memb
 
 class FastWeights:
     """Mixin of a `BayesianLayer` family (`_DenseBase`, `_Conv2D`): per-member fast weights
-    `alpha` `[E, in]`, `gamma` `[E, out]` and bias `[E, out]` around the family's shared kernel.
-    Random fast weights are drawn once per call, one draw per member (reparameterization)."""
+    `alpha` `[E, in]`, `gamma` `[E, out]` and bias `[E, out]` around the family's shared kernel
+    (deterministic by default). Random fast weights are drawn once per call, one draw per member
+    (reparameterization). The family's own arguments come first (`units`; `filters,
+    kernel_size`), the ensemble's are keywords."""
 
-    def _configure_fast_weights(
+    _default_fast_initializer = staticmethod(fast_weight_initializer)
+    _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
+    _default_kernel_initializer = "glorot_uniform"
+
+    def __init__(
         self,
-        ensemble_size,
-        alpha_initializer,
-        gamma_initializer,
-        alpha_regularizer,
-        gamma_regularizer,
-        alpha_constraint,
-        gamma_constraint,
+        *args,
+        ensemble_size=4,
+        alpha_initializer=None,
+        gamma_initializer=None,
+        alpha_regularizer=None,
+        gamma_regularizer=None,
+        alpha_constraint=None,
+        gamma_constraint=None,
+        kernel_initializer=None,
+        kernel_regularizer=None,
+        **kwargs,
     ):
+        super().__init__(
+            *args,
+            kernel_initializer=kernel_initializer or self._default_kernel_initializer,
+            kernel_regularizer=kernel_regularizer,
+            **kwargs,
+        )
         self.ensemble_size = check_ensemble_size(
             f"{type(self).__name__} ({self.name})", ensemble_size
         )
-        self._configure_weight("alpha", alpha_initializer, alpha_regularizer, alpha_constraint)
-        self._configure_weight("gamma", gamma_initializer, gamma_regularizer, gamma_constraint)
+        for name, init, reg, con in (
+            ("alpha", alpha_initializer, alpha_regularizer, alpha_constraint),
+            ("gamma", gamma_initializer, gamma_regularizer, gamma_constraint),
+        ):
+            if reg is None:
+                reg = self._default_fast_regularizer
+            self._configure_weight(name, init or self._default_fast_initializer(), reg, con)
 
-    def _default_regularizer(self, regularizer):
-        if regularizer is None and self._default_fast_regularizer is not None:
-            return self._default_fast_regularizer
-        return regularizer
-
-    def _build_fast_weights(self, input_dim, output_dim):
-        self.add_bayesian_weight("alpha", (self.ensemble_size, input_dim))
-        self.add_bayesian_weight("gamma", (self.ensemble_size, output_dim))
-
-    def _bias_shape(self, output_dim):
-        return (self.ensemble_size, output_dim)
+    def build(self, input_shape):
+        channels = input_shape[-1]
+        if channels is None:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}) needs a known last input dimension, got "
+                f"input shape {input_shape}."
+            )
+        outputs = self.units if hasattr(self, "units") else self.filters
+        kernel_shape = (channels, outputs)
+        if hasattr(self, "kernel_size"):
+            kernel_shape = self.kernel_size + kernel_shape
+        self.add_bayesian_weight("kernel", kernel_shape)
+        self.add_bayesian_weight("alpha", (self.ensemble_size, channels))
+        self.add_bayesian_weight("gamma", (self.ensemble_size, outputs))
+        if self.use_bias:
+            self.add_bayesian_weight("bias", (self.ensemble_size, outputs))
+        else:
+            self.bias = None
+        if hasattr(self, "kernel_size"):
+            self.input_spec = keras.layers.InputSpec(ndim=len(kernel_shape), axes={-1: channels})
+        else:
+            self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: channels})
 
     def call(self, inputs, mask=None):
         del mask
@@ -112,8 +145,9 @@ class FastWeights:
         gamma = tf.reshape(gamma, [self.ensemble_size, *middle, 1, -1])
         return kernel[None] * alpha * gamma
 
-    def _fast_weight_config(self):
+    def get_config(self):
         return {
+            **super().get_config(),
             "ensemble_size": self.ensemble_size,
             **self._weight_config("alpha"),
             **self._weight_config("gamma"),
@@ -131,56 +165,6 @@ class _DenseFastWeights(FastWeights, ReparameterizationEstimator, _DenseBase):
         + WEIGHT_ARGS
     )
 
-    def __init__(
-        self,
-        units,
-        ensemble_size=4,
-        alpha_initializer=None,
-        gamma_initializer=None,
-        alpha_regularizer=None,
-        gamma_regularizer=None,
-        alpha_constraint=None,
-        gamma_constraint=None,
-        kernel_initializer="glorot_uniform",
-        kernel_regularizer=None,
-        **kwargs,
-    ):
-        super().__init__(
-            units,
-            kernel_initializer=kernel_initializer,
-            kernel_regularizer=kernel_regularizer,
-            **kwargs,
-        )
-        self._configure_fast_weights(
-            ensemble_size,
-            alpha_initializer or self._default_fast_initializer(),
-            gamma_initializer or self._default_fast_initializer(),
-            self._default_regularizer(alpha_regularizer),
-            self._default_regularizer(gamma_regularizer),
-            alpha_constraint,
-            gamma_constraint,
-        )
-
-    _default_fast_initializer = staticmethod(fast_weight_initializer)
-    _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
-
-    def build(self, input_shape):
-        input_dim = input_shape[-1]
-        if input_dim is None:
-            raise ValueError(
-                f"{type(self).__name__} ({self.name}) needs a known last input dimension."
-            )
-        self.add_bayesian_weight("kernel", (input_dim, self.units))
-        self._build_fast_weights(input_dim, self.units)
-        if self.use_bias:
-            self.add_bayesian_weight("bias", self._bias_shape(self.units))
-        else:
-            self.bias = None
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
-
-    def get_config(self):
-        return {**super().get_config(), **self._fast_weight_config()}
-
 
 class _Conv2DFastWeights(FastWeights, ReparameterizationEstimator, _Conv2D):
     _args_doc = (
@@ -191,56 +175,7 @@ class _Conv2DFastWeights(FastWeights, ReparameterizationEstimator, _Conv2D):
         + FAST_WEIGHT_ARGS
         + WEIGHT_ARGS
     )
-
-    def __init__(
-        self,
-        filters,
-        kernel_size,
-        ensemble_size=4,
-        alpha_initializer=None,
-        gamma_initializer=None,
-        alpha_regularizer=None,
-        gamma_regularizer=None,
-        alpha_constraint=None,
-        gamma_constraint=None,
-        kernel_initializer="he_normal",
-        kernel_regularizer=None,
-        **kwargs,
-    ):
-        super().__init__(
-            filters,
-            kernel_size,
-            kernel_initializer=kernel_initializer,
-            kernel_regularizer=kernel_regularizer,
-            **kwargs,
-        )
-        self._configure_fast_weights(
-            ensemble_size,
-            alpha_initializer or self._default_fast_initializer(),
-            gamma_initializer or self._default_fast_initializer(),
-            self._default_regularizer(alpha_regularizer),
-            self._default_regularizer(gamma_regularizer),
-            alpha_constraint,
-            gamma_constraint,
-        )
-
-    _default_fast_initializer = staticmethod(fast_weight_initializer)
-    _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
-
-    def build(self, input_shape):
-        channels = input_shape[-1]
-        if channels is None:
-            raise ValueError(f"{type(self).__name__} ({self.name}) needs known input channels.")
-        self.add_bayesian_weight("kernel", self.kernel_size + (channels, self.filters))
-        self._build_fast_weights(channels, self.filters)
-        if self.use_bias:
-            self.add_bayesian_weight("bias", self._bias_shape(self.filters))
-        else:
-            self.bias = None
-        self.input_spec = keras.layers.InputSpec(ndim=4, axes={-1: channels})
-
-    def get_config(self):
-        return {**super().get_config(), **self._fast_weight_config()}
+    _default_kernel_initializer = "he_normal"
 
 
 @register

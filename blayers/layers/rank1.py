@@ -18,8 +18,8 @@ import tensorflow as tf
 
 from blayers import initializers
 from blayers.layers.base import register
-from blayers.layers.batch_ensemble import FastWeights, _Conv2DFastWeights, _DenseFastWeights
-from blayers.layers.ensemble import member_rows
+from blayers.layers.batch_ensemble import _Conv2DFastWeights, _DenseFastWeights
+from blayers.layers.ensemble import check_ensemble_size, member_rows
 from blayers.layers.estimators import ReparameterizationEstimator
 from blayers.layers.recurrent import _LSTMCell
 from blayers.regularizers import RANK1_PRIOR
@@ -104,15 +104,12 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
             recurrent_regularizer=recurrent_regularizer,
             **kwargs,
         )
-        FastWeights._configure_fast_weights(
-            self,
-            ensemble_size,
-            alpha_initializer or rank1_initializer(),
-            gamma_initializer or rank1_initializer(),
-            alpha_regularizer,
-            gamma_regularizer,
-            None,
-            None,
+        self.ensemble_size = check_ensemble_size(f"LSTMCellRank1 ({self.name})", ensemble_size)
+        self._configure_weight(
+            "alpha", alpha_initializer or rank1_initializer(), alpha_regularizer, None
+        )
+        self._configure_weight(
+            "gamma", gamma_initializer or rank1_initializer(), gamma_regularizer, None
         )
         self._configure_weight(
             "recurrent_alpha",
