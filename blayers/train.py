@@ -9,6 +9,8 @@ file and line. Re-running the same command resumes from the last checkpoint in `
 """
 
 import json
+import os
+import shlex
 import sys
 
 from absl import app, flags, logging
@@ -48,6 +50,7 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
+    _write_command(FLAGS.model_dir)
     try:
         config.parse(FLAGS.gin_file, FLAGS.gin_param)
     except ValueError as error:
@@ -65,6 +68,19 @@ def main(argv):
         f"model_dir {FLAGS.model_dir}."
     )
     _train_and_report(lambda: trainer.train(FLAGS.model_dir, strategy=dist))
+
+
+def _write_command(model_dir):
+    """`command.json` in the run folder: the command line that made it (the reproduction report,
+    `python -m experiments.report`, prints it beside each number)."""
+    os.makedirs(model_dir, exist_ok=True)
+    record = {
+        "command": " ".join(shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]),
+        "gin_file": list(FLAGS.gin_file),
+        "gin_param": list(FLAGS.gin_param),
+    }
+    with open(os.path.join(model_dir, "command.json"), "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def _train_and_report(train_fn):

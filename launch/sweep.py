@@ -22,6 +22,7 @@ import csv
 import ctypes
 import itertools
 import json
+import shlex
 import math
 import os
 import re
@@ -262,6 +263,17 @@ def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quie
         strategy="cpu",
         tpu=None,
     )
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "experiment.json"), "w") as f:  # for the reproduction report
+        json.dump(
+            {
+                "command": " ".join(shlex.quote(a) for a in _experiment_argv()),
+                "gin_file": gin_file,
+                "gin_param": list(gin_params),
+            },
+            f,
+            indent=1,
+        )
     results, stopped = run_grid(planned, args)
     write_table(
         ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"
@@ -304,7 +316,44 @@ def run_grid(planned, args):
             time.sleep(0.1)
     for run_ in pending:
         run_.result = (run_.name, run_.bindings, "not started (sweep stopped)", {})
-    return [r.result for r in runs], stop.requested
+    results = [r.result for r in runs]
+    write_hparams(results, args.root)
+    return results, stop.requested
+
+
+def _experiment_argv():
+    """`python -m <module> args...` of the running experiment script (or this sweep)."""
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    if spec is not None and spec.name:
+        return ["python", "-m", spec.name.removesuffix(".__main__"), *sys.argv[1:]]
+    return ["python", *sys.argv]
+
+
+def write_hparams(results, root):
+    """The grid on TensorBoard's HParams dashboard (`tensorboard --logdir ROOT/hparams`): one
+    session per finished run with its bindings as hyper-parameters and its final metrics."""
+    finished = [r for r in results if r[2].startswith(("finished", "skipped")) and r[3]]
+    if not finished:
+        return
+    import tensorflow as tf
+    from tensorboard.plugins.hparams import api as hp
+
+    names = sorted({k for _, bindings, _, _ in finished for k in bindings})
+    metrics = sorted({
+        k for *_, final in finished for k, v in final.items() if isinstance(v, (int, float))
+    })
+    directory = os.path.join(root, "hparams")
+    with tf.summary.create_file_writer(directory).as_default():
+        hp.hparams_config(
+            hparams=[hp.HParam(n) for n in names], metrics=[hp.Metric(m) for m in metrics]
+        )
+    for name, bindings, _, final in finished:
+        with tf.summary.create_file_writer(os.path.join(directory, name)).as_default():
+            hp.hparams({hp.HParam(k): str(bindings.get(k, "")) for k in names}, trial_id=name)
+            for key in metrics:
+                if isinstance(final.get(key), (int, float)):
+                    tf.summary.scalar(key, float(final[key]), step=0)
 
 
 def main(argv=None):

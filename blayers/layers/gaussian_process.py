@@ -477,7 +477,10 @@ class SparseGaussianProcess(_GPBase):
       variational: `'full'` (Cholesky `L`) or `'mean_field'` (diagonal `L`).
       initial_variational_scale: initial diagonal of `L` (small values start inner layers of a
         deep GP near deterministic, as Salimbeni & Deisenroth).
-      inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points).
+      inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points),
+        or `'kmeans'`: k-means centres of the layer's inputs in its first training call (a
+        data-dependent initialization, as Salimbeni & Deisenroth's `kmeans2`; with a deep GP
+        each layer clusters what reaches it).
       full_covariance: False returns the marginals `N(mu(x), sigma^2(x))` (independent across
         the batch); True returns the joint `q(f(X))` over the batch, per unit
         `N(mu, K_XX - A^T A + A_u^T L L^T A_u)` (a `MultivariateNormalTriL` per unit, transposed
@@ -525,7 +528,10 @@ class SparseGaussianProcess(_GPBase):
         self.initial_variational_scale = _positive(
             name, "initial_variational_scale", initial_variational_scale
         )
-        self.inducing_inputs_initializer = keras.initializers.get(inducing_inputs_initializer)
+        self.kmeans = inducing_inputs_initializer == "kmeans"
+        self.inducing_inputs_initializer = keras.initializers.get(
+            "random_normal" if self.kmeans else inducing_inputs_initializer
+        )
 
     def build(self, input_shape):
         m = self.num_inducing
@@ -535,6 +541,10 @@ class SparseGaussianProcess(_GPBase):
             shape=(m, input_shape[-1]),
             initializer=self.inducing_inputs_initializer,
         )
+        if self.kmeans:  # set once, from the first training batch; saved with the layer
+            self.kmeans_done = self.add_weight(
+                name="kmeans_done", shape=(), initializer="zeros", trainable=False
+            )
         self.variational_mean = self.add_weight(
             name="variational_mean", shape=(self.units, m), initializer="zeros"
         )
@@ -613,7 +623,37 @@ class SparseGaussianProcess(_GPBase):
         prior_var = kernel.apply(xd, xd, example_ndims=1) - tf.reduce_sum(tf.square(a), 0)
         return mean, prior_var, tf.reduce_sum(tf.square(projected), 1), kl
 
-    def call(self, inputs):
+    def kmeans_inducing_inputs(self, inputs, iterations=10):
+        """`M` k-means centres of `inputs` (Lloyd's algorithm from `M` distinct random rows, as
+        `scipy.cluster.vq.kmeans2(x, M, minit='points')` in Salimbeni & Deisenroth's code); with
+        fewer rows than `M`, the rows and then the current inducing inputs."""
+        x = tf.convert_to_tensor(inputs, self.inducing_inputs.dtype)
+        m = self.num_inducing
+        rows = tf.random.experimental.stateless_shuffle(x, self.next_seed())
+        current = tf.convert_to_tensor(self.inducing_inputs)
+        centres = tf.concat([rows, current], 0)[:m]
+        if x.shape[0] is not None and x.shape[0] < m:
+            return centres
+        for _ in range(iterations):
+            distances = tf.reduce_sum(tf.square(x[:, None, :] - centres[None]), -1)
+            assignment = tf.argmin(distances, axis=1, output_type=tf.int32)
+            sums = tf.math.unsorted_segment_sum(x, assignment, m)
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(x[:, :1]), assignment, m)
+            # An empty cluster keeps its centre.
+            centres = tf.where(counts > 0, sums / tf.maximum(counts, 1.0), centres)
+        return centres
+
+    def _initialize_by_kmeans(self, inputs):
+        def run():
+            self.inducing_inputs.assign(self.kmeans_inducing_inputs(inputs))
+            self.kmeans_done.assign(1.0)
+            return tf.constant(True)
+
+        tf.cond(self.kmeans_done > 0, lambda: tf.constant(False), run)
+
+    def call(self, inputs, training=None):
+        if self.kmeans and training:
+            self._initialize_by_kmeans(inputs)
         if not self.full_covariance:
             mean, variance, kl = self.predict_marginals(inputs)
             if self.add_kl_loss:
@@ -639,9 +679,9 @@ class SparseGaussianProcess(_GPBase):
             "whiten": self.whiten,
             "variational": self.variational,
             "initial_variational_scale": self.initial_variational_scale,
-            "inducing_inputs_initializer": keras.initializers.serialize(
-                self.inducing_inputs_initializer
-            ),
+            "inducing_inputs_initializer": "kmeans"
+            if self.kmeans
+            else keras.initializers.serialize(self.inducing_inputs_initializer),
             "full_covariance": self.full_covariance,
             "add_kl_loss": self.add_kl_loss,
         }
@@ -781,7 +821,7 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
     Takes function values (a tensor, or a GP layer's `RandomVariable`, whose value is a
     reparameterized draw) and returns a `RandomVariable` over `y`: `-log_prob(y)` is a one-sample
     estimate of the ELBO's expected log-likelihood, and Monte Carlo passes average into the
-    predictive mixture.
+    predictive mixture. `variational_expectation(f, y)` is the same term in closed form.
 
     Args:
       noise_variance: initial `sigma^2` (positive).
@@ -802,6 +842,17 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
     @property
     def noise_variance(self):
         return tf.nn.softplus(self.raw_noise_variance)
+
+    def variational_expectation(self, f, y):
+        """`E_q(f)[log N(y; f, sigma^2)] = log N(y; mu, sigma^2) - s^2 / (2 sigma^2)` per entry,
+        in closed form for `f` a random variable with Normal marginals `N(mu, s^2)` (an SVGP
+        layer's output): the analytic ELBO term of Hensman et al. (2013), no sampling."""
+        if not self.built:
+            self.build(f.shape)
+        mean, variance = f.distribution.mean(), f.distribution.variance()
+        y = tf.cast(y, mean.dtype)
+        noise = tf.cast(self.noise_variance, mean.dtype)
+        return tfd.Normal(mean, tf.sqrt(noise)).log_prob(y) - variance / (2.0 * noise)
 
     def call(self, inputs):
         f = inputs.value if isinstance(inputs, RandomVariable) else tf.convert_to_tensor(inputs)

@@ -28,12 +28,15 @@ def deep_gp(
     inner_variational_scale=1e-3,
     noise_variance=0.1,
     whiten=True,
+    inducing_inputs_initializer="random_normal",
     name="deep_gp",
 ):
     """`depth` SVGP layers with `num_inducing` inducing points each, then `GaussianLikelihood`.
 
     `num_outputs` is the regression task's output size; the GP predicts its
     `Regression.target_dim(num_outputs)` targets and the likelihood supplies the noise.
+    `inducing_inputs_initializer='kmeans'` starts every layer's inducing inputs at k-means
+    centres of its first training batch (Salimbeni & Deisenroth's initialization).
     """
     if depth < 1:
         raise ValueError(f"deep_gp needs depth >= 1, got {depth}.")
@@ -51,6 +54,7 @@ def deep_gp(
                 covariance_fn=covariance_fn,
                 whiten=whiten,
                 initial_variational_scale=inner_variational_scale,
+                inducing_inputs_initializer=inducing_inputs_initializer,
                 name=f"gp_{i}",
             )
         )
@@ -61,6 +65,7 @@ def deep_gp(
             covariance_fn=covariance_fn,
             whiten=whiten,
             initial_variational_scale=1.0,
+            inducing_inputs_initializer=inducing_inputs_initializer,
             name=f"gp_{depth - 1}",
         )
     )

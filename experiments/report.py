@@ -1,0 +1,375 @@
+"""One reproduction report: every run and experiment under `--runs`, figure by figure and table
+by table of the paper, our numbers beside the paper's, with the command that produced each.
+
+    python -m experiments.report --runs runs/ --out runs/report
+
+writes `runs/report.html` (one offline page: plots embedded, no network) and `runs/report.md`
+(plots by relative path). A run is a folder with `metrics.json` (its `command.json`, written by
+`blayers.train`, names its gin files and so its figure); an experiment is a folder with
+`experiment.json` (written by the experiment scripts through `launch.sweep`) and its
+`results.md` table; runs inside an experiment are shown as part of it. Items with nothing under
+`--runs` say so and give the command that would fill them.
+"""
+
+import base64
+import dataclasses
+import html
+import json
+import os
+import re
+
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True)
+class Item:
+    """One figure or table of the paper (or of an issue's comparison)."""
+
+    key: str
+    title: str
+    paper: str  # what the paper reports, or why there is no number
+    gin_prefixes: tuple = ()
+    experiments: tuple = ()
+    compare: tuple = ()  # (metric key, paper value, gin file it applies to, label)
+    command: str = ""
+
+
+ITEMS = (
+    Item(
+        "fig1",
+        "Figure 1: Bayesian RNN (LSTMCellReparameterization)",
+        "A code figure: the paper reports no number.",
+        ("bayesian_rnn",),
+        command="python -m blayers.train --gin_file=bayesian_rnn_smoke --model_dir=runs/rnn",
+    ),
+    Item(
+        "fig4",
+        "Figure 4 and appendix: Bayesian ResNet-50 (resnet.bayesian switch)",
+        "A code figure: the paper reports no number.",
+        ("resnet50",),
+        command="python -m blayers.train --gin_file=resnet50_smoke --model_dir=runs/resnet",
+    ),
+    Item(
+        "fig5",
+        "Figure 5: deep GP (SparseGaussianProcess layers)",
+        "A code figure; published UCI numbers (Salimbeni & Deisenroth, 2017) are in the "
+        "experiment's own table.",
+        ("deep_gp",),
+        ("deep_gp_uci",),
+        command="python -m experiments.deep_gp_uci --uci_dir=../shared/data/uci --root=runs/dgp",
+    ),
+    Item(
+        "fig6",
+        "Figure 6: VAE and VQ-VAE (stochastic output layers)",
+        "A code figure: the paper reports no number (binarized MNIST reference: about -88.7 "
+        "nats for a comparable VAE).",
+        ("vae", "vqvae"),
+        command="python -m blayers.train --gin_file=vae_digits_smoke --model_dir=runs/vae",
+    ),
+    Item(
+        "fig7",
+        "Figure 7: RealNVP (reversible layers)",
+        "A code figure: the paper reports no number.",
+        ("realnvp",),
+        command="python -m blayers.train --gin_file=realnvp_2d_smoke --model_dir=runs/realnvp",
+    ),
+    Item(
+        "fig8",
+        "Figure 8: Cox process (probabilistic programs, GP layers, PoissonProcess)",
+        "A code figure: the paper reports no number.",
+        ("cox_process",),
+        ("cox_process",),
+        command="python -m experiments.cox_process --gin_file=cox_process_smoke --splits=2 "
+        "--root=runs/cox --parallel=2",
+    ),
+    Item(
+        "fig9",
+        "Figure 9: Bayesian Transformer (WMT'14 En-Fr, Mesh TensorFlow)",
+        "BLEU 43.9 for the 2.8B-parameter model on WMT'14 En-Fr (the Bayesian model matches "
+        "it), trained on up to 512 TPUv2 cores.",
+        ("bayesian_transformer",),
+        compare=(("bleu_beam", 43.9, "bayesian_transformer_wmt14", "BLEU"),),
+        command="python -m blayers.train --gin_file=bayesian_transformer_smoke --model_dir=runs/bt",
+    ),
+    Item(
+        "fig10",
+        "Figures 10-11: Bayesian PlaNet",
+        "Cheetah-run score 614 (median over 5 seeds x 10 episodes), as the original agent.",
+        ("bayesian_planet",),
+        ("bayesian_planet",),
+        compare=(("eval_return", 614.0, "bayesian_planet_cheetah", "cheetah-run return"),),
+        command="python -m experiments.bayesian_planet --gin_file=bayesian_planet_smoke "
+        "--seeds=0,1 --root=runs/planet --parallel=2",
+    ),
+    Item(
+        "ub",
+        "uncertainty-baselines' CIFAR-10 comparison (issue 15)",
+        "Published for WRN-28-10 (uncertainty-baselines, baselines/cifar): deterministic 96.0% / "
+        "NLL 0.159 / ECE 0.0231; BatchEnsemble (4) 96.3% / 0.136 / 0.0177; rank-1 BNN (4) "
+        "96.3% / 0.128 / 0.008; SNGP 96.0% / 0.134 / 0.007; MC dropout 95.9% / 0.160 / 0.0241.",
+        ("uncertainty_baselines",),
+        ("uncertainty_baselines",),
+        command="python -m experiments.uncertainty_baselines "
+        "--gin_file=uncertainty_baselines_smoke --root=runs/ub --parallel=2",
+    ),
+    Item(
+        "mlp",
+        "The main job: Bayesian MLP on digits (README quick start)",
+        "Not a paper figure.",
+        ("digits_mlp",),
+        command="python -m blayers.train --gin_file=digits_mlp_smoke --model_dir=runs/digits",
+    ),
+)
+
+
+def _load(path):
+    try:
+        with open(path) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def _stem(gin_file):
+    return os.path.basename(str(gin_file)).removesuffix(".gin")
+
+
+def collect(root):
+    """`(runs, experiments)` under `root`: runs `{dir, metrics, command}`, experiments `{dir,
+    record, table}`; runs inside an experiment's folder are attached to it."""
+    runs, experiments = [], []
+    for directory, _, files in sorted(os.walk(root)):
+        if "experiment.json" in files:
+            table = None
+            if "results.md" in files:
+                with open(os.path.join(directory, "results.md")) as f:
+                    table = f.read()
+            experiments.append(
+                {
+                    "dir": directory,
+                    "record": _load(os.path.join(directory, "experiment.json")) or {},
+                    "table": table,
+                    "runs": [],
+                }
+            )
+        if "metrics.json" in files:
+            runs.append(
+                {
+                    "dir": directory,
+                    "metrics": _load(os.path.join(directory, "metrics.json")) or {},
+                    "command": _load(os.path.join(directory, "command.json")) or {},
+                }
+            )
+    loose = []
+    for run in runs:
+        parent = next(
+            (e for e in experiments if os.path.commonpath([e["dir"], run["dir"]]) == e["dir"]), None
+        )
+        (parent["runs"] if parent else loose).append(run)
+    return loose, experiments
+
+
+def _module(record):
+    match = re.search(r"-m experiments\.(\w+)", record.get("command", ""))
+    return match.group(1) if match else _stem(record.get("gin_file", ""))
+
+
+def assign(runs, experiments):
+    """`{item key: ([runs], [experiments])}`; unmatched ones under `'other'`."""
+    out = {item.key: ([], []) for item in ITEMS}
+    out["other"] = ([], [])
+    for run in runs:
+        stems = [_stem(g) for g in run["command"].get("gin_file", [])]
+        item = next((i for i in ITEMS for s in stems if s.startswith(i.gin_prefixes)), None)
+        out[item.key if item else "other"][0].append(run)
+    for experiment in experiments:
+        module = _module(experiment["record"])
+        item = next((i for i in ITEMS if module in i.experiments), None)
+        if item is None:
+            stem = _stem(experiment["record"].get("gin_file", ""))
+            item = next((i for i in ITEMS if stem.startswith(i.gin_prefixes)), None)
+        out[item.key if item else "other"][1].append(experiment)
+    return out
+
+
+def _number(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return f"{value:.4g}"
+
+
+def run_rows(run, item):
+    """`[(metric, ours, paper)]` of one run: the item's compared metrics first (with the paper's
+    value where the run used the config it applies to), then the other numeric metrics."""
+    final = run["metrics"].get("final", {})
+    stems = [_stem(g) for g in run["command"].get("gin_file", [])]
+    rows, seen = [], set()
+    for key, paper, config, label in item.compare if item else ():
+        if key in final:
+            applies = config in stems
+            note = f"{paper:g}" if applies else f"{paper:g} (for {config}, not this config)"
+            rows.append((f"{label} ({key})", _number(final[key]), note))
+            seen.add(key)
+    for key in sorted(final):
+        if key not in seen and _number(final[key]) is not None:
+            rows.append((key, _number(final[key]), ""))
+    for key in ("train_seconds",):
+        if _number(run["metrics"].get(key)) is not None:
+            rows.append((key, _number(run["metrics"][key]), ""))
+    return rows
+
+
+def _plots(directory, limit=4):
+    return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".png"))[
+        :limit
+    ]
+
+
+def _command_of(run):
+    return run["command"].get("command") or "(no command.json: a run made before it was recorded)"
+
+
+def render_markdown(assigned, root):
+    lines = [
+        "# Reproduction report",
+        "",
+        f"Runs under `{root}`; `python -m experiments.report --runs {root}` rebuilds this.",
+        "",
+    ]
+    for item in (*ITEMS, None):
+        key = item.key if item else "other"
+        runs, experiments = assigned[key]
+        if item is None and not (runs or experiments):
+            continue
+        lines += [f"## {item.title if item else 'Other runs'}", ""]
+        if item:
+            lines += [f"Paper: {item.paper}", ""]
+        if item and not (runs or experiments):
+            lines += [f"Not run under `{root}`. To fill it: `{item.command}`", ""]
+        for experiment in experiments:
+            lines += [
+                f"### Experiment `{os.path.relpath(experiment['dir'], root)}`",
+                "",
+                f"Command: `{experiment['record'].get('command', '?')}`",
+                "",
+            ]
+            if experiment["table"]:
+                lines += [experiment["table"].strip(), ""]
+            for run in experiment["runs"][:1]:
+                lines += [f"![{p}]({os.path.relpath(p, root)})" for p in _plots(run["dir"], 2)]
+            lines.append("")
+        for run in runs:
+            lines += [
+                f"### Run `{os.path.relpath(run['dir'], root)}`",
+                "",
+                f"Command: `{_command_of(run)}`",
+                "",
+                "| metric | ours | paper |",
+                "|---|---|---|",
+            ]
+            lines += [f"| {m} | {o} | {p} |" for m, o, p in run_rows(run, item)]
+            lines.append("")
+            lines += [f"![{p}]({os.path.relpath(p, root)})" for p in _plots(run["dir"])]
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def _markdown_table_to_html(text):
+    rows = [
+        r.strip().strip("|").split("|")
+        for r in text.strip().splitlines()
+        if r.strip().startswith("|") and not set(r.strip()) <= set("|-: ")
+    ]
+    if not rows:
+        return f"<pre>{html.escape(text)}</pre>"
+    head = "".join(f"<th>{html.escape(c.strip())}</th>" for c in rows[0])
+    body = "".join(
+        "<tr>" + "".join(f"<td>{html.escape(c.strip())}</td>" for c in r) + "</tr>"
+        for r in rows[1:]
+    )
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _image(path):
+    with open(path, "rb") as f:
+        data = base64.b64encode(f.read()).decode()
+    return f'<img alt="{html.escape(path)}" src="data:image/png;base64,{data}">'
+
+
+def render_html(assigned, root):
+    style = (
+        "body{font-family:sans-serif;max-width:1100px;margin:auto}"
+        "table{border-collapse:collapse;margin:.5em 0}"
+        "td,th{border:1px solid #ccc;padding:2px 6px;font-size:90%}"
+        "code{background:#f4f4f4}img{max-width:48%;margin:2px}"
+    )
+    parts = [
+        "<!doctype html><meta charset='utf-8'><title>blayers reproduction report</title>",
+        f"<style>{style}</style>",
+        f"<h1>Reproduction report</h1><p>Runs under <code>{html.escape(root)}</code>.</p>",
+    ]
+    for item in (*ITEMS, None):
+        key = item.key if item else "other"
+        runs, experiments = assigned[key]
+        if item is None and not (runs or experiments):
+            continue
+        parts.append(f"<h2>{html.escape(item.title if item else 'Other runs')}</h2>")
+        if item:
+            parts.append(f"<p><b>Paper:</b> {html.escape(item.paper)}</p>")
+        if item and not (runs or experiments):
+            parts.append(f"<p>Not run. To fill it: <code>{html.escape(item.command)}</code></p>")
+        for experiment in experiments:
+            parts.append(
+                f"<h3>Experiment {html.escape(os.path.relpath(experiment['dir'], root))}"
+                f"</h3><p>Command: <code>"
+                f"{html.escape(experiment['record'].get('command', '?'))}</code></p>"
+            )
+            if experiment["table"]:
+                parts.append(_markdown_table_to_html(experiment["table"]))
+            for run in experiment["runs"][:1]:
+                parts += [_image(p) for p in _plots(run["dir"], 2)]
+        for run in runs:
+            rows = "".join(
+                f"<tr><td>{html.escape(m)}</td><td>{o}</td><td>{html.escape(p)}</td></tr>"
+                for m, o, p in run_rows(run, item)
+            )
+            parts.append(
+                f"<h3>Run {html.escape(os.path.relpath(run['dir'], root))}</h3>"
+                f"<p>Command: <code>{html.escape(_command_of(run))}</code></p>"
+                f"<table><tr><th>metric</th><th>ours</th><th>paper</th></tr>{rows}"
+                "</table>"
+            )
+            parts += [_image(p) for p in _plots(run["dir"])]
+    return "\n".join(parts) + "\n"
+
+
+def write_report(runs_root, out):
+    runs, experiments = collect(runs_root)
+    assigned = assign(runs, experiments)
+    os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    with open(out + ".md", "w") as f:
+        f.write(render_markdown(assigned, runs_root))
+    with open(out + ".html", "w") as f:
+        f.write(render_html(assigned, runs_root))
+    return assigned
+
+
+def define_flags():
+    """The command line's flags (defined only when run as a script)."""
+    flags.DEFINE_string("runs", "runs", "Folder of runs and experiments (searched recursively).")
+    flags.DEFINE_string("out", None, "Output path without extension (default: RUNS/report).")
+
+
+def main(argv):
+    del argv
+    out = FLAGS.out or os.path.join(FLAGS.runs, "report")
+    assigned = write_report(FLAGS.runs, out)
+    counted = sum(len(r) + len(e) for r, e in assigned.values())
+    print(f"{counted} runs and experiments; wrote {out}.html and {out}.md")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)

@@ -1,0 +1,114 @@
+"""The reproduction report and the records it reads: `command.json` of a trainer run,
+`experiment.json` of an experiment, and a sweep's HParams summaries."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from experiments import report
+from launch import sweep
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _fake_run(directory, gin_file, final, png=True):
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, "metrics.json"), "w") as f:
+        json.dump({"final": final, "train_seconds": 12.5}, f)
+    with open(os.path.join(directory, "command.json"), "w") as f:
+        json.dump(
+            {
+                "command": f"python -m blayers.train --gin_file={gin_file} --model_dir=x",
+                "gin_file": [gin_file],
+                "gin_param": [],
+            },
+            f,
+        )
+    if png:
+        with open(os.path.join(directory, "curve.png"), "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\nfake")
+
+
+def test_report_places_runs_and_experiments_beside_the_paper(tmp_path):
+    _fake_run(tmp_path / "planet", "bayesian_planet_cheetah", {"eval_return": 600.0})
+    _fake_run(tmp_path / "rnn", "bayesian_rnn_smoke", {"nll": 1.1, "ece": 0.03})
+    _fake_run(tmp_path / "mystery", "something_else", {"x": 1.0}, png=False)
+    ub = tmp_path / "ub"
+    _fake_run(ub / "rank1", "uncertainty_baselines_smoke", {"accuracy": 0.97})
+    with open(ub / "experiment.json", "w") as f:
+        json.dump(
+            {
+                "command": "python -m experiments.uncertainty_baselines --root=ub",
+                "gin_file": "uncertainty_baselines_smoke",
+            },
+            f,
+        )
+    (ub / "results.md").write_text("| method | accuracy |\n|---|---|\n| Rank-1 BNN (4) | 0.970 |\n")
+    assigned = report.write_report(str(tmp_path), str(tmp_path / "report"))
+    assert [os.path.basename(r["dir"]) for r in assigned["fig10"][0]] == ["planet"]
+    assert [os.path.basename(r["dir"]) for r in assigned["fig1"][0]] == ["rnn"]
+    assert len(assigned["ub"][1]) == 1 and not assigned["ub"][0]  # the run is the experiment's
+    assert [os.path.basename(r["dir"]) for r in assigned["other"][0]] == ["mystery"]
+    text = (tmp_path / "report.md").read_text()
+    assert "| cheetah-run return (eval_return) | 600 | 614 |" in text
+    assert "python -m experiments.uncertainty_baselines --root=ub" in text
+    assert "| Rank-1 BNN (4) | 0.970 |" in text
+    assert "Not run under" in text and "--gin_file=resnet50_smoke" in text  # empty items say so
+    page = (tmp_path / "report.html").read_text()
+    assert "data:image/png;base64," in page and "<td>0.970</td>" in page
+    assert "http" not in page.split("<h1>")[0]  # offline: no remote stylesheet or script
+
+
+def test_paper_value_marked_when_the_config_differs(tmp_path):
+    _fake_run(tmp_path / "bt", "bayesian_transformer_smoke", {"bleu_beam": 70.0})
+    report.write_report(str(tmp_path), str(tmp_path / "r"))
+    assert (
+        "43.9 (for bayesian_transformer_wmt14, not this config)" in (tmp_path / "r.md").read_text()
+    )
+
+
+def test_trainer_writes_its_command_and_experiments_theirs(tmp_path):
+    model_dir = tmp_path / "run"
+    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [
+            sys.executable,
+            "-m",
+            "blayers.train",
+            "--gin_file=digits_mlp_smoke",
+            "--gin_param=train.train_steps = 2",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    record = json.loads((model_dir / "command.json").read_text())
+    assert record["gin_file"] == ["digits_mlp_smoke"]
+    assert "--gin_file=digits_mlp_smoke" in record["command"]
+    metrics = json.loads((model_dir / "metrics.json").read_text())
+    assert metrics["parameters"]["trainable"] > 0 and metrics["train_seconds"] > 0
+
+
+def test_sweep_logs_its_grid_to_hparams(tmp_path):
+    tf = pytest.importorskip("tensorflow")
+    results = [
+        ("a", {"mlp.hidden_units": "(8,)"}, "finished", {"accuracy": 0.9, "nll": 0.3}),
+        ("b", {"mlp.hidden_units": "(16,)"}, "finished", {"accuracy": 0.95, "nll": 0.2}),
+        ("c", {"mlp.hidden_units": "(32,)"}, "failed (exit 3)", {}),
+    ]
+    sweep.write_hparams(results, str(tmp_path))
+    sessions = set(os.listdir(tmp_path / "hparams"))
+    assert {"a", "b"} <= sessions and "c" not in sessions  # finished runs only
+    tags = set()
+    for event_file in os.listdir(tmp_path / "hparams" / "b"):
+        for event in tf.compat.v1.train.summary_iterator(
+            str(tmp_path / "hparams" / "b" / event_file)
+        ):
+            tags |= {v.tag for v in event.summary.value}
+    assert {"accuracy", "nll", "_hparams_/session_start_info"} <= tags
