@@ -75,7 +75,9 @@ def _write_command(model_dir):
     `python -m experiments.report`, prints it beside each number)."""
     os.makedirs(model_dir, exist_ok=True)
     record = {
-        "command": " ".join(shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]),
+        "command": " ".join(
+            shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]
+        ),
         "gin_file": list(FLAGS.gin_file),
         "gin_param": list(FLAGS.gin_param),
     }

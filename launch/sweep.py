@@ -22,10 +22,10 @@ import csv
 import ctypes
 import itertools
 import json
-import shlex
 import math
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -340,9 +340,9 @@ def write_hparams(results, root):
     from tensorboard.plugins.hparams import api as hp
 
     names = sorted({k for _, bindings, _, _ in finished for k in bindings})
-    metrics = sorted({
-        k for *_, final in finished for k, v in final.items() if isinstance(v, (int, float))
-    })
+    metrics = sorted(
+        {k for *_, final in finished for k, v in final.items() if isinstance(v, (int, float))}
+    )
     directory = os.path.join(root, "hparams")
     with tf.summary.create_file_writer(directory).as_default():
         hp.hparams_config(

@@ -103,6 +103,7 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
     assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["mc_dropout_ll"] == -1.25
     table = (tmp_path / "results.md").read_text()
     assert "| yacht | DGP-1 | 2 |" in table and "MC dropout LL" in table
+    assert "-1.25 +- 0.01" in table and "References:" in table and "own random splits" in table
     assert (tmp_path / "yacht_depth1_split1" / "checkpoints").is_dir()  # the trainer's runs
     # Finished runs are reused: a second call trains nothing and gives the same numbers.
     assert deep_gp_uci.run_experiment(**kwargs)[0]["test_ll"] == rows[0]["test_ll"]
@@ -166,6 +167,19 @@ def test_cox_process_experiment_writes_its_table(tmp_path):
     table = (tmp_path / "results.md").read_text()
     assert "| coal | 1 |" in table and "kernel intensity" in table
     assert (tmp_path / "brambles_split0" / "intensity.png").exists()
+
+
+def test_uci_split_selection():
+    from experiments.deep_gp_uci import parse_splits
+
+    assert parse_splits(None, 20) == list(range(20))
+    assert parse_splits("2", 20) == [0, 1]  # the first N
+    assert parse_splits("3,7", 20) == [3, 7]
+    assert parse_splits("0-2,9", 20) == [0, 1, 2, 9]
+    with pytest.raises(ValueError, match="do not exist"):
+        parse_splits("18-21", 20)
+    with pytest.raises(ValueError, match="cannot read"):
+        parse_splits("a-b", 20)
 
 
 def test_uncertainty_baselines_experiment_writes_its_table(tmp_path):

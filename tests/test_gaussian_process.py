@@ -304,3 +304,42 @@ def test_random_fourier_features_approximate_matern_kernels(name, kernel):
     squared.build((None, 2))
     phi_se = squared.feature_map(x).numpy().astype(np.float64)
     assert np.abs(phi_se @ phi_se.T - np.exp(-0.5 * r**2)).max() < 5 * math.sqrt(2.0 / 20_000)
+
+
+def test_kmeans_inducing_inputs_start_at_cluster_centres(tmp_path):
+    """`inducing_inputs_initializer='kmeans'`: the first training call sets Z to k-means centres
+    of the batch (well-separated clusters are found), later calls leave Z to the optimizer, and
+    the flag survives saving."""
+    import keras
+
+    from blayers.layers import SparseGaussianProcess
+
+    rng = np.random.default_rng(0)
+    centres = np.array([[0.0, 0.0], [10.0, 0.0], [0.0, 10.0], [10.0, 10.0]])
+    x = (centres[np.arange(400) % 4] + 0.1 * rng.normal(size=(400, 2))).astype("float32")
+    layer = SparseGaussianProcess(1, num_inducing=4, inducing_inputs_initializer="kmeans")
+    model = keras.Sequential([keras.Input((2,)), layer])
+    model(x[:3])  # inference calls do not initialize
+    assert float(layer.kmeans_done) == 0.0
+    found = None
+    for attempt in range(5):  # Lloyd's algorithm from random rows can merge two clusters
+        layer.kmeans_done.assign(0.0)
+        model(x, training=True)
+        z = np.sort(layer.inducing_inputs.numpy().round(0), axis=0)
+        if np.allclose(np.sort(centres, axis=0), z, atol=0.5):
+            found = attempt
+            break
+    assert found is not None
+    model(x * 0.0, training=True)  # done once: not re-run
+    np.testing.assert_allclose(np.sort(layer.inducing_inputs.numpy().round(0), 0), z)
+    model.save(tmp_path / "gp.keras")
+    loaded = keras.models.load_model(tmp_path / "gp.keras")
+    assert float(loaded.layers[0].kmeans_done) == 1.0
+    assert loaded.layers[0].get_config()["inducing_inputs_initializer"] == "kmeans"
+    # A deep GP: the inner layer's random-variable output is clustered by the next layer, also
+    # inside a compiled step.
+    from blayers.models import deep_gp
+
+    deep = deep_gp((2,), 1, depth=2, num_inducing=4, inducing_inputs_initializer="kmeans")
+    tf.function(lambda v: deep(v, training=True).distribution.mean())(x)
+    assert all(float(layer.kmeans_done) == 1.0 for layer in deep.layers[:2])

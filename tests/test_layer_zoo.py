@@ -167,12 +167,14 @@ def test_multi_input_layers_round_trip(tmp_path):
     for a, b in zip(before, after):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
 
-    flow = keras.Sequential([keras.Input((4, 3)),
-                             L.DiscreteBipartiteFlow(keras.layers.Dense(6), mask=[1, 0, 0, 1])])
+    flow = keras.Sequential(
+        [keras.Input((4, 3)), L.DiscreteBipartiteFlow(keras.layers.Dense(6), mask=[1, 0, 0, 1])]
+    )
     tokens = tf.one_hot(RNG.randint(0, 3, (5, 4)), 3)
     flow.save(tmp_path / "flow.keras")
-    np.testing.assert_array_equal(keras.models.load_model(tmp_path / "flow.keras")(tokens),
-                                  flow(tokens))
+    np.testing.assert_array_equal(
+        keras.models.load_model(tmp_path / "flow.keras")(tokens), flow(tokens)
+    )
 
 
 def test_lstm_cell_rank1_float64():

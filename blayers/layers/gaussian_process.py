@@ -161,6 +161,24 @@ def _deserialize_covariance_fn(config):
     return config
 
 
+@tf.custom_gradient
+def _cholesky_from_value(target, value):
+    """`value` (the Cholesky factor of `target`, computed already) with Cholesky's gradient
+    with respect to `target` (Murray, 2016; TF's `_CholeskyGrad`)."""
+
+    def grad(upstream):
+        eye = tf.eye(tf.shape(value)[-1], dtype=value.dtype)
+        inverse = tf.linalg.triangular_solve(value, tf.broadcast_to(eye, tf.shape(value)))
+        middle = tf.matmul(value, upstream, adjoint_a=True)
+        middle = tf.linalg.set_diag(middle, 0.5 * tf.linalg.diag_part(middle))
+        middle = tf.linalg.band_part(middle, -1, 0)
+        grad_target = tf.matmul(tf.matmul(inverse, middle, adjoint_a=True), inverse)
+        grad_target = 0.5 * (grad_target + tf.linalg.adjoint(grad_target))
+        return grad_target, tf.zeros_like(value)
+
+    return tf.identity(value), grad
+
+
 def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
     """Cholesky factor of `matrix + j * mean(diag) * I` for `j = jitter, 10 jitter, ...`.
 
@@ -185,14 +203,17 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
         return tf.logical_not(tf.reduce_all(tf.math.is_finite(chol)))
 
     # Find the smallest working jitter without gradients (a failed factor is NaN, and NaN * 0
-    # would poison the backward pass), then factor once, differentiably, with it.
+    # would poison the backward pass); the successful factor is the result, and its gradient
+    # with respect to the jittered matrix is Cholesky's (one factorization, not two).
     frozen = tf.stop_gradient(matrix)
-    tries, _ = tf.while_loop(
+    tries, value = tf.while_loop(
         lambda i, chol: tf.logical_and(i < max_tries - 1, failed(chol)),
         lambda i, chol: (i + 1, attempt(i + 1, frozen)),
         (tf.constant(0), attempt(0, frozen)),
     )
-    chol = attempt(tries, matrix)
+    scale = tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1)[..., None, None]
+    factor = jitter * tf.pow(tf.constant(10.0, matrix.dtype), tf.cast(tries, matrix.dtype))
+    chol = _cholesky_from_value(matrix + factor * scale * eye, value)
     message = (
         f"Cholesky factorization of the {name} failed even with jitter "
         f"{jitter * 10 ** (max_tries - 1):g} x mean(diag): the matrix is not positive "
@@ -274,6 +295,26 @@ class _GPBase(NamedOutput, SeededLayer):
         amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), dtype)
         length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), dtype)
         return make_kernel(self.covariance_fn, amplitude, length_scale)
+
+    def covariance(self, kernel, a, b=None):
+        """`k(a, b)` (`[n, m]`), or with `b=None` the diagonal `k(a_i, a_i)` (`[n]`). In float64
+        the default exponentiated quadratic takes GPflow's route, one matmul for the squared
+        distances (`|a|^2 + |b|^2 - 2 a b^T`, clipped at 0), faster than TFP's broadcast
+        differences; in float32 that cancellation would cost near-diagonal accuracy, so float32
+        and other kernels go through TFP."""
+        if self.covariance_fn != "exponentiated_quadratic" or a.dtype != tf.float64:
+            return kernel.matrix(a, b) if b is not None else kernel.apply(a, a, example_ndims=1)
+        amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), a.dtype)
+        if b is None:
+            return tf.fill(tf.shape(a)[:1], tf.square(amplitude))
+        length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), a.dtype)
+        a, b = a / length_scale, b / length_scale
+        squared = (
+            tf.reduce_sum(tf.square(a), -1)[:, None]
+            + tf.reduce_sum(tf.square(b), -1)[None, :]
+            - 2.0 * tf.matmul(a, b, transpose_b=True)
+        )
+        return tf.square(amplitude) * tf.exp(-0.5 * tf.maximum(squared, 0.0))
 
     def mean(self, x):
         """The prior mean `m(x)`, `[batch, units]`."""
@@ -573,17 +614,23 @@ class SparseGaussianProcess(_GPBase):
         return tf.linalg.set_diag(lower, tf.nn.softplus(tf.linalg.diag_part(raw)))
 
     def kl_divergence(self, chol_zz=None):
-        """`sum_units KL[q(u) || p(u)]`."""
+        """`sum_units KL[q(u) || p(u)]`; whitened, in closed form in O(M^2):
+        `1/2 (||L||_F^2 + ||m||^2 - M) - sum log diag L` per unit."""
         dtype = self._linalg_dtype()
         scale = self.variational_scale_tril(dtype)
-        q = tfd.MultivariateNormalTriL(tf.cast(self.variational_mean, dtype), scale)
+        mean = tf.cast(self.variational_mean, dtype)
         if self.whiten:
-            prior = tfd.MultivariateNormalDiag(tf.zeros([self.num_inducing], dtype))
-        else:
-            if chol_zz is None:
-                z = tf.cast(self.inducing_inputs, dtype)
-                chol_zz = self._cholesky(self.kernel(dtype).matrix(z, z), "inducing covariance")
-            prior = tfd.MultivariateNormalTriL(tf.zeros([self.num_inducing], dtype), chol_zz)
+            m = float(self.num_inducing)
+            return 0.5 * (
+                tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(mean)) - m * self.units
+            ) - tf.reduce_sum(tf.math.log(tf.abs(tf.linalg.diag_part(scale))))
+        q = tfd.MultivariateNormalTriL(mean, scale)
+        if chol_zz is None:
+            z = tf.cast(self.inducing_inputs, dtype)
+            chol_zz = self._cholesky(
+                self.covariance(self.kernel(dtype), z, z), "inducing covariance"
+            )
+        prior = tfd.MultivariateNormalTriL(tf.zeros([self.num_inducing], dtype), chol_zz)
         return tf.reduce_sum(tfd.kl_divergence(q, prior))
 
     def predict_marginals(self, inputs):
@@ -606,8 +653,8 @@ class SparseGaussianProcess(_GPBase):
         dtype = self._linalg_dtype()
         kernel = self.kernel(dtype)
         xd, z = tf.cast(x, dtype), tf.cast(self.inducing_inputs, dtype)
-        chol_zz = self._cholesky(kernel.matrix(z, z), "inducing covariance")
-        a = tf.linalg.triangular_solve(chol_zz, kernel.matrix(z, xd))  # [M, B]
+        chol_zz = self._cholesky(self.covariance(kernel, z, z), "inducing covariance")
+        a = tf.linalg.triangular_solve(chol_zz, self.covariance(kernel, z, xd))  # [M, B]
         if not self.whiten:  # project through K_ZZ^{-1} K_Zx
             a_u = tf.linalg.triangular_solve(chol_zz, a, adjoint=True)
         else:
@@ -618,9 +665,9 @@ class SparseGaussianProcess(_GPBase):
         projected = tf.matmul(scale, a_u[None], transpose_a=True)  # L^T A_u, [units, M, B]
         kl = self.kl_divergence(chol_zz)
         if full_covariance:  # K_XX - A^T A and A_u^T L L^T A_u
-            prior = kernel.matrix(xd, xd) - tf.matmul(a, a, transpose_a=True)
+            prior = self.covariance(kernel, xd, xd) - tf.matmul(a, a, transpose_a=True)
             return mean, prior, tf.matmul(projected, projected, transpose_a=True), kl
-        prior_var = kernel.apply(xd, xd, example_ndims=1) - tf.reduce_sum(tf.square(a), 0)
+        prior_var = self.covariance(kernel, xd) - tf.reduce_sum(tf.square(a), 0)
         return mean, prior_var, tf.reduce_sum(tf.square(projected), 1), kl
 
     def kmeans_inducing_inputs(self, inputs, iterations=10):
@@ -653,7 +700,8 @@ class SparseGaussianProcess(_GPBase):
 
     def call(self, inputs, training=None):
         if self.kmeans and training:
-            self._initialize_by_kmeans(inputs)
+            # A random-variable input (a deep GP's inner layer) is drawn here, outside the cond.
+            self._initialize_by_kmeans(tf.convert_to_tensor(inputs, self.compute_dtype))
         if not self.full_covariance:
             mean, variance, kl = self.predict_marginals(inputs)
             if self.add_kl_loss:

@@ -1,0 +1,69 @@
+"""The peer harness: the table and comparisons from per-round results, an uninstallable peer
+reported with its reason, and one real blayers worker case through the subprocess path."""
+
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "benchmarks", "peers"))
+
+import cases
+import run
+
+
+def test_summary_medians_ratios_and_comparisons():
+    names = ["dense_deterministic", "dense_flipout", "svgp_m100"]
+    rounds = [
+        {
+            "blayers": {"dense_deterministic": 10.0, "dense_flipout": 30.0, "svgp_m100": 5.0},
+            "tfp_layers": {"dense_deterministic": 12.0, "dense_flipout": 40.0},
+            "gpflow": {"svgp_m100": 10.0},
+        },
+        {
+            "blayers": {"dense_deterministic": 20.0, "dense_flipout": 20.0, "svgp_m100": 7.0},
+            "tfp_layers": {"dense_deterministic": 12.0, "dense_flipout": 44.0},
+            "gpflow": {"svgp_m100": 12.0},
+        },
+        {
+            "blayers": {"dense_deterministic": 12.0, "dense_flipout": 26.0, "svgp_m100": 6.0},
+            "tfp_layers": {"dense_deterministic": 12.0, "dense_flipout": "error: boom"},
+            "gpflow": {"svgp_m100": 11.0},
+        },
+    ]
+    frameworks = ["blayers", "tfp_layers", "gpflow"]
+    table = run.summarize(rounds, frameworks, names)
+    assert table["blayers"]["dense_flipout"] == 26.0  # median over rounds
+    assert table["tfp_layers"]["dense_flipout"] == 42.0  # the failed round left out
+    assert table["tfp_layers"]["svgp_m100"] is None
+    text = run.markdown(table, frameworks, names)
+    assert "| dense_flipout | 26.0 | 2.17 | 42.0 | 3.50 | n/a | - |" in text
+    compared = run.comparisons(table)
+    assert abs(compared["dense_flipout_faster_than_tfp_layers"] - (1 - 26 / 42)) < 1e-9
+    assert abs(compared["svgp_m100_time_vs_gpflow"] - 6 / 11) < 1e-9
+
+
+def test_a_peer_that_cannot_install_is_reported(tmp_path):
+    python, reason = run.ensure_venv(
+        "broken", ["this-package-does-not-exist-blayers==0.0.0"], str(tmp_path), timeout=300
+    )
+    assert python is None and "pip install failed" in reason
+    table = run.summarize(
+        [{"broken": {"dense_flipout": f"not available: {reason}"}}], ["broken"], ["dense_flipout"]
+    )
+    run.LABELS.setdefault("broken", "broken")
+    assert "not available: pip install failed" in run.markdown(table, ["broken"], ["dense_flipout"])
+
+
+def test_blayers_worker_times_a_case_in_its_own_process():
+    results = run.run_worker(
+        sys.executable, "blayers", ["svgp_m100", "conv_nonsense"], repeats=1, timeout=600
+    )
+    assert isinstance(results["svgp_m100"], float) and results["svgp_m100"] > 0
+    assert results["conv_nonsense"].startswith("error: not supported")
+
+
+def test_every_case_is_defined_once():
+    names = cases.case_names(["dense", "conv", "svgp"])
+    assert len(names) == len(set(names)) == 9
+    assert json.dumps(cases.SVGP)  # plain data, written into the JSON report
