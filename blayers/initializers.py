@@ -447,10 +447,9 @@ class TrainableMixtureOfDeltas(TrainableInitializer):
         config = super().get_config()
         config["num_components"] = self.num_components
         config["loc_initializer"] = _REGISTRY.serialize(self._parameters["loc"].initializer.base)
+        # The logits take no regularizer or constraint arguments.
         config.pop("logits_regularizer", None)
         config.pop("logits_constraint", None)
-        config.pop("loc_regularizer", None)
-        config["loc_regularizer"] = _REGISTRY.serialize(self._parameters["loc"].regularizer)
         return config
 
 
