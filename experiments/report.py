@@ -54,10 +54,10 @@ ITEMS = (
     Item(
         "fig5",
         "Figure 5: deep GP (SparseGaussianProcess layers)",
-        "A code figure; published UCI numbers (Salimbeni & Deisenroth, 2017) are in the "
-        "experiment's own table.",
+        "A code figure; published UCI numbers (Gal & Ghahramani, 2016; Hernandez-Lobato & "
+        "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiments' own tables.",
         ("deep_gp",),
-        ("deep_gp_uci",),
+        ("deep_gp_uci", "uci_regression"),
         command="python -m experiments.deep_gp_uci --uci_dir=../shared/data/uci --root=runs/dgp",
     ),
     Item(
@@ -141,7 +141,8 @@ def collect(root):
     record, table}`; runs inside an experiment's folder are attached to it."""
     runs, experiments = [], []
     for directory, _, files in sorted(os.walk(root)):
-        if "experiment.json" in files:
+        inside = any(os.path.commonpath([e["dir"], directory]) == e["dir"] for e in experiments)
+        if "experiment.json" in files and not inside:  # a part of an experiment is not another
             table = None
             if "results.md" in files:
                 with open(os.path.join(directory, "results.md")) as f:

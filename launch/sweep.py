@@ -263,17 +263,7 @@ def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quie
         strategy="cpu",
         tpu=None,
     )
-    os.makedirs(root, exist_ok=True)
-    with open(os.path.join(root, "experiment.json"), "w") as f:  # for the reproduction report
-        json.dump(
-            {
-                "command": " ".join(shlex.quote(a) for a in _experiment_argv()),
-                "gin_file": gin_file,
-                "gin_param": list(gin_params),
-            },
-            f,
-            indent=1,
-        )
+    write_experiment_record(root, gin_file=gin_file, gin_param=list(gin_params))
     results, stopped = run_grid(planned, args)
     write_table(
         ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"
@@ -319,6 +309,15 @@ def run_grid(planned, args):
     results = [r.result for r in runs]
     write_hparams(results, args.root)
     return results, stop.requested
+
+
+def write_experiment_record(root, **fields):
+    """`root/experiment.json`: the running experiment's command and `fields`, which the
+    reproduction report (`experiments.report`) reads."""
+    os.makedirs(root, exist_ok=True)
+    record = {"command": " ".join(shlex.quote(a) for a in _experiment_argv()), **fields}
+    with open(os.path.join(root, "experiment.json"), "w") as f:
+        json.dump(record, f, indent=1)
 
 
 def _experiment_argv():

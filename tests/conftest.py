@@ -32,3 +32,31 @@ def check_moments(draws, mean, var, sigmas=5.0):
     draws = np.asarray(draws, np.float64)
     assert np.all(np.abs(draws.mean(0) - mean) < sigmas * np.sqrt(var / n) + 1e-6)
     assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1)) + 1e-6)
+
+
+def write_uci_folder(root, name="toy", rows=60, splits=2, seed=0):
+    """A data set in the 20-split format (`data.txt`, index files) under `root/name`: y = sin of
+    the first of 3 features plus noise, 90/10 random splits."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows, 3))
+    y = 3.0 * np.sin(x[:, 0]) + 0.1 * rng.normal(size=rows) + 10.0
+    folder = root / name
+    folder.mkdir(parents=True)
+    np.savetxt(folder / "data.txt", np.column_stack([x, y]))
+    np.savetxt(folder / "index_features.txt", [0, 1, 2], fmt="%d")
+    np.savetxt(folder / "index_target.txt", [3], fmt="%d")
+    np.savetxt(folder / "n_splits.txt", [splits], fmt="%d")
+    for k in range(splits):
+        order = rng.permutation(rows)
+        cut = int(0.9 * rows)
+        np.savetxt(folder / f"index_train_{k}.txt", order[:cut], fmt="%d")
+        np.savetxt(folder / f"index_test_{k}.txt", order[cut:], fmt="%d")
+    return folder
+
+
+@pytest.fixture
+def toy_uci(tmp_path):
+    """A folder holding one small data set, `toy`, in the UCI 20-split format (2 splits)."""
+    root = tmp_path / "uci"
+    write_uci_folder(root)
+    return root

@@ -50,6 +50,22 @@ def test_uci_standard_splits():
         data.uci("yacht")
 
 
+def test_uci_validation_holds_out_the_last_fifth_of_the_training_rows(tmp_path, toy_uci):
+    folder = toy_uci / "toy"
+    train_rows = np.loadtxt(folder / "index_train_1.txt", dtype=int)
+    table = np.loadtxt(folder / "data.txt")
+    full = data.uci("toy", split=1, root=str(toy_uci))
+    held = data.uci("toy", split=1, root=str(toy_uci), validation=True)
+    assert (held.num_train, held.num_test) == (43, 11) and full.num_train == 54
+    # Validation targets are the split's last training rows (never a test row), in the
+    # units of the first 80%'s standardization.
+    expected = table[train_rows[43:], 3]
+    first = table[train_rows[:43], 3]
+    got = np.concatenate([y.numpy() for _, y in held.test.batch(64)])[:, 0]
+    np.testing.assert_allclose(got * held.target_scale + held.target_mean, expected, rtol=1e-5)
+    np.testing.assert_allclose(held.target_scale, first.std(), rtol=1e-6)
+
+
 def test_tfds_through_mock_data():
     with tfds.testing.mock_data(num_examples=32):
         mnist = data.tfds_dataset("mnist", flatten=True)

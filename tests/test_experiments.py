@@ -88,10 +88,9 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
     kwargs = {
         "uci_dir": str(UCI_ROOT),
         "root": str(tmp_path),
-        "datasets": ["yacht"],
+        "datasets": ["bostonHousing"],
         "depths": ["1"],
-        "splits": 2,
-        "gin_file": "deep_gp_uci",
+        "splits": "0-1",
         "gin_params": [
             "train.train_steps = 20",
             "deep_gp.num_inducing = 10",
@@ -100,14 +99,83 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
         "parallel": 2,
     }
     rows = deep_gp_uci.run_experiment(**kwargs)
-    assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["mc_dropout_ll"] == -1.25
+    assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["published_ll"] == -2.40
     table = (tmp_path / "results.md").read_text()
-    assert "| yacht | DGP-1 | 2 |" in table and "MC dropout LL" in table
-    assert "-1.25 +- 0.01" in table and "References:" in table and "own random splits" in table
-    assert (tmp_path / "yacht_depth1_split1" / "checkpoints").is_dir()  # the trainer's runs
+    assert "| bostonHousing | SVGP | 2 |" in table and "test LL (published)" in table
+    assert "References:" in table and "own random splits" in table
+    assert (tmp_path / "svgp" / "bostonHousing_split1" / "checkpoints").is_dir()
     # Finished runs are reused: a second call trains nothing and gives the same numbers.
     assert deep_gp_uci.run_experiment(**kwargs)[0]["test_ll"] == rows[0]["test_ll"]
-    assert "skipped (finished)" in (tmp_path / "runs.md").read_text()
+    assert "skipped (finished)" in (tmp_path / "svgp" / "runs.md").read_text()
+
+
+def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, monkeypatch):
+    """MC dropout's per-split grid search (validation runs, then one test run with the best
+    pair), Flipout and SVGP on a small data set in the 20-split format, at a few steps."""
+    from experiments import uci_regression
+
+    monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
+    monkeypatch.setitem(uci_regression.TAU_GRID, "toy", (4.0,))
+    kwargs = {
+        "uci_dir": str(toy_uci),
+        "root": str(tmp_path / "runs"),
+        "methods": ["mc_dropout", "flipout", "svgp"],
+        "datasets": ["toy"],
+        "splits": "1",
+        "gin_params": [
+            "train.num_eval_samples = 3",
+            "svgp: train.train_steps = 10",
+            "svgp: deep_gp.num_inducing = 5",
+        ],
+        "parallel": 2,
+        "epochs": "mc_dropout:2,flipout:1",
+    }
+    rows = uci_regression.run_experiment(**kwargs)
+    assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp"]
+    assert all(r["splits"] == 1 and np.isfinite(r["test_ll"]) for r in rows)
+    runs = tmp_path / "runs"
+    validation = sorted(p.name for p in (runs / "mc_dropout" / "validation").iterdir())
+    assert validation == ["toy_split1_rate0.01_tau4.0", "toy_split1_rate0.1_tau4.0"]
+    selected = json.loads((runs / "mc_dropout" / "selected.json").read_text())
+    assert selected["toy_split1"] in ([0.01, 4.0], [0.1, 4.0])
+    test_run = runs / "mc_dropout" / "toy_split1"
+    bindings = json.loads((test_run / "bindings.json").read_text())
+    # 54 training rows: 1 batch of 128 an epoch (the last partial one counts, as in Keras)
+    assert bindings["train.train_steps"] == "2" and "uci.validation" not in bindings
+    val = json.loads(
+        (runs / "mc_dropout" / "validation" / validation[0] / "bindings.json").read_text()
+    )
+    assert val["uci.validation"] == "True" and val["train.num_eval_samples"] == "1000"
+    flipout = json.loads((runs / "flipout" / "toy_split1" / "bindings.json").read_text())
+    assert flipout["train.train_steps"] == "2" and flipout["mlp.hidden_units"] == "(50,)"
+    svgp = json.loads((runs / "svgp" / "toy_split1" / "metrics.json").read_text())
+    assert svgp["step"] == 10  # the method-prefixed binding reached only SVGP's runs
+    assert "| toy | MC dropout | 1 |" in (runs / "results.md").read_text()
+    # Re-running trains nothing and gives the same table.
+    again = uci_regression.run_experiment(**kwargs)
+    assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
+
+
+def test_uci_regression_flags_parse():
+    from experiments.uci_regression import method_gin_params, parse_epochs, select
+
+    assert parse_epochs("300") == {"mc_dropout": 300, "flipout": 300}
+    assert parse_epochs("flipout:20") == {"flipout": 20} and parse_epochs(None) == {}
+    with pytest.raises(ValueError, match="svgp:3"):
+        parse_epochs("svgp:3")
+    params = ["a.b = 1", "svgp: c.d = 2", "dgp2:e.f = 3", "x = 'http://u'"]
+    assert method_gin_params(params, "svgp") == ["a.b = 1", "c.d = 2", "x = 'http://u'"]
+    keys = {
+        "r1": ("yacht", 0, (0.1, 0.5)),
+        "r2": ("yacht", 0, (0.05, 0.5)),
+        "r3": ("yacht", 1, (0.1, 1.0)),
+    }
+    results = [
+        ("r1", {}, "finished", {"test_log_likelihood": -2.0}),
+        ("r2", {}, "finished", {"test_log_likelihood": -1.0}),
+        ("r3", {}, "failed (exit 1)", None),
+    ]
+    assert select(results, keys) == {("yacht", 0): (0.05, 0.5)}
 
 
 @pytest.mark.slow
@@ -170,10 +238,10 @@ def test_cox_process_experiment_writes_its_table(tmp_path):
 
 
 def test_uci_split_selection():
-    from experiments.deep_gp_uci import parse_splits
+    from experiments.uci_regression import parse_splits
 
-    assert parse_splits(None, 20) == list(range(20))
-    assert parse_splits("2", 20) == [0, 1]  # the first N
+    assert parse_splits(None, 20) == list(range(20)) == parse_splits("all", 20)
+    assert parse_splits("2", 20) == [2]  # split 2, not the first two
     assert parse_splits("3,7", 20) == [3, 7]
     assert parse_splits("0-2,9", 20) == [0, 1, 2, 9]
     with pytest.raises(ValueError, match="do not exist"):

@@ -35,9 +35,15 @@ def uci_num_splits(name, root=None):
 
 
 @gin.configurable(module="blayers.data")
-def uci(name=gin.REQUIRED, split=0, root=None):
+def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
     """Split `split` of UCI data set `name` (e.g. 'bostonHousing', 'concrete', 'energy',
-    'wine-quality-red', 'yacht')."""
+    'wine-quality-red', 'yacht').
+
+    Args:
+      validation: instead of the test set, hold out the last 20% of the split's training rows
+        and train on the first 80% (Gal & Ghahramani's hyperparameter grid search: each split's
+        hyperparameters are chosen on its own validation rows, never on test rows).
+    """
     folder = os.path.join(_root(root), name)
     if not os.path.isdir(folder):
         raise ValueError(f"uci: no data-set folder {folder!r}.")
@@ -49,7 +55,11 @@ def uci(name=gin.REQUIRED, split=0, root=None):
         raise ValueError(f"uci: {name} has no split {split} ({train_path} missing).")
     train_idx = np.loadtxt(train_path, dtype=int)
     test_idx = np.loadtxt(os.path.join(folder, f"index_test_{split}.txt"), dtype=int)
+    if validation:
+        cut = int(0.8 * len(train_idx))
+        train_idx, test_idx = train_idx[:cut], train_idx[cut:]
     x, y = data[:, features], data[:, target : target + 1]
+    suffix = "_validation" if validation else ""
     return standardized_regression(
-        f"uci_{name}_{split}", x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+        f"uci_{name}_{split}{suffix}", x[train_idx], y[train_idx], x[test_idx], y[test_idx]
     )

@@ -83,23 +83,42 @@ class Task:
         return []
 
     # Shared by the tasks' evaluations.
-    def predictive_samples(self, model, dataset, num_samples, batch_size=500):
+    def predictive_samples(self, model, dataset, num_samples, batch_size=500, draws_per_call=64):
         """Arrays `[num_samples, n, ...]` of `predictive_parameters` over an unbatched dataset,
         one fresh posterior draw per pass (memory grows with samples x examples x outputs,
-        never with activations)."""
+        never with activations). Up to `draws_per_call` passes run in one graph loop, so that
+        thousands of draws (MC dropout's 10,000) cost little more than the passes themselves."""
+
+        def one_draw(x):
+            return tuple(self.predictive_parameters(self.likelihood(model(x, training=False))))
 
         @tf.function
-        def parameters(x):
-            return self.predictive_parameters(self.likelihood(model(x, training=False)))
+        def several_draws(x, count):
+            first = one_draw(x)
+            arrays = [tf.TensorArray(t.dtype, size=count, element_shape=t.shape) for t in first]
+            arrays = [a.write(0, t) for a, t in zip(arrays, first)]
+            for i in tf.range(1, count):
+                arrays = [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
+            return tuple(a.stack() for a in arrays)
 
         batched = dataset.batch(batch_size)
-        draws = []
-        for _ in range(num_samples):
-            parts = [parameters(x[0] if isinstance(x, tuple) else x) for x in batched]
-            draws.append(
-                [np.concatenate([p[i].numpy() for p in parts]) for i in range(len(parts[0]))]
+        chunks = []
+        done = 0
+        while done < num_samples:
+            count = min(draws_per_call, num_samples - done)
+            parts = [
+                several_draws(x[0] if isinstance(x, tuple) else x, tf.constant(count))
+                for x in batched
+            ]
+            # [count, n, ...] per parameter: examples concatenate on axis 1
+            chunks.append(
+                [
+                    np.concatenate([p[i].numpy() for p in parts], axis=1)
+                    for i in range(len(parts[0]))
+                ]
             )
-        return [np.stack([d[i] for d in draws]) for i in range(len(draws[0]))]
+            done += count
+        return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
     def predictive_parameters(self, distribution):
         """The per-example parameters an evaluation keeps from one posterior draw."""
