@@ -6,9 +6,11 @@ logical CPU devices when there is no GPU (`num_cpu_devices` splits the CPU, for 
 `TPUStrategy` through a `TPUClusterResolver` (`tpu` = name or address).
 """
 
+import os
+
 import tensorflow as tf
 
-__all__ = ["STRATEGIES", "get_strategy", "split_cpu"]
+__all__ = ["STRATEGIES", "get_strategy", "split_cpu", "worker_directory"]
 
 STRATEGIES = ("cpu", "gpu", "mirrored", "multi_worker", "tpu")
 
@@ -45,3 +47,19 @@ def get_strategy(name="cpu", tpu=None, num_cpu_devices=None):
     tf.config.experimental_connect_to_cluster(resolver)
     tf.tpu.experimental.initialize_tpu_system(resolver)
     return tf.distribute.TPUStrategy(resolver)
+
+
+def worker_directory(model_dir, strategy):
+    """Where this process writes: `model_dir` for the chief (or a single process); for another
+    worker of a `MultiWorkerMirroredStrategy`, `model_dir/workers/<type>-<index>`. Every worker
+    saves its checkpoints (saving is collective), but only the chief's are the run's, as
+    `tf.distribute`'s multi-worker guide does it."""
+    resolver = getattr(strategy, "cluster_resolver", None)
+    task_type = getattr(resolver, "task_type", None)
+    if not task_type:
+        return model_dir
+    task_id = resolver.task_id or 0
+    has_chief = "chief" in resolver.cluster_spec().as_dict()
+    if task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief):
+        return model_dir
+    return os.path.join(model_dir, "workers", f"{task_type}-{task_id}")

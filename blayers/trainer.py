@@ -39,6 +39,7 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import objectives, plots, run_files, seeds
+from blayers import strategy as strategy_lib
 from blayers.data.stream import epoch_batches
 from blayers.random_variable import RandomVariable
 from blayers.registry import unapplied_layer_bindings
@@ -246,9 +247,9 @@ class Trainer:
         for name, value in (("log_every", log_every), ("num_eval_samples", num_eval_samples)):
             if not isinstance(value, (int, np.integer)) or value <= 0:
                 raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
-        self.model_dir = model_dir
         self.data, self.model_fn = data, model
         self.strategy = strategy or tf.distribute.get_strategy()
+        self.model_dir = strategy_lib.worker_directory(model_dir, self.strategy)
         self.optimizer_fn = optimizer
         self.num_train = int(data.num_train)
         self.batch_size = min(int(batch_size), self.num_train)

@@ -31,7 +31,20 @@ import subprocess
 import sys
 import time
 
-__all__ = ["main", "parse_sweep", "plan_runs", "run", "run_grid", "run_sweep", "write_table"]
+import numpy as np
+
+__all__ = [
+    "main",
+    "parse_distribution",
+    "parse_sweep",
+    "plan_random",
+    "plan_runs",
+    "plan_sweep",
+    "run",
+    "run_grid",
+    "run_sweep",
+    "write_table",
+]
 
 DEFAULT_COLUMNS = (
     "accuracy",
@@ -81,6 +94,60 @@ def parse_sweep(spec):
     if not texts:
         raise ValueError(f"--sweep {spec!r}: no values.")
     return name, texts
+
+
+# Random search: `NAME=dist(args)`, sampled with numpy from `--seed` (so a re-run draws the
+# same runs and resumes them). A plain list is `choice`.
+DISTRIBUTIONS = {
+    "uniform": lambda rng, low, high: rng.uniform(low, high),
+    "loguniform": lambda rng, low, high: float(np.exp(rng.uniform(np.log(low), np.log(high)))),
+    "randint": lambda rng, low, high: int(rng.integers(low, high)),  # high excluded
+    "normal": lambda rng, mean, stddev: rng.normal(mean, stddev),
+    "choice": lambda rng, values: values[int(rng.integers(len(values)))],
+}
+
+
+def parse_distribution(spec):
+    """`'name=loguniform(1e-4, 1e-2)'` -> `(name, 'loguniform', (1e-4, 1e-2))`; a list
+    `'name=[a, b]'` -> `(name, 'choice', ([a, b],))` (values as Python literals)."""
+    if "=" not in spec:
+        raise ValueError(f"--sweep {spec!r}: expected NAME=dist(args) or NAME=[VALUE, ...].")
+    name, text = (s.strip() for s in spec.split("=", 1))
+    match = re.fullmatch(r"(\w+)\((.*)\)", text, re.DOTALL)
+    if match is None:
+        if text.startswith("["):
+            return name, "choice", (ast.literal_eval(text),)
+        raise ValueError(f"--sweep {spec!r}: expected dist(args) or a [list].")
+    kind, arg_text = match.groups()
+    if kind not in DISTRIBUTIONS:
+        raise ValueError(
+            f"--sweep {spec!r}: unknown distribution {kind!r} ({sorted(DISTRIBUTIONS)})."
+        )
+    try:
+        args = ast.literal_eval(f"({arg_text},)")
+    except (ValueError, SyntaxError):
+        raise ValueError(f"--sweep {spec!r}: the arguments must be Python literals.") from None
+    if kind == "loguniform" and not 0 < args[0] < args[1]:
+        raise ValueError(f"--sweep {spec!r}: loguniform needs 0 < low < high.")
+    return name, kind, args
+
+
+def _short(value):
+    """A sampled float rounded to 6 significant digits (its binding and its run name agree)."""
+    return float(f"{value:.6g}") if isinstance(value, float) else value
+
+
+def plan_random(specs, num_samples, seed=0):
+    """`[(run_name, {name: value_text})]`: `num_samples` draws of the distributions `specs`
+    (`parse_distribution` strings) from a numpy generator seeded with `seed`."""
+    parsed = [parse_distribution(s) for s in specs]
+    rng = np.random.default_rng(seed)
+    runs = []
+    for i in range(num_samples):
+        values = {name: _short(DISTRIBUTIONS[kind](rng, *args)) for name, kind, args in parsed}
+        label = "_".join(f"{_slug(n.split('.')[-1])}-{_slug(repr(v))}" for n, v in values.items())
+        runs.append((f"trial{i:03d}_{label}"[:120], {n: repr(v) for n, v in values.items()}))
+    return runs
 
 
 def _slug(text):
@@ -239,11 +306,38 @@ def write_table(header, rows, root, stem="results"):
     return markdown
 
 
-def run_sweep(args):
-    """Runs the grid of `--sweep` products; returns `[(run, bindings, status, final metrics)]`."""
+def plan_sweep(args):
+    """`(planned runs, binding names)` of the `--sweep` grid (their product) or, with
+    `--search=random`, of `--num_samples` draws of their distributions."""
+    search = getattr(args, "search", "grid")
+    if search == "random":
+        planned = plan_random(args.sweep, args.num_samples, args.seed)
+        return planned, [parse_distribution(s)[0] for s in args.sweep]
+    if search != "grid":
+        raise ValueError(f"--search={search!r}: use 'grid' or 'random'.")
+    for spec in args.sweep:
+        if re.fullmatch(r"[^=]+=\s*\w+\(.*\)\s*", spec, re.DOTALL):
+            raise ValueError(f"--sweep {spec!r}: a distribution needs --search=random.")
     sweeps = [parse_sweep(s) for s in args.sweep]
-    rows, stopped = run_grid(plan_runs(sweeps), args)
-    markdown = _write_tables(rows, [n for n, _ in sweeps], args.root, DEFAULT_COLUMNS)
+    return plan_runs(sweeps), [n for n, _ in sweeps]
+
+
+def run_sweep(args):
+    """Runs the planned sweep (`plan_sweep`) on the chosen backend; returns `[(run, bindings,
+    status, final metrics)]`."""
+    planned, names = plan_sweep(args)
+    backend = getattr(args, "backend", "local")
+    if backend == "ray":
+        from launch import ray_backend
+
+        rows, stopped = ray_backend.run_grid(planned, args)
+    elif backend == "local":
+        if getattr(args, "scheduler", None) not in (None, "", "none"):
+            raise ValueError(f"--scheduler={args.scheduler}: early stopping needs --backend=ray.")
+        rows, stopped = run_grid(planned, args)
+    else:
+        raise ValueError(f"--backend={backend!r}: use 'local' or 'ray'.")
+    markdown = _write_tables(rows, names, args.root, DEFAULT_COLUMNS)
     print("\n" + markdown)
     if stopped:
         raise KeyboardInterrupt
@@ -367,11 +461,60 @@ def main(argv=None):
         default=[],
         help="NAME=[V1, V2, ...] (repeatable; the grid is their product)",
     )
-    parser.add_argument("--parallel", type=int, default=1, help="runs at a time")
+    parser.add_argument(
+        "--search",
+        choices=["grid", "random"],
+        default="grid",
+        help="grid: the product of --sweep lists; random: --num_samples draws of --sweep "
+        "distributions (NAME=loguniform(a, b), uniform, randint, normal, choice([...]) or a list)",
+    )
+    parser.add_argument("--num_samples", type=int, default=10, help="draws of --search=random")
+    parser.add_argument("--seed", type=int, default=0, help="seed of --search=random's draws")
+    parser.add_argument(
+        "--parallel", type=int, default=1, help="runs at a time (Ray: at most; 0 for no limit)"
+    )
+    parser.add_argument(
+        "--backend",
+        choices=["local", "ray"],
+        default="local",
+        help="local: subprocesses here; ray: Ray Tune trials (pip install -e '.[ray]')",
+    )
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster: 'auto' (this node's cluster) or ray://host:10001; default starts a "
+        "local Ray instance",
+    )
+    parser.add_argument("--cpus_per_run", type=float, default=1, help="Ray resources per run")
+    parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources per run")
+    parser.add_argument(
+        "--ray_num_cpus", type=int, default=None, help="CPUs of a local Ray instance (default all)"
+    )
+    parser.add_argument(
+        "--scheduler",
+        choices=["none", "asha"],
+        default="none",
+        help="asha: Ray Tune's ASHA early stopping on --metric (needs --backend=ray)",
+    )
+    parser.add_argument(
+        "--metric", default="eval/nll", help="kind/key of a trainer history record (ASHA)"
+    )
+    parser.add_argument("--mode", choices=["min", "max"], default="min", help="of --metric")
+    parser.add_argument("--grace_period", type=int, default=1, help="ASHA: reports before a stop")
+    parser.add_argument("--reduction_factor", type=float, default=2, help="ASHA's halving rate")
+    parser.add_argument("--max_t", type=int, default=100, help="ASHA: most reports of a run")
     parser.add_argument("--root", required=True, help="folder of the runs and tables")
     parser.add_argument("--strategy", default="cpu", help="passed to the trainer")
     parser.add_argument("--tpu", default=None, help="passed to the trainer (--strategy=tpu)")
     args = parser.parse_args(argv)
+    if args.backend == "local" and args.scheduler != "none":
+        parser.error("--scheduler=asha needs --backend=ray.")
+    if args.search == "random" and args.num_samples < 1:
+        parser.error("--num_samples must be at least 1.")
+    try:
+        plan_sweep(args)
+    except ValueError as error:
+        parser.error(str(error))
     try:
         rows = run_sweep(args)
     except KeyboardInterrupt:

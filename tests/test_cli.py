@@ -244,3 +244,68 @@ def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how):
     if how == "sigterm":
         assert sweep.returncode == 130
         assert "stopped (checkpointed" in (root / "results.md").read_text()
+
+
+def _free_ports(count):
+    import socket
+
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("localhost", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+@pytest.mark.slow
+def test_two_workers_on_localhost_match_one_worker(tmp_path):
+    """`--strategy=multi_worker` (TF_CONFIG, two processes on localhost ports): the same
+    training losses as one worker on the same global batch (deterministic layers, so the
+    losses must agree to float rounding); the chief writes the run, the other worker its own
+    folder under `workers/`."""
+    import os
+
+    args = [
+        "--gin_file=digits_mlp_smoke",
+        "--gin_param=train.progress = False",
+        "--gin_param=mlp.dense_layer = 'Dense'",
+        "--gin_param=train.train_steps = 20",
+        "--gin_param=train.log_every = 5",
+        "--gin_param=train.num_eval_samples = 2",
+    ]
+    cluster = [f"localhost:{port}" for port in _free_ports(2)]
+    workers = []
+    for index in range(2):
+        env = dict(os.environ)
+        env["TF_CONFIG"] = json.dumps(
+            {"cluster": {"worker": cluster}, "task": {"type": "worker", "index": index}}
+        )
+        command = [sys.executable, "-m", "blayers.train", "--strategy=multi_worker"]
+        workers.append(
+            subprocess.Popen(
+                [*command, f"--model_dir={tmp_path / 'multi'}", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
+    single = _run(["blayers.train", "--strategy=cpu", f"--model_dir={tmp_path / 'one'}", *args])
+    outputs = [w.communicate(timeout=600)[0] for w in workers]
+    assert single.returncode == 0, single.stderr[-3000:]
+    for worker, output in zip(workers, outputs):
+        assert worker.returncode == 0, output[-3000:]
+    assert "with 2 replica(s)" in outputs[0]  # MultiWorkerMirroredStrategy's class name varies
+
+    def losses(directory):
+        records = [json.loads(line) for line in (directory / "history.jsonl").open()]
+        return [(r["step"], r["loss"]) for r in records if r["kind"] == "train"]
+
+    one, multi = losses(tmp_path / "one"), losses(tmp_path / "multi")
+    assert [s for s, _ in multi] == [s for s, _ in one] == [5, 10, 15, 20]
+    for (_, a), (_, b) in zip(one, multi):
+        assert abs(a - b) < 1e-5 * max(1.0, abs(a))
+    assert (tmp_path / "multi" / "metrics.json").exists()
+    assert (tmp_path / "multi" / "workers" / "worker-1" / "checkpoints").is_dir()

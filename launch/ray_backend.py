@@ -1,0 +1,278 @@
+"""The Ray backend of `launch.sweep`: each run a Ray Tune trial that runs the trainer.
+
+    python -m launch.sweep --gin_file=digits_mlp --sweep 'seed=[0,1,2,3]' --root=/shared/runs \
+        --backend=ray --address=auto --cpus_per_run=4 --gpus_per_run=1 --strategy=gpu
+
+A trial is one `python -m blayers.train` subprocess in its own `model_dir` under `--root`, as
+with the local backend, so the guarantees are the same: a failing run does not stop the others
+(its trial errors, the sweep goes on), the results table is the same, re-running skips
+finished runs (their trials return the saved metrics at once) and resumes interrupted ones from
+their checkpoints. While it trains, the trial follows the run's `history.jsonl` and reports
+each record to Tune as `kind/key` (`eval/nll`, `train/loss`), which is what ASHA
+(`--scheduler=asha --metric=eval/nll --mode=min`) stops trials on.
+
+Nothing outlives the sweep. Ctrl-C or SIGTERM of the sweep writes `--root/STOP`: every trial
+sees it, sends its trainer SIGTERM and waits while it checkpoints; the table marks those runs
+stopped, and a re-run resumes them. A trainer also gets SIGTERM when its trial's worker process
+dies (the parent-death signal, as with the local backend): Ray kills a dead driver's workers,
+and a local Ray instance started here dies with its driver, even on `kill -9`. (A local
+instance leaves a dying worker's trainer the seconds it needs to checkpoint; a cluster started
+with `ray start` kills it at once unless `RAY_kill_child_processes_on_worker_exit=0`, so
+there a killed trial resumes from its last periodic checkpoint.)
+
+On a cluster, every node needs blayers installed and `--root` on storage every node sees at
+the same path (NFS, a mounted bucket): a trial's run folder is where its node writes, and a
+re-run resumes from it on whichever node Tune picks.
+"""
+
+import json
+import os
+import signal
+import subprocess
+import time
+
+__all__ = ["require_ray", "run_grid"]
+
+EXTRA = "pip install -e '.[ray]'  (or: pip install 'ray[tune]')"
+POLL_SECONDS = 0.5
+STOP_FILE = "STOP"  # in --root: the sweep asks its trials to stop their trainers
+
+
+def require_ray():
+    """Imports `ray` and `ray.tune`, or fails naming the extra that provides them."""
+    try:
+        import ray
+        from ray import tune
+    except ImportError as error:
+        raise SystemExit(
+            f"--backend=ray needs Ray Tune, which is not installed ({error}). Install the extra: "
+            f"{EXTRA}"
+        ) from None
+    return ray, tune
+
+
+def _records(path, offset):
+    """New complete JSON lines of `path` from byte `offset`: `(records, new offset)`."""
+    if not os.path.exists(path):
+        return [], offset
+    with open(path, "rb") as f:
+        f.seek(offset)
+        data = f.read()
+    end = data.rfind(b"\n") + 1  # a line being written waits for its newline
+    records = []
+    for line in data[:end].splitlines():
+        try:
+            records.append(json.loads(line))
+        except ValueError:
+            continue
+    return records, offset + end
+
+
+def flatten_record(record):
+    """A history record as Tune metrics: `{'eval/nll': ..., 'step': ...}` (numbers only)."""
+    kind = record.get("kind", "train")
+    metrics = {"step": record["step"]} if "step" in record else {}
+    for key, value in record.items():
+        if key not in ("kind", "step") and isinstance(value, (int, float)):
+            metrics[f"{kind}/{key}"] = value
+    return metrics
+
+
+def _trial(config):
+    """One run as a Tune trial: the trainer subprocess, its records reported as it goes."""
+    from ray import tune
+
+    from launch import sweep
+
+    spec = config["run"]
+    name, model_dir = spec["name"], spec["model_dir"]
+    metric = spec["metric"]  # with a scheduler, report only records that carry its metric
+    done = sweep._finished(model_dir)
+    if done:  # re-running a sweep skips finished runs
+        tune.report({**_final(done["final"]), "status": "skipped (finished)"})
+        return
+    os.makedirs(model_dir, exist_ok=True)
+    command = spec["command"]
+    log = open(os.path.join(model_dir, "log.txt"), "a")  # noqa: SIM115 - the child holds it
+    log.write(" ".join(command) + "\n")
+    log.flush()
+    cwd = spec["cwd"] if os.path.isdir(spec["cwd"]) else None
+    process = subprocess.Popen(
+        command,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        cwd=cwd,
+        preexec_fn=sweep._die_with_parent,  # noqa: PLW1509 - the trial's thread waits on it
+    )
+    log.close()
+    history = os.path.join(model_dir, "history.jsonl")
+    # A resumed run's earlier records were reported by its earlier trial: start at the end.
+    offset = os.path.getsize(history) if os.path.exists(history) else 0
+    stop_file = os.path.join(spec["root"], STOP_FILE)
+    try:
+        while True:
+            if os.path.exists(stop_file):
+                break  # the finally clause checkpoints the trainer
+            code = process.poll()
+            records, offset = _records(history, offset)
+            for record in records:
+                metrics = flatten_record(record)
+                if metric is None or metric in metrics:
+                    tune.report({**metrics, "status": "running"})
+            if code is not None:
+                break
+            time.sleep(POLL_SECONDS)
+        if process.poll() is None:
+            return  # stopped by the sweep
+        done = sweep._finished(model_dir)
+        if code != 0 or not done:
+            raise RuntimeError(f"{name}: trainer exit {code}, see {model_dir}/log.txt")
+        tune.report({**_final(done["final"]), "status": "finished"})
+    finally:
+        if process.poll() is None:  # stopped by the scheduler or the sweep: checkpoint and go
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+def _final(final):
+    """A finished run's final metrics, also under the `eval/` names its records use."""
+    numbers = {k: v for k, v in final.items() if isinstance(v, (int, float))}
+    return {**numbers, **{f"eval/{k}": v for k, v in numbers.items()}}
+
+
+def _scheduler(args, tune):
+    if args.scheduler in (None, "", "none", "fifo"):
+        return None
+    if args.scheduler != "asha":
+        raise SystemExit(f"--scheduler={args.scheduler!r}: use 'asha' or 'none'.")
+    from ray.tune.schedulers import ASHAScheduler
+
+    return ASHAScheduler(
+        time_attr="training_iteration",
+        max_t=args.max_t,
+        grace_period=args.grace_period,
+        reduction_factor=args.reduction_factor,
+    )
+
+
+def run_grid(planned, args):
+    """Runs `[(run_name, {binding: value text})]` as Tune trials; returns the local backend's
+    `([(run, bindings, status, final metrics)], stopped)`."""
+    ray, tune = require_ray()
+    from launch import sweep
+
+    root = os.path.abspath(args.root)
+    os.makedirs(root, exist_ok=True)
+    scheduler = _scheduler(args, tune)
+    specs = []
+    for name, bindings in planned:
+        model_dir = os.path.join(root, name)
+        specs.append(
+            {
+                "name": name,
+                "bindings": bindings,
+                "model_dir": model_dir,
+                "command": sweep._command(model_dir, bindings, args),
+                "cwd": os.getcwd(),
+                "root": root,
+                "metric": args.metric if scheduler else None,
+            }
+        )
+    print(f"Sweep of {len(specs)} run(s) under {root} on Ray ({args.address or 'local'}).")
+    stop_file = os.path.join(root, STOP_FILE)
+    if os.path.exists(stop_file):
+        os.remove(stop_file)  # a previous sweep's request
+    if not ray.is_initialized():
+        if args.address:
+            init = {"address": args.address}
+        else:  # a dying worker's trainer gets the seconds it needs to checkpoint
+            init = {
+                "num_cpus": args.ray_num_cpus,
+                "_system_config": {"kill_child_processes_on_worker_exit": False},
+            }
+        ray.init(**init, include_dashboard=False, log_to_driver=False)
+    resources = {"cpu": args.cpus_per_run, "gpu": args.gpus_per_run}
+    tune_config = tune.TuneConfig(
+        scheduler=scheduler,
+        metric=args.metric if scheduler else None,
+        mode=args.mode if scheduler else None,
+        max_concurrent_trials=args.parallel if args.parallel and args.parallel > 0 else None,
+        trial_dirname_creator=lambda trial: trial.config["run"]["name"].replace("/", "_"),
+    )
+    tuner = tune.Tuner(
+        tune.with_resources(_trial, resources),
+        param_space={"run": tune.grid_search(specs)},
+        tune_config=tune_config,
+        run_config=tune.RunConfig(
+            name="tune",
+            storage_path=os.path.join(root, "ray_results"),
+            failure_config=tune.FailureConfig(max_failures=0, fail_fast=False),
+            verbose=0,
+        ),
+    )
+    stopped, grid = False, None
+    # Ctrl-C and SIGTERM interrupt `fit` here (not Tune's own Ctrl-C handling, which leaves
+    # the trainers to be killed), and the trials checkpoint their trainers.
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    previous = signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        grid = tuner.fit()
+    except KeyboardInterrupt:
+        stopped = True
+        _stop_trials(stop_file, specs)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    by_name = {}
+    if grid is not None:
+        for result in grid:
+            name = result.config["run"]["name"]
+            by_name[name] = result
+    rows = []
+    for spec in specs:
+        name, bindings = spec["name"], spec["bindings"]
+        done = sweep._finished(spec["model_dir"])
+        result = by_name.get(name)
+        last = (result.metrics or {}) if result is not None else {}
+        if result is not None and result.error is not None:
+            status = f"failed ({_first_line(result.error)}, see {spec['model_dir']}/log.txt)"
+            rows.append((name, bindings, status, {}))
+        elif done and last.get("status") == "skipped (finished)":
+            rows.append((name, bindings, "skipped (finished)", done["final"]))
+        elif done:
+            rows.append((name, bindings, "finished", done["final"]))
+        elif result is not None and scheduler is not None and not stopped:
+            step = last.get("step")
+            where = f" at step {step}" if step is not None else ""
+            status = f"stopped early ({args.scheduler}, last report{where}; checkpointed)"
+            rows.append((name, bindings, status, {}))
+        else:
+            status = f"stopped (checkpointed; re-run the sweep to resume, {spec['model_dir']})"
+            rows.append((name, bindings, status, {}))
+    sweep.write_hparams(rows, root)
+    return rows, stopped
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _stop_trials(stop_file, specs, limit=300.0):
+    """Asks every trial to stop its trainer and waits (bounded) until no run folder is locked
+    by a trainer, that is, until they have checkpointed and exited."""
+    print("Stopping: the trials send their trainers SIGTERM (they checkpoint).", flush=True)
+    with open(stop_file, "w") as f:
+        f.write("stop\n")
+    end = time.monotonic() + limit
+    while time.monotonic() < end:
+        if not any(os.path.exists(os.path.join(s["model_dir"], "LOCK")) for s in specs):
+            break
+        time.sleep(POLL_SECONDS)
+    os.remove(stop_file)
+
+
+def _first_line(error):
+    text = str(error).strip().splitlines()
+    return text[-1][:200] if text else type(error).__name__

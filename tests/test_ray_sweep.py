@@ -1,0 +1,200 @@
+"""`launch.sweep --backend=ray` (Ray Tune on a local Ray instance) and the random search's
+distributions; the Ray runs are slow tests, the parsing and the missing-extra error are not."""
+
+import json
+import math
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from launch import sweep
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+SMOKE = [
+    "--gin_file=digits_mlp_smoke",
+    "--gin_param=train.progress = False",
+    "--gin_param=train.num_eval_samples = 2",
+]
+RAY = ["--backend=ray", "--ray_num_cpus=2"]
+
+
+def _sweep(args, timeout=600):
+    return subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-m", "launch.sweep", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_parse_distribution_and_random_plans():
+    assert sweep.parse_distribution("a.lr=loguniform(1e-4, 1e-2)") == (
+        "a.lr",
+        "loguniform",
+        (1e-4, 1e-2),
+    )
+    assert sweep.parse_distribution("seed=[0, 1]") == ("seed", "choice", ([0, 1],))
+    assert sweep.parse_distribution("u=choice(['Dense', 'DenseFlipout'])")[1] == "choice"
+    with pytest.raises(ValueError, match="unknown distribution 'gamma'"):
+        sweep.parse_distribution("x=gamma(1, 2)")
+    with pytest.raises(ValueError, match="0 < low < high"):
+        sweep.parse_distribution("x=loguniform(0, 1)")
+    specs = ["a.lr=loguniform(1e-4, 1e-2)", "b.n=randint(1, 4)", "c.layer=['Dense', 'X']"]
+    plan = sweep.plan_random(specs, 200, seed=3)
+    assert plan == sweep.plan_random(specs, 200, seed=3)  # a re-run draws the same runs
+    assert plan != sweep.plan_random(specs, 200, seed=4)
+    assert len({name for name, _ in plan}) == 200
+    lrs = np.array([float(b["a.lr"]) for _, b in plan])
+    assert lrs.min() >= 1e-4 and lrs.max() <= 1e-2
+    # log(lr) is uniform on [log 1e-4, log 1e-2]: its mean within 5 standard errors.
+    logs = np.log(lrs)
+    centre, width = math.log(1e-3), math.log(100.0)
+    assert abs(logs.mean() - centre) < 5 * width / math.sqrt(12 * 200)
+    assert {b["b.n"] for _, b in plan} == {"1", "2", "3"}  # randint excludes the high end
+    assert {b["c.layer"] for _, b in plan} == {"'Dense'", "'X'"}  # gin text of each choice
+
+
+def test_grid_search_rejects_distributions_and_local_rejects_asha(tmp_path):
+    result = _sweep([*SMOKE, "--sweep", "a.lr=loguniform(1e-4, 1e-2)", "--root", str(tmp_path)])
+    assert result.returncode == 2 and "needs --search=random" in result.stderr
+    result = _sweep([*SMOKE, "--sweep", "seed=[0]", "--scheduler=asha", "--root", str(tmp_path)])
+    assert result.returncode == 2 and "--scheduler=asha needs --backend=ray" in result.stderr
+
+
+def test_ray_backend_without_ray_names_the_extra(monkeypatch):
+    from launch import ray_backend
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
+    with pytest.raises(SystemExit, match=r"\.\[ray\]"):
+        ray_backend.require_ray()
+
+
+def test_history_records_become_tune_metrics(tmp_path):
+    from launch.ray_backend import _records, flatten_record
+
+    path = tmp_path / "history.jsonl"
+    path.write_text('{"kind": "eval", "step": 5, "nll": 0.5, "note": "x"}\n{"kind": "tr')
+    records, offset = _records(str(path), 0)
+    assert [flatten_record(r) for r in records] == [{"step": 5, "eval/nll": 0.5}]
+    with open(path, "a") as f:  # the half-written line completes
+        f.write('ain", "step": 6, "loss": 1.0}\n')
+    records, _ = _records(str(path), offset)
+    assert [flatten_record(r) for r in records] == [{"step": 6, "train/loss": 1.0}]
+
+
+@pytest.mark.slow
+def test_ray_grid_matches_the_local_table_and_skips_finished_runs(tmp_path):
+    """A 2-point grid as Tune trials on a local Ray instance: one finishes, one fails (an
+    unknown layer) without stopping it; the table is the local backend's; a re-run skips."""
+    args = [
+        *SMOKE,
+        *RAY,
+        "--gin_param=train.train_steps = 30",
+        "--sweep",
+        "mlp.dense_layer=['DenseFlipout', 'NoSuchLayer']",
+        "--parallel=2",
+        "--root",
+        str(tmp_path),
+    ]
+    result = _sweep(args)
+    assert result.returncode == 1, result.stderr[-3000:]
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert rows[0].startswith("run,mlp.dense_layer,status,accuracy,nll,ece")
+    assert "finished" in rows[1] and "failed" in rows[2]
+    assert (
+        "Unknown layer 'NoSuchLayer'"
+        in (tmp_path / "dense_layer-NoSuchLayer" / "log.txt").read_text()
+    )
+    metrics = json.loads((tmp_path / "dense_layer-DenseFlipout" / "metrics.json").read_text())
+    assert metrics["status"] == "finished" and metrics["step"] == 30
+    again = _sweep(args)
+    rows = (tmp_path / "results.csv").read_text().splitlines()
+    assert "skipped (finished)" in rows[1] and again.returncode == 1
+
+
+@pytest.mark.slow
+def test_ray_random_search_with_asha_stops_poor_trials(tmp_path):
+    """4 trials of a log-uniform learning rate; ASHA on the trainer's `eval/nll` reports stops
+    the poor ones early (checkpointed, so a re-run could resume them)."""
+    args = [
+        *SMOKE,
+        *RAY,
+        "--gin_param=train.train_steps = 200",
+        "--gin_param=train.eval_every = 25",
+        "--search=random",
+        "--num_samples=4",
+        "--sweep",
+        "make_optimizer.learning_rate=loguniform(1e-6, 1e-1)",
+        "--scheduler=asha",
+        "--metric=eval/nll",
+        "--mode=min",
+        "--parallel=0",
+        "--root",
+        str(tmp_path),
+    ]
+    result = _sweep(args)
+    assert result.returncode == 1, result.stderr[-3000:]  # not every run finished
+    rows = (tmp_path / "results.csv").read_text().splitlines()[1:]
+    assert len(rows) == 4 and all(r.startswith("trial00") for r in rows)
+    finished = [r for r in rows if ",finished," in r]
+    stopped = [r for r in rows if "stopped early (asha" in r]
+    assert finished and stopped and len(finished) + len(stopped) == 4
+    for row in stopped:
+        run_dir = tmp_path / row.split(",")[0]
+        assert list((run_dir / "checkpoints").glob("ckpt-*.index"))
+        assert not (run_dir / "metrics.json").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_stopping_a_ray_sweep_checkpoints_and_leaves_no_trainer(tmp_path, how):
+    """SIGTERM (or Ctrl-C) of a Ray sweep: its trials stop their trainers, which checkpoint;
+    the table says so. `kill -9`: the local Ray instance dies with the sweep and the trainers,
+    signalled by their dying workers, still checkpoint. Either way no trainer survives."""
+    args = [
+        sys.executable,
+        "-m",
+        "launch.sweep",
+        *SMOKE,
+        *RAY,
+        "--gin_param=train.train_steps = 100000",
+        "--gin_param=train.checkpoint_every = 100000",
+        "--sweep",
+        "seed=[0]",
+        "--root",
+        str(tmp_path),
+    ]
+    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    run_dir = tmp_path / "seed-0"
+    try:
+        end = time.monotonic() + 300
+        while time.monotonic() < end and not (run_dir / "history.jsonl").exists():
+            time.sleep(0.5)
+        assert (run_dir / "history.jsonl").exists(), "training never began"
+        trainer = json.loads((run_dir / "LOCK").read_text())["pid"]
+        process.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
+        process.wait(timeout=300)
+        end = time.monotonic() + 120
+        while time.monotonic() < end and _alive(trainer):
+            time.sleep(0.5)
+        assert not _alive(trainer), "the trainer outlived its Ray sweep"
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert list((run_dir / "checkpoints").glob("ckpt-*.index"))  # it checkpointed on SIGTERM
+    assert not (run_dir / "LOCK").exists()
+    if how == "sigterm":
+        assert process.returncode == 130
+        assert "stopped (checkpointed" in (tmp_path / "results.md").read_text()
+        assert not (tmp_path / "STOP").exists()
+
+
+def _alive(pid):
+    status = pathlib.Path(f"/proc/{pid}/status")
+    return status.exists() and "\nState:\tZ" not in status.read_text()
