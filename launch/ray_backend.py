@@ -127,7 +127,13 @@ def _trial(config):
         done = sweep._finished(model_dir)
         if code != 0 or not done:
             raise RuntimeError(f"{name}: trainer exit {code}, see {model_dir}/log.txt")
-        tune.report({**_final(done["final"]), "status": "finished"})
+        final = _final(done["final"])
+        if metric is not None and metric not in final:
+            raise RuntimeError(
+                f"--metric={metric!r}: {name}'s records have no such value; its final metrics "
+                f"are {sorted(k for k in final if '/' in k)}."
+            )
+        tune.report({**final, "status": "finished"})
     finally:
         if process.poll() is None:  # stopped by the scheduler or the sweep: checkpoint and go
             process.send_signal(signal.SIGTERM)

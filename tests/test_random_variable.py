@@ -153,6 +153,13 @@ def test_fast_standard_normal_is_standard_normal():
         assert abs(p - q) < 5 * math.sqrt(q * (1 - q) / n)
     signs = rademacher([100_000], tf.constant([1, 2])).numpy()
     assert set(np.unique(signs)) == {-1.0, 1.0} and abs(signs.mean()) < 5 / math.sqrt(1e5)
+    # 32 signs come from one random word: neighbours in a word and the same bit of
+    # neighbouring words are uncorrelated (each lag's mean product within 5 standard errors).
+    for lag in (1, 31, 32, 33):
+        assert abs(np.mean(signs[lag:] * signs[:-lag])) < 5 / math.sqrt(1e5)
+    odd = tf.function(lambda shape: rademacher(shape, tf.constant([5, 6]), tf.float64))
+    block = odd(tf.constant([7, 5])).numpy()  # not a multiple of 32, shape known at run time
+    assert block.shape == (7, 5) and block.dtype == np.float64 and set(np.unique(block)) <= {-1, 1}
 
 
 # -- the paper's figures as written (issue 11) ----------------------------------------------------
