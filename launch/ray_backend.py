@@ -106,14 +106,15 @@ def _trial(config):
     )
     log.close()
     history = os.path.join(model_dir, "history.jsonl")
-    # A resumed run's earlier records were reported by its earlier trial: start at the end.
-    offset = os.path.getsize(history) if os.path.exists(history) else 0
+    # A resumed run's earlier records were reported by its earlier trial: start after its last
+    # complete line (the trainer drops a torn one when it resumes).
+    _, offset = _records(history, 0)
     stop_file = os.path.join(spec["root"], STOP_FILE)
     try:
         while True:
+            code = process.poll()
             if os.path.exists(stop_file):
                 break  # the finally clause checkpoints the trainer
-            code = process.poll()
             records, offset = _records(history, offset)
             for record in records:
                 metrics = flatten_record(record)
