@@ -277,14 +277,17 @@ class Trainer:
         with run_files.RunLock(self.model_dir):
             self.setup()
             self.start_step = self.restore()
-            self.check_bindings()
-            self.write_operative_config()
-            self.history = run_files.History(
-                os.path.join(self.model_dir, "history.jsonl"), self.start_step
-            )
-            self.writer = tf.summary.create_file_writer(os.path.join(self.model_dir, "tensorboard"))
-            self._window = (self.start_step, time.time(), np.zeros(4))
+            # From here on a SIGTERM or Ctrl-C saves a checkpoint (even before the first step).
             with _StopRequest() as self.stop:
+                self.check_bindings()
+                self.write_operative_config()
+                self.history = run_files.History(
+                    os.path.join(self.model_dir, "history.jsonl"), self.start_step
+                )
+                self.writer = tf.summary.create_file_writer(
+                    os.path.join(self.model_dir, "tensorboard")
+                )
+                self._window = (self.start_step, time.time(), np.zeros(4))
                 while self.step_value() < self.train_steps and not self.stop.requested:
                     self.collect()
                     end = self.train_steps

@@ -29,6 +29,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 
 __all__ = ["require_ray", "run_grid"]
@@ -97,24 +98,21 @@ def _trial(config):
     log.write(" ".join(command) + "\n")
     log.flush()
     cwd = spec["cwd"] if os.path.isdir(spec["cwd"]) else None
-    process = subprocess.Popen(
-        command,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        cwd=cwd,
-        preexec_fn=sweep._die_with_parent,  # noqa: PLW1509 - the trial's thread waits on it
-    )
+    trainer = _Trainer(command, log, cwd)
     log.close()
     history = os.path.join(model_dir, "history.jsonl")
     # A resumed run's earlier records were reported by its earlier trial: start after its last
     # complete line (the trainer drops a torn one when it resumes).
     _, offset = _records(history, 0)
+    # The sweep's stop request is watched apart from this thread, which can block in
+    # `tune.report` once the driver stops consuming results.
     stop_file = os.path.join(spec["root"], STOP_FILE)
+    threading.Thread(target=trainer.stop_on, args=(stop_file,), daemon=True).start()
     try:
         while True:
-            code = process.poll()
-            if os.path.exists(stop_file):
-                break  # the finally clause checkpoints the trainer
+            code = trainer.process.poll()
+            if trainer.stopping:
+                return  # stopped by the sweep; the finally clause waits for its checkpoint
             records, offset = _records(history, offset)
             for record in records:
                 metrics = flatten_record(record)
@@ -123,8 +121,6 @@ def _trial(config):
             if code is not None:
                 break
             time.sleep(POLL_SECONDS)
-        if process.poll() is None:
-            return  # stopped by the sweep
         done = sweep._finished(model_dir)
         if code != 0 or not done:
             raise RuntimeError(f"{name}: trainer exit {code}, see {model_dir}/log.txt")
@@ -136,12 +132,51 @@ def _trial(config):
             )
         tune.report({**final, "status": "finished"})
     finally:
-        if process.poll() is None:  # stopped by the scheduler or the sweep: checkpoint and go
-            process.send_signal(signal.SIGTERM)
-            try:
-                process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        trainer.stop()  # stopped by the scheduler or the sweep: checkpoint and go
+
+
+class _Trainer:
+    """The trial's trainer subprocess; `stop()` sends SIGTERM once (a second would kill it
+    before its checkpoint) and waits while it checkpoints."""
+
+    def __init__(self, command, log, cwd):
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=cwd,
+            preexec_fn=_own_group_dying_with_parent,  # noqa: PLW1509 - the trial's thread waits
+        )
+        self.stopping = False
+        self._lock = threading.Lock()
+
+    def stop(self, timeout=300):
+        with self._lock:
+            if self.process.poll() is None and not self.stopping:
+                self.stopping = True
+                self.process.send_signal(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+
+    def stop_on(self, stop_file):
+        """Stops the trainer when `stop_file` appears (until the trainer exits)."""
+        while self.process.poll() is None:
+            if os.path.exists(stop_file):
+                self.stop()
+                return
+            time.sleep(POLL_SECONDS)
+
+
+def _own_group_dying_with_parent():
+    """In the trainer, before exec: its own process group, out of reach of the group-wide
+    SIGKILL with which Ray reaps a local instance one second after its driver dies, and
+    SIGTERM when its trial's worker dies, so that it checkpoints and exits in its own time."""
+    os.setpgrp()
+    from launch import sweep
+
+    sweep._die_with_parent()
 
 
 def _final(final):

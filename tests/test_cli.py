@@ -213,7 +213,12 @@ def _alive(pid):
 
 
 @pytest.mark.parametrize("how", ["sigterm", "kill9"])
-def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how, backend):
+    """SIGTERM (or Ctrl-C) of a sweep stops its trainers, which checkpoint, and the table says
+    so; `kill -9` of the sweep still takes its trainers down (the parent-death signal: the
+    sweep's, or, with Ray, their dying workers' as the local Ray instance dies with the sweep),
+    and they still checkpoint. Either way no trainer survives and a re-run resumes."""
     root = tmp_path / "sweep"
     args = [
         sys.executable,
@@ -227,13 +232,17 @@ def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how):
         "--root",
         str(root),
     ]
+    if backend == "ray":
+        args += ["--backend=ray", "--ray_num_cpus=2"]
     sweep = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     run_dir = root / "seed-0"
     try:
-        assert _wait_for(lambda: (run_dir / "history.jsonl").exists())  # training has begun
+        # training has logged (a local Ray instance takes a while to start)
+        history = run_dir / "history.jsonl"
+        assert _wait_for(lambda: history.exists() and history.stat().st_size > 0, limit=300)
         trainer_pid = json.loads((run_dir / "LOCK").read_text())["pid"]
         sweep.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
-        sweep.wait(timeout=120)
+        sweep.wait(timeout=300)
         assert _wait_for(lambda: not _alive(trainer_pid)), "the trainer outlived its sweep"
     finally:
         if sweep.poll() is None:
@@ -244,6 +253,7 @@ def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how):
     if how == "sigterm":
         assert sweep.returncode == 130
         assert "stopped (checkpointed" in (root / "results.md").read_text()
+        assert not (root / "STOP").exists()
 
 
 def _free_ports(count):

@@ -1,13 +1,12 @@
 """`launch.sweep --backend=ray` (Ray Tune on a local Ray instance) and the random search's
-distributions; the Ray runs are slow tests, the parsing and the missing-extra error are not."""
+distributions; the Ray runs are slow tests, the parsing and the missing-extra error are not.
+Stopping a Ray sweep is tested with the local backend's stop test (`test_cli.py`)."""
 
 import json
 import math
 import pathlib
-import signal
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -149,52 +148,3 @@ def test_ray_random_search_with_asha_stops_poor_trials(tmp_path):
         run_dir = tmp_path / row.split(",")[0]
         assert list((run_dir / "checkpoints").glob("ckpt-*.index"))
         assert not (run_dir / "metrics.json").exists()
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("how", ["sigterm", "kill9"])
-def test_stopping_a_ray_sweep_checkpoints_and_leaves_no_trainer(tmp_path, how):
-    """SIGTERM (or Ctrl-C) of a Ray sweep: its trials stop their trainers, which checkpoint;
-    the table says so. `kill -9`: the local Ray instance dies with the sweep and the trainers,
-    signalled by their dying workers, still checkpoint. Either way no trainer survives."""
-    args = [
-        sys.executable,
-        "-m",
-        "launch.sweep",
-        *SMOKE,
-        *RAY,
-        "--gin_param=train.train_steps = 100000",
-        "--gin_param=train.checkpoint_every = 100000",
-        "--sweep",
-        "seed=[0]",
-        "--root",
-        str(tmp_path),
-    ]
-    process = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    run_dir = tmp_path / "seed-0"
-    try:
-        end = time.monotonic() + 300
-        while time.monotonic() < end and not (run_dir / "history.jsonl").exists():
-            time.sleep(0.5)
-        assert (run_dir / "history.jsonl").exists(), "training never began"
-        trainer = json.loads((run_dir / "LOCK").read_text())["pid"]
-        process.send_signal(signal.SIGTERM if how == "sigterm" else signal.SIGKILL)
-        process.wait(timeout=300)
-        end = time.monotonic() + 120
-        while time.monotonic() < end and _alive(trainer):
-            time.sleep(0.5)
-        assert not _alive(trainer), "the trainer outlived its Ray sweep"
-    finally:
-        if process.poll() is None:
-            process.kill()
-    assert list((run_dir / "checkpoints").glob("ckpt-*.index"))  # it checkpointed on SIGTERM
-    assert not (run_dir / "LOCK").exists()
-    if how == "sigterm":
-        assert process.returncode == 130
-        assert "stopped (checkpointed" in (tmp_path / "results.md").read_text()
-        assert not (tmp_path / "STOP").exists()
-
-
-def _alive(pid):
-    status = pathlib.Path(f"/proc/{pid}/status")
-    return status.exists() and "\nState:\tZ" not in status.read_text()
