@@ -15,7 +15,9 @@ Nothing outlives the sweep. Ctrl-C or SIGTERM of the sweep writes `--root/STOP`:
 sees it, sends its trainer SIGTERM and waits while it checkpoints; the table marks those runs
 stopped, and a re-run resumes them. A trainer also gets SIGTERM when its trial's worker process
 dies (the parent-death signal, as with the local backend): Ray kills a dead driver's workers,
-and a local Ray instance started here dies with its driver, even on `kill -9`. (A local
+and a local Ray instance started here dies with its driver, even on `kill -9`. Trainers run in
+a process group of their own, so the group-wide SIGKILL with which Ray reaps that instance
+leaves them the time to checkpoint. (A local
 instance leaves a dying worker's trainer the seconds it needs to checkpoint; a cluster started
 with `ray start` kills it at once unless `RAY_kill_child_processes_on_worker_exit=0`, so
 there a killed trial resumes from its last periodic checkpoint.)
