@@ -144,6 +144,8 @@ class Method:
     gin_file: str
     bindings: tuple = ()
     epochs: int = 0  # training epochs (0: the gin file's train_steps)
+    batch_size: int = 0  # the gin file's batch size, for the epochs' step count
+    model: str = ""  # the gin file's model builder, whose width the data set sets
     grid_search: bool = False  # Gal & Ghahramani's per-split validation grid
     dataset_epochs: tuple = ()  # (data set, epochs) exceptions
 
@@ -156,10 +158,14 @@ METHODS = {
         "MC dropout",
         "uci_mc_dropout",
         epochs=MC_DROPOUT_EPOCHS,
+        batch_size=128,
+        model="mc_dropout_regressor",
         grid_search=True,
         dataset_epochs=(("protein-tertiary-structure", 20 * 100),),
     ),
-    "flipout": Method("Mean-field BNN (Flipout)", "uci_flipout", epochs=500),
+    "flipout": Method(
+        "Mean-field BNN (Flipout)", "uci_flipout", epochs=500, batch_size=32, model="mlp"
+    ),
     "svgp": Method("SVGP", "deep_gp_uci", (("deep_gp.depth", "1"),)),
     "dgp2": Method("DGP-2", "deep_gp_uci", (("deep_gp.depth", "2"),)),
     "dgp3": Method("DGP-3", "deep_gp_uci", (("deep_gp.depth", "3"),)),
@@ -230,27 +236,20 @@ def _data_bindings(dataset, split, uci_dir, validation=False):
     return bindings
 
 
-BATCH_SIZES = {"mc_dropout": 128, "flipout": 32}
-
-
-def _train_size_and_scale(dataset, split, uci_dir, validation=False):
-    data = uci(dataset, split, uci_dir, validation=validation)
-    return data.num_train, data.target_scale
-
-
 def _epoch_based(method, dataset, split, uci_dir, epochs, validation=False):
     """Bindings of an epoch-based method's run (data, step count, the model's width) and the
     training targets' scale."""
-    num_train, scale = _train_size_and_scale(dataset, split, uci_dir, validation)
+    spec = METHODS[method]
+    data = uci(dataset, split, uci_dir, validation=validation)
     bindings = _data_bindings(dataset, split, uci_dir, validation)
-    bindings["train.train_steps"] = str(_epoch_steps(num_train, epochs, BATCH_SIZES[method]))
-    model = "mc_dropout_regressor" if method == "mc_dropout" else "mlp"
-    bindings[f"{model}.hidden_units"] = f"({HIDDEN_UNITS.get(dataset, 50)},)"
-    return bindings, scale
+    bindings["train.train_steps"] = str(_epoch_steps(data.num_train, epochs, spec.batch_size))
+    bindings[f"{spec.model}.hidden_units"] = f"({HIDDEN_UNITS.get(dataset, 50)},)"
+    return bindings, data.target_scale
 
 
 def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
-    """`[(run_name, bindings)]` of `method`'s next stage and `{run_name: (dataset, split)}`.
+    """`[(run_name, bindings)]` of `method`'s next stage and `{run_name: (dataset, split,
+    (rate, tau) or None)}`.
 
     A grid-search method has two stages: without `selected`, the validation runs of every
     (rate, tau) pair; with `selected` (`{(dataset, split): (rate, tau)}`), the test runs."""
@@ -262,7 +261,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
             if not spec.epochs:
                 bindings = {**_data_bindings(dataset, split, uci_dir), **dict(spec.bindings)}
                 runs.append((f"{dataset}_split{split}", bindings))
-                keys[runs[-1][0]] = (dataset, split)
+                keys[runs[-1][0]] = (dataset, split, None)
                 continue
             if spec.grid_search and selected is None:
                 if dataset not in TAU_GRID:
