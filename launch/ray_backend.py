@@ -17,7 +17,9 @@ stopped, and a re-run resumes them. A trainer also gets SIGTERM when its trial's
 dies (the parent-death signal, as with the local backend): Ray kills a dead driver's workers,
 and a local Ray instance started here dies with its driver, even on `kill -9`. Trainers run in
 a process group of their own, so the group-wide SIGKILL with which Ray reaps that instance
-leaves them the time to checkpoint. (A local
+does not reach them; they usually checkpoint on the way out, but after `kill -9` that is not
+guaranteed (under load Ray's teardown can win), and a re-run resumes from the last periodic
+checkpoint. (A local
 instance leaves a dying worker's trainer the seconds it needs to checkpoint; a cluster started
 with `ray start` kills it at once unless `RAY_kill_child_processes_on_worker_exit=0`, so
 there a killed trial resumes from its last periodic checkpoint.)
@@ -293,8 +295,7 @@ def run_grid(planned, args):
             status = f"stopped early ({args.scheduler}, last report{where}; checkpointed)"
             rows.append((name, bindings, status, {}))
         else:
-            status = f"stopped (checkpointed; re-run the sweep to resume, {spec['model_dir']})"
-            rows.append((name, bindings, status, {}))
+            rows.append((name, bindings, sweep.stopped_status(spec["model_dir"]), {}))
     sweep.write_hparams(rows, root)
     return rows, stopped
 

@@ -179,6 +179,11 @@ def _finished(model_dir):
     return summary if summary.get("status") == "finished" else None
 
 
+def stopped_status(model_dir):
+    """The table's status of a run its sweep stopped (both backends)."""
+    return f"stopped (checkpointed; re-run the sweep to resume, {model_dir})"
+
+
 def _die_with_parent():
     """In the child, before exec: SIGTERM when the sweep dies, however it dies (Linux)."""
     try:
@@ -237,7 +242,7 @@ class _Run:
         if code == 0 and done:
             self.result = (self.name, self.bindings, "finished", done["final"])
         elif code in (-signal.SIGTERM, 130, -signal.SIGINT):
-            status = f"stopped (checkpointed; re-run the sweep to resume, {self.model_dir})"
+            status = stopped_status(self.model_dir)
             self.result = (self.name, self.bindings, status, {})
         else:
             status = f"failed (exit {code}, see {self.model_dir}/log.txt)"
