@@ -26,6 +26,7 @@ import tensorflow_probability as tfp
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
 from blayers import regularizers, seeds
+from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry
 
 tfd = tfp.distributions
@@ -155,6 +156,20 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             seed=seeds.next_seed(self.seed_generator),
             name=getattr(self, "variable_name", None) or self.name,
         )
+
+    def redraw(self, rv):
+        """`rv`, one draw of this initializer, formed again from the variables' current values:
+        the same value (its seed, or the value an interceptor gave it) with parameters computed
+        now, so a gradient tape opened after the draw still reaches the variables (a recurrent
+        cell draws at `get_initial_state` and forms its weights at every step). Interceptors
+        saw the first construction and are not consulted again."""
+        distribution = tfd.Independent(
+            self._distribution(self.parameters(), self.weight_shape),
+            reinterpreted_batch_ndims=len(self.weight_shape),
+            name=rv.distribution.name,
+        )
+        value = rv.value if rv.value_given else None
+        return RandomVariable(distribution, value=value, seed=rv.seed)
 
     def _distribution(self, params, shape):
         raise NotImplementedError  # abstract; intentional

@@ -11,17 +11,17 @@ output gives its own distribution; otherwise the task reads the output's layout 
 mean and raw scale per target).
 
 In `keras.Model.fit`, Keras adds `model.losses` to the loss unscaled. `set_kl_scale(model,
-num_train)` sets every weight's KL regularizer to `KL / num_train`, so `fit` with a per-example
-NLL loss optimizes the per-example negative ELBO.
+num_train)` sets every KL that blayers layers add (weights' regularizers, a sparse GP's) to
+`KL / num_train`, so `fit` with a per-example NLL loss optimizes the per-example negative ELBO.
 """
 
 import gin
 import keras
 import tensorflow as tf
 
-from blayers.layers.base import LocalLosses
+from blayers.layers.base import AddsKL, BayesianLayer, LocalLosses
 from blayers.random_variable import RandomVariable
-from blayers.regularizers import DistributionRegularizer
+from blayers.regularizers import DistributionRegularizer, ScaledRegularizer
 
 __all__ = [
     "NegativeLogLikelihood",
@@ -130,7 +130,8 @@ def _distribution_regularizers(model):
 
 
 def set_kl_scale(model, num_train):
-    """Scales every weight's KL regularizer in `model` by `1 / num_train`, for `model.fit`.
+    """Scales every KL term that blayers layers put in `model.losses` by `1 / num_train`, for
+    `model.fit`.
 
     Keras' `fit` minimizes `mean_batch loss(y, y_pred) + sum(model.losses)`; with each KL
     divided by the training-set size, that is the per-example negative ELBO
@@ -140,15 +141,50 @@ def set_kl_scale(model, num_train):
         model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
         model.fit(x_train, y_train)
 
+    Scaled: every random weight's regularizer (a named one's `scale_factor`; a plain callable
+    `fn(rv)` is wrapped in `blayers.regularizers.ScaledRegularizer`), and the KL of layers that
+    add their own (`SparseGaussianProcess` and the other `AddsKL` layers). Per-example losses
+    (`LocalLosses`: a VAE's latent KL) and Keras regularizers of deterministic weights (`l2`)
+    keep their meaning and are left as they are.
+
     Build the model first (its weights' regularizers exist once it is built). Returns the
-    number of regularizers scaled. The scale is saved with the model. Do not use it with the
+    number of KL terms scaled. The scale is saved with the model. Do not use it with the
     blayers trainer, which divides the KL by `N` itself.
     """
     if not model.built:
         raise ValueError("set_kl_scale: build the model first (call it once on a batch).")
     if not num_train or num_train <= 0:
         raise ValueError(f"set_kl_scale needs a positive num_train, got {num_train!r}.")
-    regularizers = list({id(r): r for r in _distribution_regularizers(model)}.values())
-    for regularizer in regularizers:
-        regularizer.scale_factor = 1.0 / float(num_train)
-    return len(regularizers)
+    scale = 1.0 / float(num_train)
+    scaled = {}
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        if isinstance(layer, AddsKL):
+            layer.scale_factor = scale
+            scaled[id(layer)] = layer
+        if isinstance(layer, BayesianLayer):
+            for name in layer.random_weight_names():
+                attribute = f"{name}_regularizer"
+                regularizer = getattr(layer, attribute)
+                if regularizer is None:
+                    continue
+                if not isinstance(regularizer, DistributionRegularizer):
+                    if not callable(regularizer):
+                        raise TypeError(
+                            f"set_kl_scale: layer '{layer.name}' has a {attribute} that is not "
+                            f"callable ({regularizer!r}), so its KL cannot be scaled."
+                        )
+                    regularizer = ScaledRegularizer(regularizer)
+                    setattr(layer, attribute, regularizer)
+                regularizer.scale_factor = scale
+                scaled[id(regularizer)] = regularizer
+    for regularizer in _distribution_regularizers(model):  # any other layer holding one
+        regularizer.scale_factor = scale
+        scaled[id(regularizer)] = regularizer
+    return len(scaled)
+
+
+def _distribution_regularizers(model):
+    for layer in model._flatten_layers(include_self=True, recursive=True):
+        for name, value in vars(layer).items():
+            if name.endswith("regularizer") and isinstance(value, DistributionRegularizer):
+                yield value

@@ -58,6 +58,7 @@ class RandomVariable:
                     f"batch_shape + event_shape = {expected} of {distribution.name}."
                 )
         self._value = value
+        self._value_given = value is not None
 
     # -- the two halves --------------------------------------------------------------------------
     @property
@@ -74,6 +75,17 @@ class RandomVariable:
     def has_value(self):
         """True once a value is fixed: given explicitly (e.g. by an interceptor) or already drawn."""
         return self._value is not None
+
+    @property
+    def value_given(self):
+        """True if the value was given at construction (an interceptor such as `take_mean` or
+        `condition` fixed it), False if it is (or will be) a draw from the distribution."""
+        return self._value_given
+
+    @property
+    def seed(self):
+        """The stateless seed of the lazy draw (None: unseeded or a given value)."""
+        return self._seed
 
     @property
     def value(self):

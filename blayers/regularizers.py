@@ -36,6 +36,7 @@ __all__ = [
     "NormalEmpiricalBayesKLDivergence",
     "NormalKLDivergence",
     "ScaleMixtureKLDivergence",
+    "ScaledRegularizer",
     "TrainableNormalKLDivergenceStdDev",
     "UniformKLDivergence",
     "deserialize",
@@ -432,6 +433,36 @@ class TrainableNormalKLDivergenceStdDev(DistributionRegularizer, keras.layers.La
             "stddev_initializer": keras.initializers.serialize(self.stddev_initializer),
             "stddev_constraint": _REGISTRY.serialize(self.stddev_constraint),
             "per_entry": self.per_entry,
+            "scale_factor": self.scale_factor,
+        }
+
+
+@_register("scaled_regularizer")
+class ScaledRegularizer(DistributionRegularizer):
+    """`scale_factor * regularizer(rv)` for any callable `regularizer` of a weight's random
+    variable (an edward2-style `kernel_regularizer=lambda rv: ...`), so that its KL can be put
+    on the per-example scale like the named regularizers' (`blayers.set_kl_scale` wraps such
+    callables in it).
+
+    Args:
+      regularizer: a callable `fn(rv) -> scalar` (Keras-serializable to save the model).
+      scale_factor: multiplies it.
+    """
+
+    def __init__(self, regularizer, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if isinstance(regularizer, dict):
+            regularizer = keras.saving.deserialize_keras_object(regularizer)
+        if not callable(regularizer):
+            raise TypeError(f"ScaledRegularizer needs a callable, got {regularizer!r}.")
+        self.regularizer = regularizer
+
+    def divergence(self, rv):
+        return tf.convert_to_tensor(self.regularizer(rv), rv.dtype)
+
+    def get_config(self):
+        return {
+            "regularizer": keras.saving.serialize_keras_object(self.regularizer),
             "scale_factor": self.scale_factor,
         }
 

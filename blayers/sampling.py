@@ -6,7 +6,9 @@ uniform about 7 ms, and Box-Muller using both outputs of each uniform pair about
 (`benchmarks/dense_estimators.py`). Every estimator draws Normal noise through `standard_normal`.
 """
 
+import contextlib
 import math
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -14,7 +16,49 @@ import tensorflow_probability as tfp
 
 tfd = tfp.distributions
 
-__all__ = ["normal_parameters", "rademacher", "sample", "standard_normal", "xla_is_fast"]
+__all__ = [
+    "normal_parameters",
+    "rademacher",
+    "reuse_draws",
+    "sample",
+    "standard_normal",
+    "xla_is_fast",
+]
+
+
+class _Memo(threading.local):
+    cache = None
+
+
+_MEMO = _Memo()
+
+
+@contextlib.contextmanager
+def reuse_draws(cache):
+    """Inside, eager `standard_normal` and `rademacher` draws are looked up in `cache` (a dict)
+    by kind, shape, seed and dtype before they are drawn. A draw is a function of its seed
+    alone, so the result is the same; a recurrent cell that forms its sequence's weights again at
+    every eager step thus pays for the noise once per sequence. Graph code is left alone."""
+    previous, _MEMO.cache = _MEMO.cache, cache
+    try:
+        yield
+    finally:
+        _MEMO.cache = previous
+
+
+def _memoized(kind, draw, shape, seed, dtype):
+    cache = _MEMO.cache
+    if cache is None or not tf.executing_eagerly():
+        return draw(shape, seed, dtype)
+    key = (
+        kind,
+        tuple(tf.convert_to_tensor(shape, tf.int32).numpy().ravel().tolist()),
+        tuple(np.asarray(seed).ravel().tolist()),
+        tf.as_dtype(dtype).name,
+    )
+    if key not in cache:
+        cache[key] = draw(shape, seed, dtype)
+    return cache[key]
 
 
 def xla_is_fast():
@@ -35,6 +79,10 @@ def standard_normal(shape, seed, dtype=tf.float32):
     finite (|z| < 5.8 in float32, as with TF's own sampler, which also cuts at the uniform's
     resolution).
     """
+    return _memoized("normal", _standard_normal, shape, seed, dtype)
+
+
+def _standard_normal(shape, seed, dtype):
     dtype = tf.as_dtype(dtype)
     shape = tf.convert_to_tensor(shape, tf.int32)
     size = tf.reduce_prod(shape)
@@ -57,6 +105,10 @@ def rademacher(shape, seed, dtype=tf.float32):
     word give 32 signs (Philox's words are uniform, so their bits are independent fair coins),
     a 32nd of the random numbers one draw per sign would cost (Flipout's signs are about a
     tenth of a dense step's time otherwise)."""
+    return _memoized("signs", _rademacher, shape, seed, dtype)
+
+
+def _rademacher(shape, seed, dtype):
     shape = tf.convert_to_tensor(shape, tf.int32)
     size = tf.reduce_prod(shape)
     words = tf.random.stateless_uniform(

@@ -221,3 +221,70 @@ def test_float64_and_gin(cls):
 
     gin.parse_config(f"{cls.__name__}.ensemble_size = 5")
     assert cls(3).ensemble_size == 5
+
+
+@pytest.mark.parametrize("distribution", ["categorical", "normal"])
+def test_task_metrics_see_the_members_mutual_information(distribution):
+    """The tasks' predictive draws of an ensemble are its members: mutual information is
+    `H[mean_m p_m] - mean_m H[p_m]` over members (and passes), not 0 from an average taken
+    first; the predictive (accuracy, NLL) is the same mixture."""
+    from blayers.data import Data
+    from blayers.metrics import entropy, mutual_information
+
+    x = 3 * RNG.randn(20, 5).astype("float32")
+    if distribution == "categorical":
+        y = RNG.randint(0, 3, 20).astype("int32")
+        data = Data(
+            "toy",
+            "classification",
+            *[tf.data.Dataset.from_tensor_slices((x, y))] * 2,
+            20,
+            20,
+            (5,),
+            num_classes=3,
+        )
+        units = 3
+    else:
+        y = RNG.randn(20, 1).astype("float32")
+        data = Data(
+            "toy",
+            "regression",
+            *[tf.data.Dataset.from_tensor_slices((x, y))] * 2,
+            20,
+            20,
+            (5,),
+            target_dim=1,
+        )
+        units = 2
+    model = keras.Sequential(
+        [
+            keras.Input((5,)),
+            EnsembleTile(4),
+            DenseBatchEnsemble(
+                units,
+                ensemble_size=4,
+                alpha_initializer=keras.initializers.RandomNormal(stddev=1.0, seed=1),
+                gamma_initializer=keras.initializers.RandomNormal(stddev=1.0, seed=2),
+            ),
+            EnsembleOutput(4, distribution=distribution),
+        ]
+    )
+    member_outputs = model.layers[1](EnsembleTile(4)(x)).numpy().reshape(4, 20, units)
+    result, arrays = data.task.evaluate(model, data, num_samples=2, batch_size=7)
+    if distribution == "categorical":
+        member_probs = tf.nn.softmax(member_outputs).numpy()
+        assert arrays["probs"].shape == (8, 20, 3)
+        np.testing.assert_allclose(arrays["probs"][:4], member_probs, rtol=1e-5, atol=1e-6)
+        expected = mutual_information(member_probs)
+        assert expected.mean() > 0.05  # the members disagree
+        np.testing.assert_allclose(result["mutual_information"], expected.mean(), rtol=1e-5)
+        np.testing.assert_allclose(result["entropy"], entropy(member_probs).mean(), rtol=1e-5)
+        mixture = model(x).distribution
+        np.testing.assert_allclose(result["nll"], -np.mean(mixture.log_prob(y).numpy()), rtol=1e-4)
+    else:
+        assert arrays["means"].shape == (8, 20, 1)
+        np.testing.assert_allclose(arrays["means"][:4], member_outputs[..., :1], rtol=1e-5)
+        mixture = model(x).distribution
+        np.testing.assert_allclose(
+            -result["test_log_likelihood"], -np.mean(mixture.log_prob(y).numpy()), rtol=1e-4
+        )

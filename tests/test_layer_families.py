@@ -294,11 +294,115 @@ def test_flipout_cell_keeps_one_weight_per_sequence():
     cell = blayers.layers.LSTMCellFlipout(4, seed=1)
     x = tf.random.normal([6, 3])
     state = cell.get_initial_state(tf.zeros([6, 1, 3]))
-    projection = cell._sequence[0]["kernel"]
-    np.testing.assert_array_equal(projection(x).numpy(), projection(x).numpy())
-    state2 = cell.get_initial_state(tf.zeros([6, 1, 3]))  # a new sequence: a new draw
-    assert not np.allclose(cell._sequence[0]["kernel"](x).numpy(), projection(x).numpy())
-    del state, state2
+    first, _ = cell(x, state)
+    again, _ = cell(x, state)
+    np.testing.assert_array_equal(first.numpy(), again.numpy())
+    state = cell.get_initial_state(tf.zeros([6, 1, 3]))  # a new sequence: a new draw
+    assert not np.allclose(cell(x, state)[0].numpy(), first.numpy())
+
+
+# The paper's Figure 1, typed as printed (TF2: the loss under a GradientTape opened after
+# `get_initial_state`), for every Bayesian cell.
+FIGURE_1_CELLS = CELLS + [blayers.layers.LSTMCellRank1]
+
+
+def _figure_1(lstm, output_layer, features, labels, state_inside_tape, variables=None):
+    state = None if state_inside_tape else lstm.get_initial_state(features)
+    with tf.GradientTape() as tape:
+        if state_inside_tape:
+            state = lstm.get_initial_state(features)
+        nll = 0.0
+        for t in range(features.shape[1]):
+            net, state = lstm(features[:, t], state)
+            logits = output_layer(net)
+            nll += tf.reduce_mean(
+                keras.losses.categorical_crossentropy(labels[:, t], logits, from_logits=True)
+            )
+        kl = sum(lstm.losses)
+        loss = nll + kl
+    return loss, tape.gradient(loss, variables or lstm.trainable_variables), float(nll)
+
+
+@pytest.mark.parametrize("cls", FIGURE_1_CELLS)
+def test_figure_1_gradients_reach_every_cell_weight(cls):
+    """State drawn before the tape: every variational parameter gets the gradient of the same
+    draw taken inside the tape, at the first step and after an optimizer step."""
+    features = tf.constant(RNG.randn(4, 5, 3), tf.float32)
+    labels = tf.one_hot(RNG.randint(0, 2, (4, 5)), 2)
+    lstm = cls(8, seed=3)
+    output_layer = keras.layers.Dense(2)
+    optimizer = keras.optimizers.Adam(0.01)
+    for _ in range(2):
+        seeds = [v for v in lstm.variables if "seed" in v.path]
+        snapshot = [v.numpy() for v in seeds]
+        loss, grads, _ = _figure_1(lstm, output_layer, features, labels, False)
+        for variable, value in zip(seeds, snapshot):
+            variable.assign(value)
+        loss_in, grads_in, _ = _figure_1(lstm, output_layer, features, labels, True)
+        names = [v.path for v in lstm.trainable_variables]
+        assert any("stddev" in n for n in names) or cls is blayers.layers.LSTMCellRank1
+        assert [n for n, g in zip(names, grads) if g is None] == []
+        assert float(loss) == float(loss_in)
+        for name, g, g_in in zip(names, grads, grads_in):
+            np.testing.assert_allclose(g.numpy(), g_in.numpy(), rtol=1e-5, atol=1e-7, err_msg=name)
+            assert np.any(g.numpy() != 0), name
+        optimizer.apply_gradients(zip(grads, lstm.trainable_variables))
+
+
+@pytest.mark.parametrize("cls", [rnn_lib.LSTMCellFlipout, blayers.layers.LSTMCellRank1])
+def test_figure_1_in_a_tf_function_with_the_tape_after_the_state(cls):
+    features = tf.constant(RNG.randn(4, 5, 3), tf.float32)
+    lstm = cls(8)
+
+    @tf.function
+    def grads():
+        state = lstm.get_initial_state(features)
+        with tf.GradientTape() as tape:
+            out = 0.0
+            for t in range(5):
+                net, state = lstm(features[:, t], state)
+                out += tf.reduce_sum(net)
+            loss = out + sum(lstm.losses)
+        return tape.gradient(loss, lstm.trainable_variables)
+
+    grads()  # builds the cell
+    assert all(g is not None for g in grads())
+
+
+@pytest.mark.parametrize("cls", FIGURE_1_CELLS)
+def test_figure_1_bayesian_lstm_learns(cls):
+    """The loop of Figure 1 trained by hand: the cell's own weights move and the loss falls."""
+    features = tf.constant(RNG.randn(8, 4, 2), tf.float32)
+    labels = tf.one_hot(tf.cast(features[..., 0] > 0, tf.int32), 2)
+    lstm = cls(8, seed=0)
+    output_layer = keras.layers.Dense(2)
+    optimizer = keras.optimizers.Adam(0.05)
+    output_layer.build((None, 8))
+    lstm.get_initial_state(features)  # builds the cell, as in the figure
+    before = [v.numpy() for v in lstm.trainable_variables]
+    losses = []
+    for _ in range(30):
+        variables = lstm.trainable_variables + output_layer.trainable_variables
+        _, grads, nll = _figure_1(lstm, output_layer, features, labels, False, variables)
+        optimizer.apply_gradients(zip(grads, variables))
+        losses.append(nll)
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
+    for variable, value in zip(lstm.trainable_variables, before):
+        assert np.abs(variable.numpy() - value).max() > 1e-3, variable.path
+
+
+@pytest.mark.parametrize("cls", CELLS + [blayers.layers.LSTMCellRank1])
+def test_get_initial_state_with_batch_size_before_build(cls):
+    """Keras' contract: `cell.get_initial_state(batch_size=4)` works on an unbuilt cell; the
+    weights are drawn at the first step."""
+    cell = cls(8)
+    reference = (keras.layers.GRUCell if "GRU" in cls.__name__ else keras.layers.LSTMCell)(8)
+    ours, theirs = cell.get_initial_state(batch_size=4), reference.get_initial_state(batch_size=4)
+    assert [tuple(s.shape) for s in ours] == [tuple(s.shape) for s in theirs]
+    assert all(float(tf.reduce_max(tf.abs(s))) == 0.0 for s in ours)
+    assert not cell.built
+    net, _ = cell(tf.ones([4, 3]), ours)
+    assert net.shape == (4, 8) and len(cell.losses) == (4 if "Rank1" in cls.__name__ else 2)
 
 
 FLOAT64_LAYERS = [

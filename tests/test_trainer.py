@@ -449,6 +449,38 @@ def test_set_kl_scale_gives_fit_the_per_example_elbo():
         blayers.set_kl_scale(keras.Sequential([DenseFlipout(3)]), 100)
 
 
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: blayers.layers.SparseGaussianProcess(1, num_inducing=5),
+        lambda: blayers.layers.RandomFourierFeatures(1, num_features=16),
+        lambda: DenseFlipout(
+            3, kernel_regularizer=lambda rv: tf.reduce_sum(rv.distribution.stddev())
+        ),
+        lambda: keras.layers.RNN(blayers.layers.LSTMCellFlipout(3)),
+    ],
+    ids=["svgp", "random_features", "callable_regularizer", "lstm"],
+)
+def test_set_kl_scale_scales_every_kl_blayers_adds(make):
+    """GP KLs, random-feature output layers, callable regularizers and recurrent cells: every
+    term of `model.losses` is divided by N, none is left at full size."""
+    x = np.random.RandomState(0).randn(8, 4, 2).astype("float32")
+    layer = make()
+    inputs = x if isinstance(layer, keras.layers.RNN) else x[:, 0]
+    model = keras.Sequential([keras.Input(inputs.shape[1:]), layer])
+    model(inputs)
+    before = [float(loss) for loss in model.losses]
+    assert before and all(b != 0 for b in before)
+    assert blayers.set_kl_scale(model, 100) == len(before)
+    model(inputs)
+    # Every KL here is analytic in the variational parameters: exactly KL / N.
+    np.testing.assert_allclose(
+        [float(loss) for loss in model.losses], np.array(before) / 100, rtol=1e-5
+    )
+    if isinstance(layer, blayers.layers.SparseGaussianProcess):
+        assert layer.get_config()["scale_factor"] == 0.01
+
+
 def test_an_experiment_overrides_one_phase(tmp_path):
     """A reinforcement-learning loop collects between training phases: `collect` runs before
     each phase of `phase_steps` steps, and the subclass is chosen by `train.trainer_class`."""

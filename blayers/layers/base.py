@@ -36,6 +36,7 @@ WEIGHT_ARGS = """      kernel_initializer: a distribution initializer (`'trainab
 
 __all__ = [
     "WEIGHT_ARGS",
+    "AddsKL",
     "BayesianLayer",
     "LocalLosses",
     "NamedOutput",
@@ -51,8 +52,17 @@ register = register_layer  # the one decorator of a public layer (see `blayers.r
 
 def is_fixed(weight):
     """True if `weight` is deterministic: a variable/tensor, or a random variable whose value an
-    interceptor fixed (it was constructed with a value)."""
-    return not isinstance(weight, RandomVariable) or weight.has_value
+    interceptor fixed (it was constructed with a value). A value drawn lazily (a Monte Carlo
+    KL reads it) does not make the weight fixed: the estimator still applies."""
+    return not isinstance(weight, RandomVariable) or weight.value_given
+
+
+class AddsKL:
+    """Marker mixin: this layer adds a KL term of its own to `losses` (not through a weight's
+    regularizer: a sparse GP's `KL[q(u) || p(u)]`), multiplied by its `scale_factor` attribute,
+    which `blayers.set_kl_scale` sets to `1 / N` like every weight regularizer's."""
+
+    scale_factor = 1.0
 
 
 class LocalLosses:
@@ -250,16 +260,17 @@ class BayesianLayer(SeededLayer):
         forward pass (`linear_fn`, from an estimator mixin, see `blayers.layers.estimators`)."""
         return self.kernel_fn(name)(inputs)
 
-    def kernel_fn(self, name="kernel", batch_size=None):
+    def kernel_fn(self, name="kernel", batch_size=None, seed=None):
         """`x -> _linear(x, kernel)` with this call's draw of weight `name` fixed: every
         application shares one weight draw (and, for Flipout, one set of sign seeds), as the
         steps of one sequence do in a recurrent cell. `batch_size` (dense-shaped kernels only)
-        lets an estimator draw its per-example noise once, up front."""
+        lets an estimator draw its per-example noise once, up front; `seed` fixes the
+        estimator's own noise (default: the layer's next seed)."""
         kernel = getattr(self, name)
         if is_fixed(kernel):
             fixed = tf.convert_to_tensor(kernel)
             return lambda x: self._linear(x, fixed)
-        return self.linear_fn(kernel, batch_size=batch_size)
+        return self.linear_fn(kernel, batch_size=batch_size, seed=seed)
 
     def _linear(self, inputs, kernel):
         raise NotImplementedError(  # a declared hook; intentional
@@ -267,7 +278,7 @@ class BayesianLayer(SeededLayer):
             "linear map that BayesianLayer.apply_kernel needs."
         )
 
-    def linear_fn(self, kernel, batch_size=None):
+    def linear_fn(self, kernel, batch_size=None, seed=None):
         raise TypeError(
             f"{type(self).__name__} has a random kernel but no estimator: mix in one of "
             "blayers.layers.estimators' ReparameterizationEstimator, FlipoutEstimator or "

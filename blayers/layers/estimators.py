@@ -2,8 +2,10 @@
 
 A Bayesian layer family (dense, convolution, transposed convolution, einsum, the projections of
 recurrent cells and attention) defines its deterministic linear map `_linear(inputs, kernel)`;
-mixing in one of these classes supplies `linear_fn(kernel_rv)`, the forward pass under one draw
-of a random kernel (a function of the inputs, reused by a recurrent cell for every step):
+mixing in one of these classes supplies `linear_fn(kernel_rv, batch_size=None, seed=None)`, the
+forward pass under one draw of a random kernel (a function of the inputs, reused by a recurrent
+cell for every step; `seed`, by default the layer's next, fixes the estimator's own noise so that
+a cell can form the same draw again):
 
 * `ReparameterizationEstimator`: `op(x, W)` with one draw `W ~ q` per call.
 * `FlipoutEstimator` (Wen et al., 2018): `op(x, M) + op(x * s, dW) * r` with one perturbation
@@ -60,8 +62,8 @@ def channel_sign_shape(tensor):
 class ReparameterizationEstimator:
     """`op(x, W)`, one kernel draw per call shared by the batch."""
 
-    def linear_fn(self, kernel, batch_size=None):
-        del batch_size
+    def linear_fn(self, kernel, batch_size=None, seed=None):
+        del batch_size, seed  # the kernel's draw carries its own seed
         weight = kernel.value
         return lambda x: self._linear(x, weight)
 
@@ -75,8 +77,9 @@ class FlipoutEstimator:
     a recurrent cell) the signs are drawn once, up front, instead of at every application.
     """
 
-    def linear_fn(self, kernel, batch_size=None):
-        noise_seed, in_seed, out_seed = tfp.random.split_seed(self.next_seed(), n=3)
+    def linear_fn(self, kernel, batch_size=None, seed=None):
+        seed = self.next_seed() if seed is None else seed
+        noise_seed, in_seed, out_seed = tfp.random.split_seed(seed, n=3)
         dtype = self.compute_dtype
         mean, perturbation = kernel_perturbation(kernel, noise_seed, dtype)
         if batch_size is not None:
@@ -99,13 +102,13 @@ class FlipoutEstimator:
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
 
-    def linear_fn(self, kernel, batch_size=None):
+    def linear_fn(self, kernel, batch_size=None, seed=None):
         del batch_size
         mean, stddev = kernel_moments(kernel)
         if stddev.shape != kernel.shape:
             stddev = tf.broadcast_to(stddev, kernel.shape)
         variance_kernel = tf.square(stddev)
-        seed = self.next_seed()
+        seed = self.next_seed() if seed is None else seed
 
         def apply(x):
             loc = self._linear(x, mean)

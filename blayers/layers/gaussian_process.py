@@ -36,7 +36,7 @@ import tensorflow_probability as tfp
 from blayers import distributions as rv_lib
 from blayers import initializers as initializers_lib
 from blayers.constraints import softplus_inverse
-from blayers.layers.base import NamedOutput, NestedLayers, SeededLayer, register
+from blayers.layers.base import AddsKL, NamedOutput, NestedLayers, SeededLayer, register
 from blayers.layers.dense import DenseReparameterization
 from blayers.random_variable import RandomVariable
 
@@ -86,6 +86,13 @@ def _positive(layer_name, argument, value):
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{layer_name}: {argument} must be positive and finite, got {value!r}.")
     return value
+
+
+def _non_negative(layer_name, argument, value):
+    """`float(value)` >= 0 and finite, or a ValueError naming the layer and the argument."""
+    if value == 0:
+        return 0.0
+    return _positive(layer_name, argument, value)
 
 
 def make_kernel(covariance_fn, amplitude, length_scale):
@@ -497,7 +504,7 @@ class GaussianProcess(_GPBase):
 
 
 @register
-class SparseGaussianProcess(_GPBase):
+class SparseGaussianProcess(AddsKL, _GPBase):
     """Sparse variational GP layer (Hensman et al., 2013) for scalable and deep GPs.
 
     Inducing inputs `Z` `[num_inducing, d]` (trainable) and, per output unit, `q(v) = N(m, L L^T)`
@@ -527,8 +534,12 @@ class SparseGaussianProcess(_GPBase):
         `N(mu, K_XX - A^T A + A_u^T L L^T A_u)` (a `MultivariateNormalTriL` per unit, transposed
         to `[batch, units]`), the variable a posterior program hands to a model's exact
         `GaussianProcess` (`blayers.programs`, the Cox process).
-      add_kl_loss: add `KL[q(u) || p(u)]` to `layer.losses` on every call (the Keras-model
-        ELBO). A posterior program sets False: there `log p(f) - log q(f)` carries the KL.
+      add_kl_loss: add `scale_factor * KL[q(u) || p(u)]` to `layer.losses` on every call (the
+        Keras-model ELBO). A posterior program sets False: there `log p(f) - log q(f)` carries
+        the KL.
+      scale_factor: multiplies the KL in `layer.losses` (default 1; `1 / N` gives the
+        per-example ELBO's KL term in `model.fit`, which `blayers.set_kl_scale` sets, as it
+        does for every weight's KL regularizer).
       output_name: name of the returned random variable (default: the layer's name).
       **kwargs: `GaussianProcess`'s kernel arguments (`amplitude`, `length_scale`, `jitter`,
         `cholesky_dtype`, `seed`) and `keras.layers.Layer` arguments.
@@ -546,10 +557,13 @@ class SparseGaussianProcess(_GPBase):
         inducing_inputs_initializer="random_normal",
         full_covariance=False,
         add_kl_loss=True,
+        scale_factor=1.0,
         **kwargs,
     ):
         super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
         self.full_covariance, self.add_kl_loss = bool(full_covariance), bool(add_kl_loss)
+        name = f"SparseGaussianProcess ({self.name})"
+        self.scale_factor = _non_negative(name, "scale_factor", scale_factor)
         if variational not in ("full", "mean_field"):
             raise ValueError(
                 f"SparseGaussianProcess: variational must be 'full' or "
@@ -705,13 +719,13 @@ class SparseGaussianProcess(_GPBase):
         if not self.full_covariance:
             mean, variance, kl = self.predict_marginals(inputs)
             if self.add_kl_loss:
-                self.add_loss(kl)
+                self.add_loss(tf.cast(self.scale_factor, kl.dtype) * kl)
             return rv_lib.Normal(
                 loc=mean, scale=tf.sqrt(variance), seed=self.next_seed(), name=self.output_name
             )
         mean, chol, kl = self.predict_joint(inputs)
         if self.add_kl_loss:
-            self.add_loss(kl)
+            self.add_loss(tf.cast(self.scale_factor, kl.dtype) * kl)
         per_unit = tfd.MultivariateNormalTriL(loc=tf.transpose(mean), scale_tril=chol)
         return rv_lib.TransformedDistribution(
             distribution=tfd.Independent(per_unit, reinterpreted_batch_ndims=1),
@@ -732,6 +746,7 @@ class SparseGaussianProcess(_GPBase):
             else keras.initializers.serialize(self.inducing_inputs_initializer),
             "full_covariance": self.full_covariance,
             "add_kl_loss": self.add_kl_loss,
+            "scale_factor": self.scale_factor,
         }
 
 

@@ -135,13 +135,10 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         self.add_bayesian_weight("recurrent_alpha", (e, self.units))
         self.add_bayesian_weight("recurrent_gamma", (e, gates))
 
-    def begin_sequence(self, batch_size):
-        """Draws the sequence's factors and expands them to the member-major rows."""
-        self._sequence_losses.clear()
-        self.call_weights()
-        self._num_draws += 1
+    def _projections(self, sequence):
+        """The sequence's factors expanded to the member-major rows."""
         name = f"LSTMCellRank1 ({self.name})"
-        rows_like = tf.zeros(tf.stack([batch_size, 1]), self.compute_dtype)
+        rows_like = tf.zeros(tf.stack([sequence.batch_size, 1]), self.compute_dtype)
         rows = {
             factor: member_rows(tf.convert_to_tensor(getattr(self, factor)), rows_like, name)
             for factor in self._FACTORS
@@ -157,7 +154,7 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         bias = None
         if self.use_bias:
             bias = member_rows(tf.convert_to_tensor(self.bias), rows_like, name)
-        object.__setattr__(self, "_sequence", (projections, bias))
+        return projections, bias
 
     def get_config(self):
         config = {**super().get_config(), "ensemble_size": self.ensemble_size}

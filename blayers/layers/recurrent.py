@@ -9,9 +9,14 @@ hand-written loop:
 
     lstm = blayers.layers.LSTMCellReparameterization(512)
     state = lstm.get_initial_state(features)      # draws this sequence's weights
-    for t in range(features.shape[1]):
-        net, state = lstm(features[:, t], state)
-    kl = sum(lstm.losses)                         # the KL of this sequence's weights
+    with tf.GradientTape() as tape:
+        for t in range(features.shape[1]):
+            net, state = lstm(features[:, t], state)
+        kl = sum(lstm.losses)                     # the KL of this sequence's weights
+
+The draw is a random variable per weight and a seed; each step forms the weights from the
+variables with that draw, so the gradients reach every variational parameter wherever
+`get_initial_state` was called, inside the tape or before it.
 
 Gates follow Keras (`LSTMCell`: i, f, c, o with `unit_forget_bias`; `GRUCell` with
 `reset_after=True`). If a cell is called before any `get_initial_state` (e.g. `RNN` given an
@@ -20,7 +25,9 @@ explicit `initial_state`), it draws its weights on that first step.
 
 import keras
 import tensorflow as tf
+import tensorflow_probability as tfp
 
+from blayers import sampling
 from blayers.layers.base import BayesianLayer, register
 from blayers.layers.dense import dense_matmul
 from blayers.layers.estimators import FlipoutEstimator, ReparameterizationEstimator
@@ -31,6 +38,37 @@ __all__ = [
     "LSTMCellFlipout",
     "LSTMCellReparameterization",
 ]
+
+
+def _graph():
+    """The graph being built, or None when executing eagerly."""
+    return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+
+
+class _Sequence:
+    """One sequence's draw: the weights' random variables as first drawn, the seed of the
+    estimator's noise, the batch size, the graph it was drawn in (None: eager), the eager noise
+    cache, and (graph mode) the weights formed at the draw."""
+
+    def __init__(self, draws, seed, batch_size):
+        self.draws, self.seed, self.batch_size = draws, seed, batch_size
+        self.graph = _graph()
+        self.noise = {}
+        self.formed = None
+
+    def in_own_graph(self):
+        return _graph() is self.graph
+
+    def is_stale(self):
+        """Drawn in a graph that the current one is neither nor nested in (an earlier trace)."""
+        if self.graph is None:
+            return False
+        graph = _graph()
+        while graph is not None:
+            if graph is self.graph:
+                return False
+            graph = getattr(graph, "outer_graph", None)
+        return True
 
 
 class _CellBase(BayesianLayer):
@@ -90,7 +128,6 @@ class _CellBase(BayesianLayer):
         )
         self._configure_weight("bias", bias_initializer, bias_regularizer, bias_constraint)
         object.__setattr__(self, "_sequence", None)
-        object.__setattr__(self, "_sequence_losses", [])
         self._num_draws = 0  # sequences begun (eager calls; a tf.function counts its trace)
 
     def build(self, input_shape):
@@ -105,43 +142,95 @@ class _CellBase(BayesianLayer):
     def _bias_shape(self):
         return (self.gates * self.units,)
 
-    # The sequence's KL terms live outside Keras' per-call loss list, which a hand-written
-    # loop would clear at every step.
-    def _add_weight_loss(self, loss):
-        self._sequence_losses.append(loss)
-
-    def _get_own_losses(self):
-        return super()._get_own_losses() + list(self._sequence_losses)
-
+    # -- the sequence's draw ---------------------------------------------------------------------
     def begin_sequence(self, batch_size):
-        """Draws this sequence's weights (and Flipout signs) for `batch_size` examples."""
-        self._sequence_losses.clear()
-        self.call_weights()
+        """Draws this sequence's weights (and Flipout signs) for `batch_size` examples.
+
+        What is drawn is the weights' random variables (interceptors such as `blayers.tape` see
+        them once per sequence) and the seed of the estimator's noise. Every step forms the
+        weights again from the variables with that same draw, so a gradient tape opened after
+        `get_initial_state` (the paper's Figure 1) still reaches every variational parameter,
+        and so does the sequence's KL in `losses`. Eager steps reuse the sequence's noise
+        (`blayers.sampling.reuse_draws`); in a `tf.function` the weights are also formed once
+        here, for steps traced in a nested graph (the `tf.while_loop` of `keras.layers.RNN`).
+        """
         self._num_draws += 1
+        self.call_weights(add_losses=False)
+        draws = {name: getattr(self, name) for name in self._random_weight_names}
+        sequence = _Sequence(draws, self.next_seed(), batch_size)
+        if sequence.graph is not None:
+            sequence.formed = self._form(sequence, steps=True, losses=True)
+        object.__setattr__(self, "_sequence", sequence)
+
+    def _form(self, sequence, steps, losses):
+        """`(projections, bias, kl_terms)`: the sequence's weights from the variables' values
+        now; the step maps only with `steps`, the KL terms only with `losses` (else None)."""
+        with sampling.reuse_draws(sequence.noise):
+            for name, rv in sequence.draws.items():
+                setattr(self, name, getattr(self, f"{name}_initializer").redraw(rv))
+            projections, bias = self._projections(sequence) if steps else (None, None)
+            kl_terms = self._kl_terms() if losses else None
+        return projections, bias, kl_terms
+
+    def _kl_terms(self):
+        terms = []
+        for name in self._random_weight_names:
+            regularizer = getattr(self, f"{name}_regularizer")
+            if regularizer is not None:
+                terms.append(regularizer(getattr(self, name)))
+        return terms
+
+    def _projections(self, sequence):
+        """`({"kernel": x -> x W, "recurrent_kernel": h -> h U}, bias)` under the current draw."""
+        kernel_seed, recurrent_seed = tfp.random.split_seed(sequence.seed, n=2)
         projections = {
-            name: self.kernel_fn(name, batch_size=batch_size)
-            for name in ("kernel", "recurrent_kernel")
+            name: self.kernel_fn(name, batch_size=sequence.batch_size, seed=seed)
+            for name, seed in (("kernel", kernel_seed), ("recurrent_kernel", recurrent_seed))
         }
         bias = tf.convert_to_tensor(self.bias) if self.use_bias else None
-        object.__setattr__(self, "_sequence", (projections, bias))
+        return projections, bias
+
+    def _current_sequence(self, batch_size=None):
+        """The sequence's `(projections, bias, losses)` for this context; with `batch_size` (a
+        step) a sequence drawn in an unrelated graph is replaced by a new one."""
+        sequence = self._sequence
+        if sequence is not None and batch_size is not None and sequence.is_stale():
+            sequence = None
+        if sequence is None:
+            if batch_size is None:
+                return None
+            self.begin_sequence(batch_size)
+            sequence = self._sequence
+        if sequence.formed is not None and not sequence.in_own_graph():
+            return sequence.formed
+        step = batch_size is not None
+        return self._form(sequence, steps=step, losses=not step)
+
+    def _get_own_losses(self):
+        own = super()._get_own_losses()
+        current = self._current_sequence()
+        return own + list(current[2]) if current is not None else own
 
     def get_initial_state(self, inputs=None, batch_size=None):
         """Zero states for a batch, drawing the sequence's weights. `inputs` (a tensor whose
-        first axis is the batch, as in the paper's Figure 1) or `batch_size`."""
+        first axis is the batch, as in the paper's Figure 1) or `batch_size`. An unbuilt cell
+        given only `batch_size` (as `keras.layers.LSTMCell` allows) draws at its first step."""
         if inputs is not None and not isinstance(inputs, int):
             batch_size = tf.shape(inputs)[0]
         elif inputs is not None:
             batch_size = inputs
         if batch_size is None:
             raise ValueError(f"{type(self).__name__}.get_initial_state needs inputs or batch_size.")
-        if not self.built:  # the paper's Figure 1 asks for the state before the first call
-            if inputs is None or isinstance(inputs, int) or inputs.shape[-1] is None:
-                raise ValueError(
-                    f"{type(self).__name__}.get_initial_state on an unbuilt cell needs `inputs` "
-                    "with a known last (feature) axis, or call cell.build(input_shape) first."
-                )
-            self.build((None, int(inputs.shape[-1])))
-        self.begin_sequence(batch_size)
+        features = None
+        if inputs is not None and not isinstance(inputs, int):
+            features = inputs.shape[-1]
+        if not self.built and features is not None:
+            # The paper's Figure 1 asks for the state before the first call.
+            self.build((None, int(features)))
+        if self.built:
+            self.begin_sequence(batch_size)
+        else:
+            object.__setattr__(self, "_sequence", None)
         return [
             tf.zeros(tf.stack([batch_size, self.units]), self.compute_dtype)
             for _ in range(self._num_states)
@@ -151,9 +240,7 @@ class _CellBase(BayesianLayer):
         return dense_matmul(inputs, kernel)
 
     def call(self, inputs, states, training=None):
-        if self._sequence is None:
-            self.begin_sequence(tf.shape(inputs)[0])
-        projections, bias = self._sequence
+        projections, bias, _ = self._current_sequence(tf.shape(inputs)[0])
         h_prev = states[0] if isinstance(states, (list, tuple)) else states
         x_proj = projections["kernel"](inputs)
         h_proj = projections["recurrent_kernel"](h_prev)

@@ -4,6 +4,7 @@ import numpy as np
 import tensorflow as tf
 
 from blayers import objectives
+from blayers.layers.ensemble import EnsembleMixture
 from blayers.random_variable import RandomVariable
 
 __all__ = ["Task", "get", "register_task"]
@@ -87,10 +88,22 @@ class Task:
         """Arrays `[num_samples, n, ...]` of `predictive_parameters` over an unbatched dataset,
         one fresh posterior draw per pass (memory grows with samples x examples x outputs,
         never with activations). Up to `draws_per_call` passes run in one graph loop, so that
-        thousands of draws (MC dropout's 10,000) cost little more than the passes themselves."""
+        thousands of draws (MC dropout's 10,000) cost little more than the passes themselves.
+
+        An ensemble's output (`EnsembleMixture`, the uniform mixture of `E` members) gives its
+        members' parameters, each pass counting as `E` draws (`[num_samples * E, n, ...]`):
+        the predictive is the same mixture, and the mutual information (the members'
+        disagreement) is not lost to an average taken before the metrics see it."""
 
         def one_draw(x):
-            return tuple(self.predictive_parameters(self.likelihood(model(x, training=False))))
+            distribution = self.likelihood(model(x, training=False))
+            if not isinstance(distribution, EnsembleMixture):
+                return tuple(t[None] for t in self.predictive_parameters(distribution))
+            member_axis = distribution.batch_shape.rank  # members: the last batch axis
+            return tuple(
+                _move_axis_first(t, member_axis)
+                for t in self.predictive_parameters(distribution.members)
+            )
 
         @tf.function
         def several_draws(x, count):
@@ -110,10 +123,10 @@ class Task:
                 several_draws(x[0] if isinstance(x, tuple) else x, tf.constant(count))
                 for x in batched
             ]
-            # [count, n, ...] per parameter: examples concatenate on axis 1
+            # [count, members, n, ...] per parameter: examples concatenate on axis 2
             chunks.append(
                 [
-                    np.concatenate([p[i].numpy() for p in parts], axis=1)
+                    _merge_first_axes(np.concatenate([p[i].numpy() for p in parts], axis=2))
                     for i in range(len(parts[0]))
                 ]
             )
@@ -123,6 +136,15 @@ class Task:
     def predictive_parameters(self, distribution):
         """The per-example parameters an evaluation keeps from one posterior draw."""
         return distribution.mean(), distribution.stddev()
+
+
+def _move_axis_first(tensor, axis):
+    perm = [axis] + [i for i in range(tensor.shape.rank) if i != axis]
+    return tf.transpose(tensor, perm)
+
+
+def _merge_first_axes(array):
+    return array.reshape((-1,) + array.shape[2:])
 
 
 def features(dataset):
