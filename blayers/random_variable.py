@@ -259,6 +259,54 @@ def _unwrap(value):
     return value.distribution if isinstance(value, RandomVariable) else value
 
 
+def align_value(value, shape, what, dtype=None):
+    """`value` fitted to a random variable's `shape` (sample + batch + event) before a density:
+    a value of shape `(N,)` for a variable of shape `(N, 1)` (labels without the output's
+    trailing axis) is expanded to `(N, 1)`; a value of lower rank that would broadcast the
+    variable to a larger shape (`(N,)` against `(M, 1)`, which TFP evaluates as `(M, N)`) is
+    refused naming both shapes. Values with leading sample axes, or of the full rank, pass
+    as they are.
+
+    Args:
+      value: the value (tensor-like).
+      shape: the variable's `tf.TensorShape`.
+      what: names the caller in the error (`"Normal 'y'.log_prob"`).
+      dtype: the variable's dtype (a hint for converting Python and NumPy values).
+    """
+    value = tf.convert_to_tensor(value, dtype_hint=dtype)
+    shape = tf.TensorShape(shape)
+    if shape.rank is None or value.shape.rank is None:
+        return value
+    k, r = value.shape.rank, shape.rank
+    if k == 0 or k >= r:
+        return value
+    tail = shape[k:]
+    if value.shape.is_compatible_with(shape[:k]) and all(d == 1 for d in tail):
+        return tf.reshape(value, tf.concat([tf.shape(value), tf.ones([r - k], tf.int32)], 0))
+    # Aligned from the right, a value axis other than 1 must equal the variable's.
+    pairs = zip(value.shape.as_list(), shape[r - k :].as_list())
+    if any(v not in (None, 1) and d is not None and v != d for v, d in pairs):
+        raise ValueError(
+            f"{what}: a value of shape {value.shape.as_list()} does not fit the random "
+            f"variable's shape {shape.as_list()}; TFP would broadcast the two into a larger "
+            f"array, not one log-density per element. Pass a value of shape {shape.as_list()} "
+            "(labels of shape [N] for an output of shape [N, 1]: `y[:, None]`), or call the "
+            "`.distribution`'s method to broadcast on purpose."
+        )
+    return value
+
+
+_VALUE_METHODS = (
+    "log_prob",
+    "prob",
+    "cdf",
+    "log_cdf",
+    "survival_function",
+    "log_survival_function",
+    "quantile",
+)
+
+
 def _forward(name, takes_distribution=False):
     method = getattr(tfd.Distribution, name)
 
@@ -268,6 +316,10 @@ def _forward(name, takes_distribution=False):
             kwargs = {k: _unwrap(v) for k, v in kwargs.items()}
         else:
             args = tuple(a.value if isinstance(a, RandomVariable) else a for a in args)
+        if name in _VALUE_METHODS and args:
+            what = f"{self._distribution.name}.{name}"
+            value = align_value(args[0], self._static_shape(), what, self._distribution.dtype)
+            args = (value, *args[1:])
         return getattr(self._distribution, name)(*args, **kwargs)
 
     forwarded.__name__ = name
@@ -277,21 +329,7 @@ def _forward(name, takes_distribution=False):
     setattr(RandomVariable, name, forwarded)
 
 
-for _name in (
-    "mean",
-    "mode",
-    "stddev",
-    "variance",
-    "covariance",
-    "entropy",
-    "log_prob",
-    "prob",
-    "cdf",
-    "log_cdf",
-    "survival_function",
-    "log_survival_function",
-    "quantile",
-):
+for _name in ("mean", "mode", "stddev", "variance", "covariance", "entropy", *_VALUE_METHODS):
     _forward(_name)
 for _name in ("kl_divergence", "cross_entropy"):
     _forward(_name, takes_distribution=True)

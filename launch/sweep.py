@@ -368,7 +368,7 @@ def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quie
         ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"
     )
     for name, _, status, _ in results:
-        if not status.startswith(("finished", "skipped")):
+        if not status.startswith(SUCCESS_STATUSES):
             print(f"{name}: {status}", file=sys.stderr)
     return results, stopped
 
@@ -524,7 +524,18 @@ def main(argv=None):
         rows = run_sweep(args)
     except KeyboardInterrupt:
         return 130
-    return 0 if all(r[2].startswith(("finished", "skipped")) for r in rows) else 1
+    return exit_code(rows)
+
+
+# A run that ends in one of these did what was asked: an early stop by the scheduler is its
+# verdict on the run, not a failure.
+SUCCESS_STATUSES = ("finished", "skipped", "stopped early")
+
+
+def exit_code(rows):
+    """0 when every run finished, was skipped or was stopped early by the scheduler; 1 when
+    any failed (or did not start)."""
+    return 0 if all(status.startswith(SUCCESS_STATUSES) for _, _, status, _ in rows) else 1
 
 
 def run():

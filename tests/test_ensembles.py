@@ -49,9 +49,32 @@ def test_conv_members_use_their_rank_one_kernels(cls):
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
-def test_batch_must_hold_whole_members():
-    with pytest.raises(tf.errors.InvalidArgumentError, match="EnsembleTile"):
-        DenseBatchEnsemble(2, ensemble_size=3)(tf.ones([4, 2]))
+@pytest.mark.parametrize(
+    "make, shape",
+    [
+        (lambda: DenseBatchEnsemble(2, ensemble_size=3), [4, 2]),
+        (lambda: DenseRank1(2, ensemble_size=3), [4, 2]),
+        (lambda: Conv2DRank1(2, 3, ensemble_size=3), [4, 5, 5, 2]),  # edward2's test shapes
+        (lambda: Conv2DBatchEnsemble(2, 3, ensemble_size=3), [4, 5, 5, 2]),
+    ],
+)
+def test_batch_must_hold_whole_members(make, shape):
+    """The error names the layer, the batch's actual size and the fix (EnsembleTile), eagerly
+    and in a graph whose batch size is unknown."""
+    layer = make()
+    with pytest.raises(
+        ValueError, match=r"the batch \(4 rows\) must hold ensemble_size = 3"
+    ) as info:
+        layer(tf.ones(shape))
+    assert "{" not in str(info.value) and "EnsembleTile" in str(info.value)
+    assert layer.name in str(info.value)
+    layer(tf.ones([6, *shape[1:]]))  # whole members
+    graph = tf.function(layer, input_signature=[tf.TensorSpec([None, *shape[1:]])])
+    with pytest.raises(
+        tf.errors.InvalidArgumentError, match=r"must hold ensemble_size = 3"
+    ) as info:
+        graph(tf.ones(shape))
+    assert "must hold" in info.value.message and "{batch}" not in info.value.message
 
 
 def test_batch_ensemble_members_differ_and_are_deterministic():

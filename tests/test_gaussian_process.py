@@ -271,6 +271,26 @@ def test_gp_layers_take_any_tfp_kernel():
     assert isinstance(as_class.kernel().kernel, psd.MaternThreeHalves)
 
 
+def test_a_fixed_kernel_instance_makes_no_kernel_weights():
+    """A kernel instance keeps its own hyperparameters: the layer makes no amplitude or
+    length-scale weights, and every weight it has is reached by a gradient."""
+    psd = tfp.math.psd_kernels
+    x = np.random.RandomState(0).randn(6, 2).astype("float32")
+    fixed = psd.ExponentiatedQuadratic(amplitude=1.5, length_scale=0.7)
+    exact = GaussianProcess(1, covariance_fn=fixed, mean_fn="constant")
+    sparse = SparseGaussianProcess(1, num_inducing=3, covariance_fn=fixed)
+    for layer in (exact, sparse):
+        with tf.GradientTape() as tape:
+            out = layer(x)
+            loss = tf.reduce_sum(out.distribution.mean()) + sum(layer.losses)
+        names = [w.path.split("/")[-1] for w in layer.trainable_weights]
+        assert "amplitude" not in names and "length_scale" not in names, names
+        grads = tape.gradient(loss, layer.trainable_weights)
+        assert [n for n, g in zip(names, grads) if g is None] == []
+        assert layer.kernel() is fixed
+    assert len(exact.trainable_weights) == 1  # the constant mean alone
+
+
 def test_kernel_instance_and_class_round_trip_through_keras(tmp_path):
     psd = tfp.math.psd_kernels
     for covariance_fn in (psd.MaternFiveHalves(amplitude=2.0, length_scale=0.5), psd.Linear):

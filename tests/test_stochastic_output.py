@@ -146,3 +146,71 @@ def test_mixture_logistic_takes_the_papers_signature():
     assert pixels.shape == (2, 3)
     assert layer.projection.units == 3 * 5 * 3
     assert pixels.log_prob(np.full((2, 3), 128.0, np.float32)).shape == (2, 3)
+
+
+# -- label shapes and scales ---------------------------------------------------------------------
+
+
+def _linear_gaussian(n=2000, noise=0.1, seed=0):
+    rng = np.random.RandomState(seed)
+    x = rng.randn(n, 1).astype("float32")
+    y = (0.5 * x[:, 0] + 1.0 + noise * rng.randn(n)).astype("float32")
+    return x, y  # labels of shape (N,), as TFP's regression tutorial has them
+
+
+@pytest.mark.parametrize("port", ["layer", "lambda"])
+def test_labels_of_shape_n_give_one_log_density_per_example(port):
+    """`rv.log_prob(y)` with `y` of shape `(N,)` for an output of shape `(N, 1)` is `(N, 1)`, not
+    the `(N, N)` matrix TFP's broadcasting gives; a `blayers.Normal` built in a `Lambda` (the
+    port of `DistributionLambda`) likewise; a length that cannot be the batch is refused."""
+    x, y = _linear_gaussian(50)
+    projected = keras.layers.Dense(2)(x)
+    if port == "layer":
+        rv = so.Normal(1)(x)
+    else:
+        rv = keras.layers.Lambda(
+            lambda t: blayers.Normal(loc=t[..., :1], scale=1e-3 + tf.nn.softplus(t[..., 1:]))
+        )(projected)
+    expected = rv.distribution.log_prob(y[:, None]).numpy()
+    np.testing.assert_array_equal(rv.log_prob(y).numpy(), expected)
+    assert rv.log_prob(y).shape == (50, 1) and rv.cdf(y).shape == (50, 1)
+    assert rv.log_prob(np.stack([y, y])[..., None]).shape == (2, 50, 1)  # sample axes still pass
+    with pytest.raises(ValueError, match=r"shape \[7\].*shape \[50, 1\]"):
+        rv.log_prob(y[:7])
+    assert blayers.Normal(0.0, 1.0).log_prob(np.zeros(5, "float32")).shape == (5,)
+
+
+def test_fit_with_labels_of_shape_n_recovers_the_noise():
+    """TFP's regression tutorial as written (labels `(N,)`): the learned scale is the data's 0.1,
+    not the inflated value an `(N, N)` log-likelihood gives."""
+    x, y = _linear_gaussian()
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), so.Normal(1)])
+    model.compile(keras.optimizers.Adam(0.05), NegativeLogLikelihood())
+    model.fit(x, y, epochs=40, batch_size=200, verbose=0)
+    scale = model(x).distribution.scale.numpy()
+    assert abs(np.mean(scale) - 0.1) < 0.01
+    nll = -np.mean(model(x).log_prob(y).numpy())
+    assert nll == pytest.approx(np.log(0.1) + 0.5 * np.log(2 * np.pi * np.e), abs=0.05)
+    with pytest.raises(ValueError, match="does not fit"):
+        blayers.objectives.training_log_prob(model(x).distribution, y[:30])
+
+
+def test_scale_floor_and_multiplier():
+    """`scale = scale_floor + softplus(scale_multiplier * raw)`, saved in the config; the floor
+    bounds the density."""
+    raw = np.array([[0.0, -1e4], [2.0, 3.0]], "float32")
+    layer = so.Normal(scale_floor=1e-3, scale_multiplier=0.05)
+    rv = layer(raw)
+    expected = 1e-3 + np.log1p(np.exp(0.05 * layer.raw_scale.numpy()))
+    np.testing.assert_allclose(rv.distribution.scale.numpy(), np.broadcast_to(expected, (2, 2)))
+    projected = so.Normal(1, scale_floor=1e-3, scale_multiplier=0.05)
+    out = so.Normal(1, scale_floor=1e-3)(raw)
+    assert out.distribution.scale.numpy().min() >= 1e-3
+    mixture = so.MixtureNormal(1, num_components=2, scale_floor=0.5)(raw)
+    assert mixture.distribution.components_distribution.scale.numpy().min() >= 0.5
+    config = so.MixtureLogistic(2, num_components=3, scale_multiplier=0.1).get_config()
+    assert config["scale_multiplier"] == 0.1 and config["scale_floor"] == 1e-5
+    assert so.Normal.from_config(projected.get_config()).scale_multiplier == 0.05
+    with pytest.raises(ValueError, match="scale_floor must be a positive number"):
+        so.Normal(1, scale_floor=0)

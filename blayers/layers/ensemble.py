@@ -27,6 +27,7 @@ __all__ = [
     "EnsembleOutput",
     "EnsembleTile",
     "check_ensemble_size",
+    "check_member_major",
     "member_rows",
 ]
 
@@ -43,19 +44,37 @@ def check_ensemble_size(layer_name, ensemble_size):
     return int(ensemble_size)
 
 
+def check_member_major(batch, static_batch, ensemble_size, layer_name):
+    """Refuses a batch that is not `E` member-major copies, naming the layer, the batch size and
+    the fix (a Python error when the batch size is known, else a graph assertion)."""
+
+    def message(size):
+        return (
+            f"{layer_name}: the batch ({size} rows) must hold ensemble_size = {ensemble_size} "
+            "member-major copies of the examples (rows [m B, (m + 1) B) for member m): put "
+            "blayers.layers.EnsembleTile(ensemble_size) before the first ensemble layer, which "
+            "tiles a batch of B examples into E * B rows (edward2 tiles the inputs by hand, "
+            "tf.tile(x, [E, 1]), the same layout)."
+        )
+
+    if static_batch is not None:
+        if static_batch % ensemble_size:
+            raise ValueError(message(static_batch))
+        return
+    if tf.executing_eagerly():
+        if int(batch) % ensemble_size:
+            raise ValueError(message(int(batch)))
+        return
+    head, tail = message("BATCH").split("BATCH")
+    tf.debugging.Assert(tf.equal(batch % ensemble_size, 0), [head, batch, tail], summarize=1)
+
+
 def member_rows(vectors, inputs, layer_name):
     """Per-row copies of per-member `vectors` `[E, k]` for member-major `inputs` `[E * B, ...,
     k']`: `[E * B, 1, ..., 1, k]`, broadcasting against the inputs' middle axes."""
     ensemble_size = vectors.shape[0]
     batch = tf.shape(inputs)[0]
-    tf.debugging.assert_equal(
-        batch % ensemble_size,
-        0,
-        message=(
-            f"{layer_name}: the batch ({'{'}batch{'}'}) must hold ensemble_size = {ensemble_size} "
-            "member-major copies; tile the inputs with blayers.layers.EnsembleTile first."
-        ),
-    )
+    check_member_major(batch, inputs.shape[0], ensemble_size, layer_name)
     rows = tf.repeat(vectors, batch // ensemble_size, axis=0)
     middle = inputs.shape.rank - 2
     if middle > 0:

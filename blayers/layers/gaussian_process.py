@@ -274,14 +274,17 @@ class _GPBase(NamedOutput, SeededLayer):
             )
         self.input_dim = int(input_dim)
         constant = keras.initializers.Constant
-        self.raw_amplitude = self.add_weight(
-            name="amplitude", shape=(), initializer=constant(_softplus_inverse(self.amplitude_init))
-        )
-        self.raw_length_scale = self.add_weight(
-            name="length_scale",
-            shape=(input_dim,),
-            initializer=constant(_softplus_inverse(self.length_scale_init)),
-        )
+        if not self.fixed_kernel:  # a kernel instance keeps its own hyperparameters
+            self.raw_amplitude = self.add_weight(
+                name="amplitude",
+                shape=(),
+                initializer=constant(_softplus_inverse(self.amplitude_init)),
+            )
+            self.raw_length_scale = self.add_weight(
+                name="length_scale",
+                shape=(input_dim,),
+                initializer=constant(_softplus_inverse(self.length_scale_init)),
+            )
         if self.mean_fn == "constant":
             self.mean_bias = self.add_weight(
                 name="mean_bias", shape=(self.units,), initializer="zeros"
@@ -295,9 +298,17 @@ class _GPBase(NamedOutput, SeededLayer):
                 name="mean_bias", shape=(self.units,), initializer="zeros"
             )
 
+    @property
+    def fixed_kernel(self):
+        """True when `covariance_fn` is a kernel instance: the layer then has no amplitude or
+        length-scale weights (nothing would train them)."""
+        return isinstance(self.covariance_fn, psd.PositiveSemidefiniteKernel)
+
     def kernel(self, dtype=None):
         """The layer's current TFP kernel (`make_kernel` of `covariance_fn` and the trainable
-        amplitude and ARD length scales)."""
+        amplitude and ARD length scales; a kernel instance as it is)."""
+        if self.fixed_kernel:
+            return self.covariance_fn
         dtype = dtype or self.compute_dtype
         amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), dtype)
         length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), dtype)
@@ -389,7 +400,8 @@ class GaussianProcess(_GPBase):
       covariance_fn: a kernel name (`'exponentiated_quadratic'`, `'matern12'`, `'matern32'`,
         `'matern52'`) or a `tfp.math.psd_kernels` class, both with a trainable amplitude and
         ARD length scales; a callable `fn(amplitude, length_scale) -> kernel` built from those
-        trainable hyperparameters; or a kernel instance, used as it is (see `make_kernel`).
+        trainable hyperparameters; or a kernel instance, used as it is, with no amplitude or
+        length-scale weights of the layer (see `make_kernel`).
       conditional_inputs: observed inputs X `[N, d]` (or None for the prior).
       conditional_outputs: observed outputs Y `[N, units]`, one row per row of X.
       observation_noise_variance: initial noise variance `s^2` of the observations.

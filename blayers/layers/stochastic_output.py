@@ -18,6 +18,8 @@ feed the next layer (its value is a draw). Without `units` the input's shape is 
   (Salimans et al., 2017), computed by TFP's `QuantizedDistribution` in log space.
 """
 
+import numbers
+
 import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
@@ -40,6 +42,32 @@ __all__ = [
 ]
 
 _MIN_SCALE = 1e-5
+
+
+class _Scale:
+    """`scale = scale_floor + softplus(scale_multiplier * raw)` of the layers that produce a
+    scale. The floor bounds the density (an unbounded one lets a fit collapse onto a few points
+    and gives an infinite held-out NLL); the multiplier slows the raw scale's learning on
+    unscaled inputs (TFP's regression tutorial uses `1e-3 + softplus(0.05 * raw)` for inputs
+    in [-20, 60])."""
+
+    def _init_scale(self, scale_floor, scale_multiplier):
+        for argument, value in (
+            ("scale_floor", scale_floor),
+            ("scale_multiplier", scale_multiplier),
+        ):
+            if not isinstance(value, numbers.Real) or isinstance(value, bool) or not value > 0:
+                raise ValueError(
+                    f"{type(self).__name__} ({self.name}): {argument} must be a positive number, "
+                    f"got {value!r}."
+                )
+        self.scale_floor, self.scale_multiplier = float(scale_floor), float(scale_multiplier)
+
+    def _scale(self, raw):
+        return self.scale_floor + tf.nn.softplus(self.scale_multiplier * raw)
+
+    def _scale_config(self):
+        return {"scale_floor": self.scale_floor, "scale_multiplier": self.scale_multiplier}
 
 
 class _OutputLayer(NamedOutput, SeededLayer):
@@ -84,9 +112,10 @@ class _OutputLayer(NamedOutput, SeededLayer):
 
 
 @register
-class Normal(LocalLosses, _OutputLayer):
+class Normal(_Scale, LocalLosses, _OutputLayer):
     """`N(loc, scale)`: `loc = x` with a trainable per-feature scale, or (with `units`)
-    `loc, raw = split(Dense(2 units)(x))`, `scale = softplus(raw) + 1e-5`.
+    `loc, raw = split(Dense(2 units)(x))`, `scale = scale_floor + softplus(scale_multiplier *
+    raw)` (by default `1e-5 + softplus(raw)`).
 
     `prior='standard_normal'` makes it a VAE latent layer: `mean_batch sum_dims KL[q || N(0,
     1)]` joins `layer.losses` as a local (per-example) loss, the ELBO's latent term.
@@ -95,17 +124,24 @@ class Normal(LocalLosses, _OutputLayer):
       units: output elements (a `Dense(2 units)` projection gives locations and raw scales);
         None: the input is the location, with a trainable per-feature scale.
       prior: None, or `'standard_normal'` for a VAE latent.
+      scale_floor: the smallest scale, added to the softplus (default 1e-5; 1e-3 for
+        unstandardized targets, as TFP's tutorials).
+      scale_multiplier: multiplies the raw scale inside the softplus (default 1; 0.05 as TFP's
+        tutorials for raw, unscaled inputs).
       seed: seeds the output's draw.
       **kwargs: `keras.layers.Layer` arguments.
     """
 
     parameters_per_unit = 2
 
-    def __init__(self, units=None, prior=None, **kwargs):
+    def __init__(
+        self, units=None, prior=None, scale_floor=_MIN_SCALE, scale_multiplier=1.0, **kwargs
+    ):
         super().__init__(units=units, **kwargs)
         if prior not in (None, "standard_normal"):
             raise ValueError(f"Normal: prior must be None or 'standard_normal', got {prior!r}.")
         self.prior = prior
+        self._init_scale(scale_floor, scale_multiplier)
 
     def call(self, inputs):
         rv = super().call(inputs)
@@ -116,7 +152,7 @@ class Normal(LocalLosses, _OutputLayer):
         return rv
 
     def get_config(self):
-        return {**super().get_config(), "prior": self.prior}
+        return {**super().get_config(), "prior": self.prior, **self._scale_config()}
 
     def build(self, input_shape):
         super().build(input_shape)
@@ -127,11 +163,11 @@ class Normal(LocalLosses, _OutputLayer):
 
     def _random_variable(self, x):
         if self.units is None:
-            scale = tf.nn.softplus(self.raw_scale) + _MIN_SCALE + tf.zeros_like(x)
+            scale = self._scale(self.raw_scale) + tf.zeros_like(x)
             loc = x
         else:
             loc, raw = tf.split(x, 2, axis=-1)
-            scale = tf.nn.softplus(raw) + _MIN_SCALE
+            scale = self._scale(raw)
         return rv_lib.Normal(loc=loc, scale=scale, seed=self.next_seed(), name=self.output_name)
 
     def compute_output_shape(self, input_shape):
@@ -174,10 +210,12 @@ class Categorical(_OutputLayer):
         return tuple(input_shape[:-1])
 
 
-class _Mixture(_OutputLayer):
+class _Mixture(_Scale, _OutputLayer):
     component = None
 
-    def __init__(self, units=None, num_components=5, **kwargs):
+    def __init__(
+        self, units=None, num_components=5, scale_floor=_MIN_SCALE, scale_multiplier=1.0, **kwargs
+    ):
         if not isinstance(num_components, int) or num_components <= 0:
             raise ValueError(
                 f"{type(self).__name__}: num_components must be a positive int, got "
@@ -186,6 +224,7 @@ class _Mixture(_OutputLayer):
         self.num_components = int(num_components)
         self.parameters_per_unit = 3 * self.num_components
         super().__init__(units=units, **kwargs)
+        self._init_scale(scale_floor, scale_multiplier)
 
     def _random_variable(self, x):
         k = self.num_components
@@ -197,7 +236,7 @@ class _Mixture(_OutputLayer):
                 f"inputs on the last axis, got {x.shape[-1]}."
             )
         logits, loc, raw_scale = tf.split(x, 3, axis=-1)
-        scale = tf.nn.softplus(raw_scale) + _MIN_SCALE
+        scale = self._scale(raw_scale)
         return rv_lib.MixtureSameFamily(
             mixture_distribution=tfd.Categorical(logits=logits),
             components_distribution=self.component(loc=loc, scale=scale),
@@ -211,7 +250,11 @@ class _Mixture(_OutputLayer):
         return tuple(input_shape[:-1])
 
     def get_config(self):
-        return {**super().get_config(), "num_components": self.num_components}
+        return {
+            **super().get_config(),
+            "num_components": self.num_components,
+            **self._scale_config(),
+        }
 
 
 @register
@@ -224,6 +267,8 @@ class MixtureLogistic(_Mixture):
         None reads the `3 * num_components` mixture parameters (logits, locations, raw scales)
         from the input's last axis.
       num_components: mixture components per element.
+      scale_floor, scale_multiplier: `scale = scale_floor + softplus(scale_multiplier * raw)`
+        (defaults 1e-5 and 1).
     """
 
     component = tfd.Logistic
@@ -237,6 +282,8 @@ class MixtureNormal(_Mixture):
       units: output elements, projected by a trainable `Dense(3 * num_components * units)`;
         None reads the mixture parameters from the input's last axis.
       num_components: mixture components per element.
+      scale_floor, scale_multiplier: `scale = scale_floor + softplus(scale_multiplier * raw)`
+        (defaults 1e-5 and 1).
     """
 
     component = tfd.Normal
