@@ -4,6 +4,9 @@ three-layer deep GP trained by the framework's trainer."""
 
 import itertools
 import math
+import os
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -164,6 +167,40 @@ def test_jittered_cholesky_retries_and_fails_clearly():
         jittered_cholesky(tf.constant([[1.0, 2.0], [2.0, 1.0]]), jitter=1e-6, max_tries=2)
     graph = tf.function(lambda m: jittered_cholesky(m, jitter=1e-12, max_tries=8))
     assert np.all(np.isfinite(graph(singular).numpy()))
+
+
+_NEEDY_GP = """
+import numpy as np, keras
+from blayers.layers import SparseGaussianProcess
+rng = np.random.RandomState(0)
+duplicated = np.repeat(rng.randn(4, 1), 5, 0).astype("float32")  # a singular K_ZZ
+layer = SparseGaussianProcess(1, num_inducing=20, jitter=1e-9, max_jitter_tries=6,
+    inducing_inputs_initializer=keras.initializers.Constant(duplicated))
+x = rng.randn(8, 1).astype("float32")
+for _ in range(CALLS):
+    out = layer(x)
+assert np.all(np.isfinite(out.distribution.mean().numpy()))
+print("level", int(layer.jitter_level))
+"""
+
+
+def test_jitter_retries_warn_once_per_run_not_once_per_call():
+    """TensorFlow's Cholesky kernel logs a warning for every failed try; a GP layer whose matrix
+    needs more than its first jitter starts later calls at the jitter that worked (a weight of
+    the layer, so checkpoints keep it): 20 calls warn as often as one call, not 20 times."""
+    counts = []
+    for calls in (1, 20):
+        result = subprocess.run(
+            [sys.executable, "-c", _NEEDY_GP.replace("CALLS", str(calls))],
+            capture_output=True,
+            text=True,
+            timeout=300,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "0"},  # the tests' default hides warnings
+        )
+        assert result.returncode == 0, result.stderr[-2000:]
+        assert "level 2" in result.stdout
+        counts.append(result.stderr.count("Cholesky decomposition was not successful"))
+    assert counts[0] >= 1 and counts[1] == counts[0], counts
 
 
 def _deep_gp(input_shape, num_outputs):

@@ -186,13 +186,18 @@ def _cholesky_from_value(target, value):
     return tf.identity(value), grad
 
 
-def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
+def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix", level=None):
     """Cholesky factor of `matrix + j * mean(diag) * I` for `j = jitter, 10 jitter, ...`.
 
     Tries the next jitter while the factor has non-finite entries (TF returns NaN for matrices
     that are not positive definite), and raises `InvalidArgumentError` naming `name` when all
     `max_tries` fail. Works eagerly and inside `tf.function`; gradients flow through the one
     successful factorization only.
+
+    Every failed try makes TensorFlow's Cholesky kernel log a warning. `level`, an integer
+    variable (the GP layers keep one, saved with their checkpoints), makes the jitter sticky:
+    tries start at the jitter that worked last and the variable keeps the largest used, so a
+    matrix that needs more jitter than `jitter` warns once per run, not once per step.
     """
     matrix = tf.convert_to_tensor(matrix)
     size = tf.shape(matrix)[-1]
@@ -213,11 +218,16 @@ def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix"):
     # would poison the backward pass); the successful factor is the result, and its gradient
     # with respect to the jittered matrix is Cholesky's (one factorization, not two).
     frozen = tf.stop_gradient(matrix)
+    first = tf.constant(0)
+    if level is not None:
+        first = tf.minimum(tf.cast(level, tf.int32), max_tries - 1)
     tries, value = tf.while_loop(
         lambda i, chol: tf.logical_and(i < max_tries - 1, failed(chol)),
         lambda i, chol: (i + 1, attempt(i + 1, frozen)),
-        (tf.constant(0), attempt(0, frozen)),
+        (first, attempt(first, frozen)),
     )
+    if level is not None:
+        level.assign(tf.cast(tf.maximum(tries, first), level.dtype))
     scale = tf.reduce_mean(tf.linalg.diag_part(matrix), axis=-1)[..., None, None]
     factor = jitter * tf.pow(tf.constant(10.0, matrix.dtype), tf.cast(tries, matrix.dtype))
     chol = _cholesky_from_value(matrix + factor * scale * eye, value)
@@ -273,6 +283,16 @@ class _GPBase(NamedOutput, SeededLayer):
                 f"{type(self).__name__} ({self.name}) needs a known number of input features."
             )
         self.input_dim = int(input_dim)
+        # The jitter that worked last (`jittered_cholesky`'s sticky `level`), saved with the
+        # layer so that a resumed run factorizes exactly as the uninterrupted one.
+        self.jitter_level = self.add_weight(
+            name="jitter_level",
+            shape=(),
+            dtype="int64",
+            initializer="zeros",
+            trainable=False,
+            aggregation="only_first_replica",
+        )
         constant = keras.initializers.Constant
         if not self.fixed_kernel:  # a kernel instance keeps its own hyperparameters
             self.raw_amplitude = self.add_weight(
@@ -349,7 +369,11 @@ class _GPBase(NamedOutput, SeededLayer):
 
     def _cholesky(self, matrix, what):
         return jittered_cholesky(
-            matrix, self.jitter, self.max_jitter_tries, f"{what} of layer '{self.name}'"
+            matrix,
+            self.jitter,
+            self.max_jitter_tries,
+            f"{what} of layer '{self.name}'",
+            level=self.jitter_level,
         )
 
     def _inputs(self, inputs, argument="inputs"):
