@@ -7,7 +7,8 @@ Layers over distributions of functions, as drop-in Keras layers:
                               blayers.layers.DenseFlipout(10)])
     loss = nll + sum(model.losses) / num_examples     # KL terms in model.losses
 
-Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Normal`, ...),
+Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Normal`, ...) and
+`TransformedRandomVariable` (a variable pushed through a reversible layer),
 `trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `make_log_joint` (and
 `programs`: variational inference over a model and a posterior program), `predict`, `set_seed`,
 `set_kl_scale` (the per-example ELBO in `model.fit`), and the subpackages `layers`,
@@ -25,6 +26,7 @@ _cli_env.prepare()  # only in the `blayers.train` CLI process: before TensorFlow
 from blayers import constraints, initializers, layers, programs, regularizers
 from blayers.distributions import *
 from blayers.distributions import __all__ as _distribution_names
+from blayers.layers.reversible import TransformedRandomVariable
 from blayers.objectives import set_kl_scale
 from blayers.predict import Prediction, predict
 from blayers.programs import make_log_joint
@@ -35,6 +37,7 @@ from blayers.tracing import condition, posterior_mean, take_mean, tape, trace, t
 __version__ = "0.1.0"
 __all__ = [  # noqa: PLE0604
     "RandomVariable",
+    "TransformedRandomVariable",
     "trace",
     "traceable",
     "take_mean",

@@ -35,6 +35,7 @@ __all__ = [
     "LogUniformKLDivergence",
     "NormalEmpiricalBayesKLDivergence",
     "NormalKLDivergence",
+    "NormalKLDivergenceWithTiedMean",
     "ScaleMixtureKLDivergence",
     "ScaledRegularizer",
     "TrainableNormalKLDivergenceStdDev",
@@ -149,6 +150,37 @@ class NormalKLDivergence(DistributionRegularizer):
 
     def get_config(self):
         return {**super().get_config(), "mean": self.mean, "stddev": self.stddev}
+
+
+@_register("normal_kl_divergence_with_tied_mean")
+class NormalKLDivergenceWithTiedMean(DistributionRegularizer):
+    """`KL[q || N(m_q, stddev^2)]`: the prior's mean tied to the posterior's (edward2's
+    regularizer of that name), so only the spread is penalized; analytic for a Normal q,
+
+    `sum log(stddev / s_q) + s_q^2 / (2 stddev^2) - 1/2`,
+    and Monte Carlo against `N(mean(q), stddev^2)` for any other q.
+    """
+
+    def __init__(self, stddev=1.0, scale_factor=1.0):
+        super().__init__(scale_factor)
+        if not stddev > 0:
+            raise ValueError(f"normal_kl_divergence_with_tied_mean needs stddev > 0, got {stddev}.")
+        self.stddev = float(stddev)
+
+    def divergence(self, rv):
+        params = normal_parameters(rv.distribution)
+        if params is None:
+            mean = rv.distribution.mean()
+            prior = tfd.Normal(mean, tf.cast(self.stddev, rv.dtype))
+            return self._monte_carlo(rv, prior.log_prob)
+        _, scale = params
+        shape = rv.distribution.batch_shape.concatenate(rv.distribution.event_shape)
+        if scale.shape != shape:
+            scale = tf.broadcast_to(scale, shape)
+        return normal_kl_sum(tf.zeros_like(scale), scale, 0.0, self.stddev)
+
+    def get_config(self):
+        return {**super().get_config(), "stddev": self.stddev}
 
 
 @_register("scale_mixture_kl_divergence")

@@ -91,6 +91,29 @@ def test_location_only_flow_and_bad_network():
         bad(x)
 
 
+def test_a_function_as_the_network_as_edward2_writes_it():
+    """edward2's `layer=lambda inputs, **kwargs: ...` form: a shift by one (`mu = e_1` at every
+    position, location only) for both flows, and a shift by each position's predecessor."""
+    x = _one_hot(np.array([[1, 2, 4, 0], [3, 3, 0, 2]]))
+    shift = np.zeros(K, "float32")
+    shift[1] = 1.0
+    bipartite = DiscreteBipartiteFlow(
+        lambda inputs, **kwargs: 10.0 * tf.ones_like(inputs) * shift, mask=[1, 0, 1, 0]
+    )
+    y = bipartite(x).numpy().argmax(-1)  # forward (sampling) is x - mu; reverse adds mu
+    np.testing.assert_array_equal(y, [[1, 1, 4, 4], [3, 2, 0, 1]])
+    np.testing.assert_array_equal(bipartite.reverse(bipartite(x)), x)
+
+    def previous(inputs, **kwargs):  # causal: position t sees position t - 1 only
+        return 10.0 * tf.pad(inputs[..., :-1, :], [[0, 0], [1, 0], [0, 0]])
+
+    auto = DiscreteAutoregressiveFlow(previous)
+    np.testing.assert_array_equal(auto.reverse(auto(x)), x)
+    np.testing.assert_array_equal(auto(auto.reverse(x)), x)
+    with pytest.raises(TypeError, match="a Keras layer or a function"):
+        DiscreteAutoregressiveFlow("dense")
+
+
 def test_made_channels_are_autoregressive_over_positions():
     made = MADE([12], params=2, event_ndims=2, use_bias=False, seed=1)
     x = tf.random.stateless_normal([2, 5, 3], [0, 1])

@@ -119,6 +119,26 @@ def test_flow_on_random_variable_has_a_normalized_density():
     np.testing.assert_allclose(out.distribution.log_prob(y).numpy(), expected, rtol=1e-4)
 
 
+def test_transformed_random_variable_is_the_change_of_variables():
+    """edward2's constructor: `log p(y) = log p_x(f^-1(y)) - log |det J_f(f^-1(y))|`, value
+    `f(x)`, the name seen by `blayers.tape`, an explicit value kept."""
+    layer = _randomize(RealNVP(MADE([8]), parity=0), 0.3)
+    layer(X[:, :2])
+    base = blayers.Normal(loc=tf.zeros([3, 2]), scale=1.0, seed=[0, 1])
+    with blayers.tape() as recorded:
+        y = blayers.TransformedRandomVariable(base, layer, name="y")
+    assert list(recorded) == ["y"] and recorded["y"] is y
+    np.testing.assert_allclose(y.value.numpy(), layer.forward(base.value).numpy(), rtol=1e-6)
+    points = RNG.randn(3, 2).astype("float32")
+    x = layer.reverse(points)
+    expected = tf.reduce_sum(base.distribution.log_prob(x), -1) - layer.log_det_jacobian(x)
+    np.testing.assert_allclose(y.log_prob(points).numpy(), expected.numpy(), rtol=1e-5)
+    fixed = blayers.TransformedRandomVariable(base, layer, value=points)
+    np.testing.assert_array_equal(fixed.value.numpy(), points)
+    with pytest.raises(TypeError, match="ReversibleLayer"):
+        blayers.TransformedRandomVariable(base, keras.layers.Dense(2))
+
+
 def test_revnet_gradients_equal_plain_implementation():
     f, g = keras.layers.Dense(3, activation="tanh"), keras.layers.Dense(3, activation="relu")
     block = RevNetBlock(f, g)

@@ -17,6 +17,7 @@ the transformed random variable (`blayers.layers.ReversibleLayer`).
 
 import math
 
+import keras
 import numpy as np
 import tensorflow as tf
 
@@ -95,6 +96,15 @@ class _DiscreteFlow(NestedLayers, ReversibleLayer):
         super().__init__(**kwargs)
         if not temperature > 0:
             raise ValueError(f"{type(self).__name__} ({self.name}): temperature must be > 0.")
+        if not isinstance(layer, keras.layers.Layer):
+            if not callable(layer):
+                raise TypeError(
+                    f"{type(self).__name__} ({self.name}): layer must be a Keras layer or a "
+                    f"function of the inputs, got {layer!r}."
+                )
+            # edward2's form, `layer=lambda inputs, **kwargs: ...`: a function becomes a Lambda
+            # layer (saved by reference, as Keras saves any Lambda).
+            layer = keras.layers.Lambda(layer)
         self.layer, self.temperature = layer, float(temperature)
 
     def build(self, input_shape):
@@ -149,7 +159,8 @@ class DiscreteAutoregressiveFlow(_DiscreteFlow):
 
     Args:
       layer: the causal network, `[..., length, K]` -> `[..., length, K or 2K]` (a MADE's
-        `[..., length, K, 1]` / `[..., length, 1, 2K]` outputs are flattened per position).
+        `[..., length, K, 1]` / `[..., length, 1, 2K]` outputs are flattened per position): a
+        Keras layer or a function of the inputs (edward2's `layer=lambda inputs, **kwargs:`).
       temperature: of the straight-through softmax.
       **kwargs: `keras.layers.Layer` arguments.
     """
@@ -183,7 +194,8 @@ class DiscreteBipartiteFlow(_DiscreteFlow):
     inputs. Both directions are one pass.
 
     Args:
-      layer: the network, `[..., length, K]` -> `[..., length, K or 2K]`.
+      layer: the network, `[..., length, K]` -> `[..., length, K or 2K]`: a Keras layer or a
+        function of the inputs.
       mask: `[length]` 0/1 (list or array): the conditioning positions.
       temperature: of the straight-through softmax.
       **kwargs: `keras.layers.Layer` arguments.

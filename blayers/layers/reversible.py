@@ -32,6 +32,7 @@ from blayers import distributions as rv_lib
 from blayers.layers.base import NestedLayers, register
 from blayers.layers.dense import dense_matmul
 from blayers.random_variable import RandomVariable
+from blayers.tracing import traceable
 
 tfb = tfp.bijectors
 tfd = tfp.distributions
@@ -45,6 +46,7 @@ __all__ = [
     "Reverse",
     "ReversibleLayer",
     "StandardNormalBase",
+    "TransformedRandomVariable",
 ]
 
 
@@ -110,6 +112,39 @@ class ReversibleLayer(keras.layers.Layer):
 
     def compute_output_shape(self, input_shape):
         return input_shape
+
+
+@traceable
+def TransformedRandomVariable(  # noqa: N802 - a random-variable constructor, as edward2's
+    random_variable, reversible_layer, name=None, sample_shape=(), value=None
+):
+    """The random variable `f(x)`, `x ~ random_variable`, for a reversible layer `f`: its
+    distribution is the pushforward (density by the change of variables, `log p(y) =
+    log p_x(f^-1(y)) - log |det J_f(f^-1(y))|`), its value `f(x)` at `x`'s value. Edward2's
+    `TransformedRandomVariable(rv, reversible_layer)`; the same as calling the layer on the
+    variable, plus a `name` that interceptors (`blayers.tape`, `condition`) see.
+
+    Args:
+      random_variable: a `blayers.RandomVariable` (the base).
+      reversible_layer: a `ReversibleLayer` (`RealNVP`, `ActNorm`, a discrete flow, ...).
+      name: the variable's name for interceptors.
+      sample_shape: draws of the transformed distribution instead of `f(x)` (with no value).
+      value: an explicit value instead of `f(x)`.
+    """
+    del name  # read by interceptors (`traceable`)
+    if not isinstance(random_variable, RandomVariable):
+        raise TypeError(
+            f"TransformedRandomVariable needs a blayers.RandomVariable, got {random_variable!r}."
+        )
+    if not isinstance(reversible_layer, ReversibleLayer):
+        raise TypeError(
+            "TransformedRandomVariable needs a blayers.layers.ReversibleLayer, got "
+            f"{reversible_layer!r}."
+        )
+    transformed = reversible_layer(random_variable)
+    if value is None and not tuple(sample_shape):
+        return transformed
+    return RandomVariable(transformed.distribution, sample_shape=sample_shape, value=value)
 
 
 @register
