@@ -49,6 +49,67 @@ def test_conv_members_use_their_rank_one_kernels(cls):
     np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("cls", [blayers.layers.Conv1DBatchEnsemble, blayers.layers.Conv1DRank1])
+def test_conv1d_members_use_their_rank_one_kernels(cls):
+    x = RNG.randn(2, 7, 3).astype("float32")
+    layer = cls(4, 3, ensemble_size=E, padding="same")
+    y = layer(EnsembleTile(E)(x)).numpy()
+    kernels, bias = layer.member_kernels().numpy(), np.asarray(layer.bias)
+    expected = np.concatenate(
+        [tf.nn.conv1d(x, kernels[m], 1, "SAME").numpy() + bias[m] for m in range(E)]
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    assert len(layer.losses) == (2 if cls is blayers.layers.Conv1DRank1 else 0)
+
+
+def test_additive_rank1_perturbations():
+    """`use_additive_perturbation`: member m computes `(x + r_m) W + s_m + b_m` (dense, conv)
+    and its LSTM projections `(x + r_m) W + s_m`; factors start near 0 with the N(0, 1) KL."""
+    x = RNG.randn(2, 5).astype("float32")
+    tiled = EnsembleTile(E)(x)
+    dense = DenseRank1(4, ensemble_size=E, use_additive_perturbation=True)
+    with blayers.posterior_mean():
+        y = dense(tiled).numpy()
+    alpha = dense.alpha_initializer.mean.numpy()
+    gamma = dense.gamma_initializer.mean.numpy()
+    w, b = np.asarray(dense.kernel), np.asarray(dense.bias)
+    expected = np.concatenate([(x + alpha[m]) @ w + gamma[m] + b[m] for m in range(E)])
+    np.testing.assert_allclose(y, expected, rtol=1e-5, atol=1e-5)
+    assert abs(alpha.mean()) < 0.5 and dense.alpha_regularizer.mean == 0.0
+    assert DenseRank1.from_config(dense.get_config()).use_additive_perturbation
+    with pytest.raises(ValueError, match="no per-member kernel"):
+        dense.member_kernels()
+    conv = Conv2DRank1(2, 3, ensemble_size=E, padding="same", use_additive_perturbation=True)
+    images = RNG.randn(2, 4, 4, 3).astype("float32")
+    with blayers.posterior_mean():
+        out = conv(EnsembleTile(E)(images)).numpy()
+    alpha = conv.alpha_initializer.mean.numpy()
+    gamma = conv.gamma_initializer.mean.numpy()
+    kernel, bias = np.asarray(conv.kernel), np.asarray(conv.bias)
+    for m in range(E):
+        ref = tf.nn.conv2d(images + alpha[m], kernel, 1, "SAME").numpy() + gamma[m] + bias[m]
+        np.testing.assert_allclose(out[2 * m : 2 * m + 2], ref, rtol=1e-4, atol=1e-4)
+    cell = LSTMCellRank1(3, ensemble_size=E, use_additive_perturbation=True)
+    with blayers.posterior_mean():
+        state = cell.get_initial_state(tiled)
+        h, _ = cell(tiled, state)
+        means = {
+            f: getattr(cell, f"{f}_initializer").parameters()["mean"].numpy() for f in cell._FACTORS
+        }
+    w, b = np.asarray(cell.kernel), np.asarray(cell.bias)
+    ref = keras.layers.LSTMCell(3)
+    ref.build((None, 5))
+    for m in range(E):
+        # With h_0 = 0 the recurrent projection is (0 + r'_m) U + s'_m: the bias it adds.
+        recurrent = means["recurrent_alpha"][m] @ np.asarray(cell.recurrent_kernel)
+        ref.kernel.assign(w)
+        ref.recurrent_kernel.assign(np.zeros_like(np.asarray(cell.recurrent_kernel)))
+        ref.bias.assign(b[m] + means["gamma"][m] + recurrent + means["recurrent_gamma"][m])
+        expected, _ = ref(x + means["alpha"][m], ref.get_initial_state(2))
+        np.testing.assert_allclose(h[2 * m : 2 * m + 2], expected, rtol=1e-4, atol=1e-5)
+    assert LSTMCellRank1.from_config(cell.get_config()).use_additive_perturbation
+
+
 @pytest.mark.parametrize(
     "make, shape",
     [

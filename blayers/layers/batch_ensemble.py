@@ -22,13 +22,15 @@ import tensorflow as tf
 
 from blayers.initializers import independent_draws
 from blayers.layers.base import WEIGHT_ARGS, register
-from blayers.layers.convolutional import _Conv2D
+from blayers.layers.convolutional import _Conv1D, _Conv2D
 from blayers.layers.dense import _DenseBase, dense_matmul
 from blayers.layers.ensemble import check_ensemble_size, member_rows
 from blayers.layers.estimators import ReparameterizationEstimator
+from blayers.regularizers import PRIOR
 
 __all__ = [
     "CondDense",
+    "Conv1DBatchEnsemble",
     "Conv2DBatchEnsemble",
     "DenseBatchEnsemble",
     "DenseHyperBatchEnsemble",
@@ -37,11 +39,18 @@ __all__ = [
 ]
 
 
-def fast_weight_initializer():
+def fast_weight_initializer(additive=False):
     """`N(1, 0.5^2)`: fast weights start near the shared weight but differ across members, which
     the members need to diverge (uncertainty-baselines' `random_sign_init = -0.5`); all-ones
-    starts would keep identical members identical."""
-    return keras.initializers.RandomNormal(mean=1.0, stddev=0.5)
+    starts would keep identical members identical. Additive perturbations start at
+    `N(0, 0.5^2)`, near the identity perturbation 0."""
+    return keras.initializers.RandomNormal(mean=0.0 if additive else 1.0, stddev=0.5)
+
+
+def perturb(values, factors, additive):
+    """`values * factors`, or `values + factors` for additive perturbations (edward2's
+    `use_additive_perturbation`)."""
+    return values + factors if additive else values * factors
 
 
 FAST_WEIGHT_ARGS = """      ensemble_size: members `E` (keyword); the batch holds `E` member-major copies
@@ -51,7 +60,19 @@ FAST_WEIGHT_ARGS = """      ensemble_size: members `E` (keyword); the batch hold
         BNN), see the class's defaults.
       alpha_regularizer, gamma_regularizer: their regularizers (the KL terms of random ones).
       alpha_constraint, gamma_constraint: Keras constraints of deterministic ones.
+      use_additive_perturbation: `(x + alpha_m) W + gamma_m` instead of
+        `((x * alpha_m) W) * gamma_m` (edward2's rank-1 option); the default fast weights then
+        start near 0 and random ones take the `'prior'` regularizer (N(0, 1) unless rebound).
 """
+
+
+def default_fast_regularizer(regularizer, class_default, layer):
+    """A fast weight's regularizer: the one given, else the class's default (rank-1: the
+    configurable `'rank1_prior'`, centred on the identity perturbation 1; additive
+    perturbations: `'prior'`, centred on 0)."""
+    if regularizer is not None or class_default is None:
+        return regularizer
+    return PRIOR if layer.use_additive_perturbation else class_default
 
 
 class FastWeights:
@@ -77,6 +98,7 @@ class FastWeights:
         gamma_constraint=None,
         kernel_initializer=None,
         kernel_regularizer=None,
+        use_additive_perturbation=False,
         **kwargs,
     ):
         super().__init__(
@@ -88,13 +110,14 @@ class FastWeights:
         self.ensemble_size = check_ensemble_size(
             f"{type(self).__name__} ({self.name})", ensemble_size
         )
+        self.use_additive_perturbation = bool(use_additive_perturbation)
         for name, init, reg, con in (
             ("alpha", alpha_initializer, alpha_regularizer, alpha_constraint),
             ("gamma", gamma_initializer, gamma_regularizer, gamma_constraint),
         ):
-            if reg is None:
-                reg = self._default_fast_regularizer
-            self._configure_weight(name, init or self._default_fast_initializer(), reg, con)
+            reg = default_fast_regularizer(reg, self._default_fast_regularizer, self)
+            init = init or self._default_fast_initializer(self.use_additive_perturbation)
+            self._configure_weight(name, init, reg, con)
 
     def build(self, input_shape):
         channels = input_shape[-1]
@@ -126,8 +149,9 @@ class FastWeights:
         name = f"{type(self).__name__} ({self.name})"
         alpha = tf.convert_to_tensor(self.alpha)
         gamma = tf.convert_to_tensor(self.gamma)
-        outputs = self.apply_kernel(inputs * member_rows(alpha, inputs, name))
-        outputs = outputs * member_rows(gamma, outputs, name)
+        additive = self.use_additive_perturbation
+        outputs = self.apply_kernel(perturb(inputs, member_rows(alpha, inputs, name), additive))
+        outputs = perturb(outputs, member_rows(gamma, outputs, name), additive)
         if self.use_bias:
             outputs = outputs + member_rows(tf.convert_to_tensor(self.bias), outputs, name)
         if self.activation is not None:
@@ -137,6 +161,11 @@ class FastWeights:
     def member_kernels(self):
         """`[E, ..., in, out]`: each member's effective kernel `W * outer(alpha_m, gamma_m)` at
         this call's draw (the layer must have been called)."""
+        if self.use_additive_perturbation:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): additive perturbations shift the inputs "
+                "and outputs; the members share the kernel W (no per-member kernel)."
+            )
         kernel = tf.convert_to_tensor(self.kernel)
         alpha = tf.convert_to_tensor(self.alpha)
         gamma = tf.convert_to_tensor(self.gamma)
@@ -149,6 +178,7 @@ class FastWeights:
         return {
             **super().get_config(),
             "ensemble_size": self.ensemble_size,
+            "use_additive_perturbation": self.use_additive_perturbation,
             **self._weight_config("alpha"),
             **self._weight_config("gamma"),
         }
@@ -166,15 +196,24 @@ class _DenseFastWeights(FastWeights, ReparameterizationEstimator, _DenseBase):
     )
 
 
-class _Conv2DFastWeights(FastWeights, ReparameterizationEstimator, _Conv2D):
-    _args_doc = (
-        """    Args:
+def _conv_fast_weights_doc(keras_name):
+    return (
+        f"""    Args:
       filters, kernel_size, strides, padding, data_format, dilation_rate, activation, use_bias:
-        as `keras.layers.Conv2D` (the bias is per member, `[E, filters]`).
+        as `keras.layers.{keras_name}` (the bias is per member, `[E, filters]`).
 """
         + FAST_WEIGHT_ARGS
         + WEIGHT_ARGS
     )
+
+
+class _Conv2DFastWeights(FastWeights, ReparameterizationEstimator, _Conv2D):
+    _args_doc = _conv_fast_weights_doc("Conv2D")
+    _default_kernel_initializer = "he_normal"
+
+
+class _Conv1DFastWeights(FastWeights, ReparameterizationEstimator, _Conv1D):
+    _args_doc = _conv_fast_weights_doc("Conv1D")
     _default_kernel_initializer = "he_normal"
 
 
@@ -194,6 +233,12 @@ class Conv2DBatchEnsemble(_Conv2DFastWeights):
     """BatchEnsemble 2-D convolution (Wen et al., 2020): member `m` convolves
     `x * alpha_m` (input channels scaled) with the shared kernel and scales the output channels
     by `gamma_m`, then adds its bias `b_m`. The shared kernel starts He-normal."""
+
+
+@register
+class Conv1DBatchEnsemble(_Conv1DFastWeights):
+    """BatchEnsemble 1-D convolution (Wen et al., 2020): as `Conv2DBatchEnsemble` over
+    `[E * B, length, channels]` inputs."""
 
 
 @register

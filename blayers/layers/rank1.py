@@ -18,19 +18,26 @@ import tensorflow as tf
 
 from blayers import initializers
 from blayers.layers.base import register
-from blayers.layers.batch_ensemble import _Conv2DFastWeights, _DenseFastWeights
+from blayers.layers.batch_ensemble import (
+    _Conv1DFastWeights,
+    _Conv2DFastWeights,
+    _DenseFastWeights,
+    default_fast_regularizer,
+    perturb,
+)
 from blayers.layers.ensemble import check_ensemble_size, member_rows
 from blayers.layers.estimators import ReparameterizationEstimator
 from blayers.layers.recurrent import _LSTMCell
 from blayers.regularizers import RANK1_PRIOR
 
-__all__ = ["Conv2DRank1", "DenseRank1", "LSTMCellRank1", "rank1_initializer"]
+__all__ = ["Conv1DRank1", "Conv2DRank1", "DenseRank1", "LSTMCellRank1", "rank1_initializer"]
 
 
-def rank1_initializer():
-    """Mean-field Normal over a rank-1 factor whose means start at `N(1, 0.5^2)`."""
+def rank1_initializer(additive=False):
+    """Mean-field Normal over a rank-1 factor whose means start at `N(1, 0.5^2)` (additive
+    perturbations: `N(0, 0.5^2)`)."""
     return initializers.TrainableNormal(
-        mean_initializer=keras.initializers.RandomNormal(mean=1.0, stddev=0.5)
+        mean_initializer=keras.initializers.RandomNormal(mean=0.0 if additive else 1.0, stddev=0.5)
     )
 
 
@@ -39,6 +46,14 @@ class DenseRank1(_DenseFastWeights):
     """Rank-1 Bayesian dense layer: member `m` computes
     `activation(((x * r_m) @ W) * s_m + b_m)` with `r_m ~ q(alpha_m)`, `s_m ~ q(gamma_m)`
     drawn once per call, on its rows of a member-major batch (`EnsembleTile`)."""
+
+    _default_fast_initializer = staticmethod(rank1_initializer)
+    _default_fast_regularizer = RANK1_PRIOR
+
+
+@register
+class Conv1DRank1(_Conv1DFastWeights):
+    """Rank-1 Bayesian 1-D convolution: as `Conv2DRank1` over `[E * B, length, channels]`."""
 
     _default_fast_initializer = staticmethod(rank1_initializer)
     _default_fast_regularizer = RANK1_PRIOR
@@ -73,6 +88,8 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         recurrent_gamma_regularizer: their KL terms (default `'rank1_prior'`).
       kernel_initializer, recurrent_initializer: of `W`, `U` (default Glorot-uniform,
         orthogonal); kernel_regularizer, recurrent_regularizer: theirs (default None).
+      use_additive_perturbation: `(x + r_m) @ W + s_m` (and likewise for `h`) instead of the
+        products (edward2's option); factors then start near 0 with the `'prior'` KL.
       **kwargs: the other `_LSTMCell` arguments (activation, use_bias, unit_forget_bias, ...).
     """
 
@@ -86,14 +103,15 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         gamma_initializer=None,
         recurrent_alpha_initializer=None,
         recurrent_gamma_initializer=None,
-        alpha_regularizer=RANK1_PRIOR,
-        gamma_regularizer=RANK1_PRIOR,
-        recurrent_alpha_regularizer=RANK1_PRIOR,
-        recurrent_gamma_regularizer=RANK1_PRIOR,
+        alpha_regularizer=None,
+        gamma_regularizer=None,
+        recurrent_alpha_regularizer=None,
+        recurrent_gamma_regularizer=None,
         kernel_initializer="glorot_uniform",
         recurrent_initializer="orthogonal",
         kernel_regularizer=None,
         recurrent_regularizer=None,
+        use_additive_perturbation=False,
         **kwargs,
     ):
         super().__init__(
@@ -105,24 +123,16 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
             **kwargs,
         )
         self.ensemble_size = check_ensemble_size(f"LSTMCellRank1 ({self.name})", ensemble_size)
-        self._configure_weight(
-            "alpha", alpha_initializer or rank1_initializer(), alpha_regularizer, None
-        )
-        self._configure_weight(
-            "gamma", gamma_initializer or rank1_initializer(), gamma_regularizer, None
-        )
-        self._configure_weight(
-            "recurrent_alpha",
-            recurrent_alpha_initializer or rank1_initializer(),
-            recurrent_alpha_regularizer,
-            None,
-        )
-        self._configure_weight(
-            "recurrent_gamma",
-            recurrent_gamma_initializer or rank1_initializer(),
-            recurrent_gamma_regularizer,
-            None,
-        )
+        self.use_additive_perturbation = bool(use_additive_perturbation)
+        for factor, init, reg in (
+            ("alpha", alpha_initializer, alpha_regularizer),
+            ("gamma", gamma_initializer, gamma_regularizer),
+            ("recurrent_alpha", recurrent_alpha_initializer, recurrent_alpha_regularizer),
+            ("recurrent_gamma", recurrent_gamma_initializer, recurrent_gamma_regularizer),
+        ):
+            init = init or rank1_initializer(self.use_additive_perturbation)
+            reg = default_fast_regularizer(reg, RANK1_PRIOR, self)
+            self._configure_weight(factor, init, reg, None)
 
     def _bias_shape(self):
         return (self.ensemble_size, self.gates * self.units)
@@ -145,10 +155,15 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         }
         kernel = tf.convert_to_tensor(self.kernel)
         recurrent = tf.convert_to_tensor(self.recurrent_kernel)
+        add = self.use_additive_perturbation
         projections = {
-            "kernel": lambda x: tf.matmul(x * rows["alpha"], kernel) * rows["gamma"],
-            "recurrent_kernel": lambda h: (
-                tf.matmul(h * rows["recurrent_alpha"], recurrent) * rows["recurrent_gamma"]
+            "kernel": lambda x: perturb(
+                tf.matmul(perturb(x, rows["alpha"], add), kernel), rows["gamma"], add
+            ),
+            "recurrent_kernel": lambda h: perturb(
+                tf.matmul(perturb(h, rows["recurrent_alpha"], add), recurrent),
+                rows["recurrent_gamma"],
+                add,
             ),
         }
         bias = None
@@ -157,7 +172,11 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
         return projections, bias
 
     def get_config(self):
-        config = {**super().get_config(), "ensemble_size": self.ensemble_size}
+        config = {
+            **super().get_config(),
+            "ensemble_size": self.ensemble_size,
+            "use_additive_perturbation": self.use_additive_perturbation,
+        }
         config.update(self._weight_config("alpha"))
         config.update(self._weight_config("gamma"))
         config.update(self._weight_config("recurrent_alpha"))

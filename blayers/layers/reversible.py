@@ -115,7 +115,7 @@ class ReversibleLayer(keras.layers.Layer):
 
 
 @traceable
-def TransformedRandomVariable(  # noqa: N802 - a random-variable constructor, as edward2's
+def TransformedRandomVariable(
     random_variable, reversible_layer, name=None, sample_shape=(), value=None
 ):
     """The random variable `f(x)`, `x ~ random_variable`, for a reversible layer `f`: its
