@@ -283,6 +283,35 @@ def test_hyper_batch_ensemble_formula_and_l2_penalty():
     np.testing.assert_allclose(float(layer.losses[0]), penalty, rtol=1e-4)
 
 
+def test_hyper_batch_ensemble_takes_edward2s_arguments_and_gin():
+    """`DenseHyperBatchEnsemble(units, lambda_key_to_index, ensemble_size=...)` as edward2
+    writes it, `[x, lambdas, e]` inputs, and gin bindings of its arguments."""
+    import gin
+
+    x = RNG.randn(E * 2, 4).astype("float32")
+    lambdas = RNG.uniform(-1, 1, (E * 2, 2)).astype("float32")
+    mapping = {"hyper_dense_l2_kernel": 1, "other_l2_kernel": 0}
+    layer = DenseHyperBatchEnsemble(3, mapping, rank=1, ensemble_size=E, name="hyper_dense")
+    assert layer.l2_index == 1 and layer.ensemble_size == E
+    ours = DenseHyperBatchEnsemble(3, ensemble_size=E, l2_index=1)
+    y = ours([x, lambdas])
+    e = tf.matmul(lambdas, ours.embedding)
+    y_given = layer([x, lambdas, e])
+    layer.set_weights(ours.get_weights()[:-1])  # everything but the embedding
+    np.testing.assert_allclose(layer([x, lambdas, e]), y, rtol=1e-5, atol=1e-6)
+    assert y_given.shape == y.shape and layer.embedding is None and len(layer.losses) == 1
+    with pytest.raises(ValueError, match="no 'unnamed_l2_kernel'"):
+        DenseHyperBatchEnsemble(3, {"x_l2_kernel": 0}, name="unnamed")
+    with pytest.raises(TypeError, match="pass ensemble_size as a keyword"):
+        DenseHyperBatchEnsemble(3, 4)
+    gin.parse_config(  # the conftest fixture clears it
+        "DenseHyperBatchEnsemble.ensemble_size = 2\nDenseHyperBatchEnsemble.l2_index = 0"
+    )
+    bound = DenseHyperBatchEnsemble(5)
+    assert (bound.ensemble_size, bound.l2_index) == (2, 0)
+    assert bound([x[:4], lambdas[:4]]).shape == (4, 5)
+
+
 def test_cond_dense_mixes_expert_kernels():
     x = RNG.randn(5, 4).astype("float32")
     routing = np.abs(RNG.randn(5, 3)).astype("float32")

@@ -257,21 +257,30 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
     layer adds the self-tuning penalty `mean_rows c ||K_m + D_m diag(e1(lambda))||^2` to its
     losses (the effective kernel's norm, computed per output column without materializing it).
 
+    edward2's form is accepted too: `DenseHyperBatchEnsemble(units, lambda_key_to_index, ...)`
+    with the L2 column found under `'<layer>_l2_kernel'` (the name up to a `/`-delimited group
+    left out, as edward2 does), and `[x, lambdas, e]` inputs whose `e` `[E * B, 2 units]` (an
+    embedding computed outside) replaces the layer's own `lambdas @ E`.
+
     Args:
       units: output size.
-      ensemble_size: members `E`.
+      lambda_key_to_index: edward2's `{'<layer>_l2_kernel': column, ...}` (optional; sets
+        `l2_index`).
+      ensemble_size: members `E` (keyword).
       activation, use_bias: as `keras.layers.Dense`.
       alpha_initializer, gamma_initializer: of the fast weights (default `N(1, 0.5^2)`).
       kernel_initializer: of `W` and `W'`.
       embedding_initializer: of `E` `[h, 2 units]`.
       bias_initializer: of `b` and `b'` (`[E, units]` each).
       l2_index: the column of `lambdas` holding the L2 coefficient (None: no penalty).
+      rank: the fast weights' rank (1, the only one; edward2's argument).
       **kwargs: `keras.layers.Layer` arguments.
     """
 
     def __init__(
         self,
         units,
+        lambda_key_to_index=None,
         ensemble_size=4,
         activation=None,
         use_bias=True,
@@ -281,12 +290,36 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
         embedding_initializer="glorot_uniform",
         bias_initializer="zeros",
         l2_index=None,
+        rank=1,
         **kwargs,
     ):
         super().__init__(**kwargs)
         name = f"DenseHyperBatchEnsemble ({self.name})"
         if not isinstance(units, (int, np.integer)) or units <= 0:
             raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
+        if rank != 1:
+            raise ValueError(f"{name}: only rank-1 fast weights are supported, got rank={rank}.")
+        if lambda_key_to_index is not None:
+            if not isinstance(lambda_key_to_index, dict):
+                raise TypeError(
+                    f"{name}: the second argument is edward2's lambda_key_to_index (a dict); "
+                    f"got {lambda_key_to_index!r} (pass ensemble_size as a keyword)."
+                )
+            if l2_index is not None:
+                raise ValueError(f"{name}: give l2_index or lambda_key_to_index, not both.")
+            group = self.name
+            start = group.find("/")
+            end = group.find("/", start + 1)
+            if start > -1 and end > -1:
+                group = group[:start] + group[end + 1 :]
+            key = f"{group}_l2_kernel"
+            if key not in lambda_key_to_index:
+                raise ValueError(
+                    f"{name}: lambda_key_to_index has no {key!r} (its keys: "
+                    f"{sorted(lambda_key_to_index)})."
+                )
+            l2_index = int(lambda_key_to_index[key])
+        self.lambda_key_to_index = lambda_key_to_index
         self.units = int(units)
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
         self.activation = keras.activations.get(activation)
@@ -303,7 +336,7 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
         self.l2_index = l2_index
 
     def build(self, input_shape):
-        x_shape, lambda_shape = input_shape
+        x_shape, lambda_shape = input_shape[0], input_shape[1]
         d, h = x_shape[-1], lambda_shape[-1]
         if d is None or h is None:
             raise ValueError(
@@ -346,14 +379,17 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
                         name=f"{prefix}bias", shape=(e, u), initializer=self.bias_initializer
                     ),
                 )
-        self.embedding = self.add_weight(
-            name="embedding", shape=(h, 2 * u), initializer=self.embedding_initializer
-        )
+        self.embedding = None
+        if len(input_shape) == 2:  # else edward2's `e` comes with the inputs
+            self.embedding = self.add_weight(
+                name="embedding", shape=(h, 2 * u), initializer=self.embedding_initializer
+            )
 
     def call(self, inputs):
-        x, lambdas = (tf.convert_to_tensor(t, self.compute_dtype) for t in inputs)
+        x, lambdas, *given = (tf.convert_to_tensor(t, self.compute_dtype) for t in inputs)
         name = f"DenseHyperBatchEnsemble ({self.name})"
-        e1, e2 = tf.split(tf.matmul(lambdas, self.embedding), 2, axis=-1)
+        embedded = given[0] if given else tf.matmul(lambdas, self.embedding)
+        e1, e2 = tf.split(embedded, 2, axis=-1)
 
         def rank_one(kernel, alpha, gamma):
             projected = dense_matmul(x * member_rows(alpha, x, name), kernel)
