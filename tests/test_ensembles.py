@@ -312,6 +312,33 @@ def test_hyper_batch_ensemble_takes_edward2s_arguments_and_gin():
     assert bound([x[:4], lambdas[:4]]).shape == (4, 5)
 
 
+def test_dense_multihead_heads_and_member_major_rows(tmp_path):
+    """edward2's `DenseMultihead`: head m of `[B, E, units]` is `x W[:, m] + b[m]`; the
+    member-major form feeds `EnsembleOutput`, whose mixture averages the heads."""
+    x = RNG.randn(5, 4).astype("float32")
+    layer = blayers.layers.DenseMultihead(3, ensemble_size=E)
+    y = layer(x).numpy()
+    w, b = np.asarray(layer.kernel), np.asarray(layer.bias)
+    assert y.shape == (5, E, 3) and not layer.losses
+    for m in range(E):
+        np.testing.assert_allclose(
+            y[:, m], x @ w[:, 3 * m : 3 * m + 3] + b[3 * m : 3 * m + 3], rtol=1e-5, atol=1e-6
+        )
+    rows = blayers.layers.DenseMultihead(3, ensemble_size=E, member_major=True)
+    model = keras.Sequential([keras.Input((4,)), rows, EnsembleOutput(E)])
+    rows.set_weights(layer.get_weights())
+    probs = model(x).distribution.probs_parameter().numpy()
+    np.testing.assert_allclose(probs, tf.nn.softmax(y).numpy().mean(1), rtol=1e-5, atol=1e-6)
+    model.save(tmp_path / "multihead.keras")
+    loaded = keras.models.load_model(tmp_path / "multihead.keras")
+    np.testing.assert_allclose(loaded(x).distribution.probs_parameter(), probs, rtol=1e-6)
+    bayesian = blayers.layers.DenseMultihead(
+        3, ensemble_size=2, kernel_initializer="trainable_normal"
+    )
+    bayesian(x)
+    assert len(bayesian.losses) == 1
+
+
 def test_cond_dense_mixes_expert_kernels():
     x = RNG.randn(5, 4).astype("float32")
     routing = np.abs(RNG.randn(5, 3)).astype("float32")

@@ -34,6 +34,7 @@ __all__ = [
     "Conv2DBatchEnsemble",
     "DenseBatchEnsemble",
     "DenseHyperBatchEnsemble",
+    "DenseMultihead",
     "FastWeights",
     "fast_weight_initializer",
 ]
@@ -239,6 +240,65 @@ class Conv2DBatchEnsemble(_Conv2DFastWeights):
 class Conv1DBatchEnsemble(_Conv1DFastWeights):
     """BatchEnsemble 1-D convolution (Wen et al., 2020): as `Conv2DBatchEnsemble` over
     `[E * B, length, channels]` inputs."""
+
+
+@register
+class DenseMultihead(ReparameterizationEstimator, _DenseBase):
+    """Multi-head ensemble output (edward2's `DenseMultihead`): one `Dense(E * units)` on a
+    shared body, read as `E` heads, `[B, E, units]`; with `member_major=True` the heads'
+    outputs are `[E * B, units]` rows, member-major, the layout `EnsembleOutput` folds into
+    the members' mixture. The kernel is deterministic by default; a distribution initializer
+    (`kernel_initializer='trainable_normal'`) makes the heads Bayesian with their KL.
+
+    Args:
+      units: outputs per head.
+      ensemble_size: heads `E`.
+      member_major: return `[E * B, units]` rows instead of `[B, E, units]`.
+      activation, use_bias: as `keras.layers.Dense`.
+      kernel_initializer: default `'glorot_uniform'` (deterministic).
+      kernel_regularizer: default `'prior'` (applies to a random kernel only).
+      **kwargs: the other `DenseReparameterization` arguments.
+    """
+
+    def __init__(
+        self,
+        units,
+        ensemble_size=1,
+        member_major=False,
+        kernel_initializer="glorot_uniform",
+        **kwargs,
+    ):
+        name = f"DenseMultihead ({kwargs.get('name', 'dense_multihead')})"
+        self.ensemble_size = check_ensemble_size(name, ensemble_size)
+        if not isinstance(units, (int, np.integer)) or units <= 0:
+            raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
+        self.member_major = bool(member_major)
+        super().__init__(
+            int(units) * self.ensemble_size, kernel_initializer=kernel_initializer, **kwargs
+        )
+        self.input_spec = keras.layers.InputSpec(ndim=2)
+
+    def call(self, inputs):
+        outputs = super().call(inputs)
+        e, units = self.ensemble_size, self.units // self.ensemble_size
+        outputs = tf.reshape(outputs, tf.stack([-1, e, units]))
+        if self.member_major:
+            outputs = tf.reshape(tf.transpose(outputs, [1, 0, 2]), tf.stack([-1, units]))
+        return outputs
+
+    def compute_output_shape(self, input_shape):
+        batch, units = input_shape[0], self.units // self.ensemble_size
+        if self.member_major:
+            return (None if batch is None else batch * self.ensemble_size, units)
+        return (batch, self.ensemble_size, units)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units // self.ensemble_size,
+            "ensemble_size": self.ensemble_size,
+            "member_major": self.member_major,
+        }
 
 
 @register
