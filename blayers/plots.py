@@ -1,6 +1,7 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed)."""
 
 import os
+import textwrap
 
 import matplotlib
 
@@ -30,11 +31,32 @@ __all__ = [
 ]
 
 
-def _log_axis(ax):
-    """Log y-axis with plain-number ticks (0.1, 1, 10) instead of 10^-1 labels."""
+def _log_axis(ax, values):
+    """Log y-axis whose tick labels can be read: plain numbers (0.1, 2, 50), and at least three
+    labelled ticks even when `values` span less than a decade (where matplotlib's default shows
+    one label or none)."""
     ax.set_yscale("log")
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}"))
+    values = np.asarray(values, float)
+    values = values[np.isfinite(values) & (values > 0)]
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.3g}")
     ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.yaxis.set_major_formatter(plain)
+    if not len(values):
+        return
+    low, high = values.min(), values.max()
+    if high / low >= 10:
+        ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+        return
+    if high / low < 1.05:  # a flat curve: widen so that the ticks differ
+        low, high = low / 1.05, high * 1.05
+        ax.set_ylim(low, high)
+    ticks = [float(f"{t:.2g}") for t in np.geomspace(low, high, 4)]
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(ticks))))
+
+
+def _title(ax, text, width=34):
+    """A panel title wrapped to the panel's width instead of cut off."""
+    ax.set_title(textwrap.fill(text, width), fontsize=9)
 
 
 # Evaluation metrics drawn on a shared [0, 1] axis; the others get one axis each.
@@ -52,14 +74,22 @@ def training_curves(history, path):
     """The training objective's terms, the KL weight, and each evaluation metric against the
     step, one panel per scale: the NLL and per-example local loss (a VAE's latent KL), the
     weights' KL per example (log axis), the KL weight `beta_t` (annealing is a schedule, not
-    divergence), the [0, 1] metrics together, and every other metric on its own axis."""
+    divergence), the [0, 1] metrics together, and every other metric on its own axis. A
+    reference value `<metric>_optimum` (the best achievable, from the data) is a dashed line in
+    its metric's panel; with a single evaluation the metrics are a table, not panels of dots."""
     train = [h for h in history if h["kind"] == "train"]
     evals = [h for h in history if h["kind"] == "eval"]
     metric_keys = sorted({k for h in evals for k in h} - {"kind", "step"})
+    optima = {k[: -len("_optimum")]: k for k in metric_keys if k.endswith("_optimum")}
+    metric_keys = [k for k in metric_keys if k not in optima.values()]
+    single = len(evals) == 1
     unit = [k for k in metric_keys if k in _UNIT_METRICS]
     other = [k for k in metric_keys if k not in _UNIT_METRICS]
     panels = ["objective", "kl", "kl_weight"] if train else []
-    panels += (["unit"] if unit else []) + other
+    if single:
+        panels.append("table")
+    else:
+        panels += (["unit"] if unit else []) + other
     panels = panels or ["empty"]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -68,6 +98,7 @@ def training_curves(history, path):
     for ax in axes[len(panels) :]:
         ax.axis("off")
     steps = [h["step"] for h in train]
+    eval_steps = [h["step"] for h in evals]
     for ax, panel in zip(axes, panels):
         ax.set_xlabel("step")
         if panel == "objective":
@@ -75,32 +106,54 @@ def training_curves(history, path):
             if any(h.get("local_loss", 0.0) for h in train):
                 ax.plot(steps, [h["local_loss"] for h in train], label="local (latent KL)")
             ax.plot(steps, [h["loss"] for h in train], label="loss (annealed)", alpha=0.6)
-            ax.set_title("training objective per example")
+            _title(ax, "training objective per example")
+            ax.set_ylabel("nats per example")
             ax.legend(fontsize=7)
         elif panel == "kl":
             kl = [h["kl_per_example"] for h in train]
             ax.plot(steps, kl, "C3")
             if all(v > 0 for v in kl):
-                _log_axis(ax)
-            ax.set_title("weights' KL / N")
+                _log_axis(ax, kl)
+            _title(ax, "weights' KL / N")
+            ax.set_ylabel("nats per example")
         elif panel == "kl_weight":
             ax.plot(steps, [h.get("kl_weight", 1.0) for h in train], "C2")
             ax.set_ylim(-0.05, 1.05 * max(1.0, *[h.get("kl_weight", 1.0) for h in train]))
-            ax.set_title("KL weight beta_t")
+            _title(ax, "KL weight beta_t")
         elif panel == "unit":
             for key in unit:
-                ax.plot([h["step"] for h in evals], [h[key] for h in evals], marker="o", label=key)
+                ax.plot(eval_steps, [h[key] for h in evals], marker="o", label=key)
             ax.set_ylim(-0.02, 1.02)
-            ax.set_title("test metrics in [0, 1]")
+            _title(ax, "test metrics in [0, 1]")
             ax.legend(fontsize=6)
+        elif panel == "table":
+            _metrics_table(ax, evals[0], metric_keys, optima)
         elif panel == "empty":
-            ax.set_title("no records")
+            _title(ax, "no records")
         else:
-            ax.plot([h["step"] for h in evals], [h[panel] for h in evals], marker="o", color="C4")
-            ax.set_title(f"test {panel}")
+            ax.plot(eval_steps, [h[panel] for h in evals], marker="o", color="C4")
+            if panel in optima:
+                value = evals[-1][optima[panel]]
+                ax.axhline(value, color="k", ls="--", lw=1, label=f"optimum {value:.4g}")
+                ax.legend(fontsize=7)
+            _title(ax, panel if panel.startswith("test") else f"test {panel}")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def _metrics_table(ax, record, keys, optima):
+    """One evaluation's metrics as text (a panel of single dots says less)."""
+    ax.axis("off")
+    lines = []
+    for key in keys:
+        value = record[key]
+        line = f"{key:<28s} {value:>10.4g}" if isinstance(value, (int, float)) else key
+        if key in optima:
+            line += f"   (optimum {record[optima[key]]:.4g})"
+        lines.append(line)
+    ax.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=7)
+    _title(ax, f"test metrics at step {record['step']}")
 
 
 def png_to_tensorboard(path, name=None):
@@ -302,6 +355,7 @@ def episode_returns(runs, path):
             low, high = np.percentile(values, [5, 95], axis=0)
             ax.fill_between(episodes, low, high, alpha=0.25)
     ax.set_xlabel("episode")
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole episodes
     ax.set_ylabel("return")
     ax.legend()
     fig.tight_layout()
@@ -314,7 +368,7 @@ def curve(x, y, xlabel, ylabel, path):
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(x, y)
     if len(y) and np.all(np.asarray(y) > 0):
-        _log_axis(ax)
+        _log_axis(ax, y)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     fig.tight_layout()
@@ -322,10 +376,11 @@ def curve(x, y, xlabel, ylabel, path):
     plt.close(fig)
 
 
-def open_loop_strip(true, predicted, path, columns=10):
+def open_loop_strip(true, predicted, path, columns=10, title=None):
     """An open-loop prediction (paper Figure 10): true frames above predicted ones, every
     `len / columns`-th step, for `[T, H, W, 3]` images in [-0.5, 0.5]; for `[T, d]` states,
-    each of the first 6 dimensions over time, true against predicted."""
+    each of the first 6 observation dimensions over time, true against predicted. `title`
+    names the run and model above the figure."""
     true, predicted = np.asarray(true), np.asarray(predicted)
     if true.ndim == 4:
         picks = np.linspace(0, len(true) - 1, min(columns, len(true))).astype(int)
@@ -345,9 +400,12 @@ def open_loop_strip(true, predicted, path, columns=10):
         for d in range(dims):
             axes[d, 0].plot(true[:, d], label="true")
             axes[d, 0].plot(predicted[:, d], "--", label="predicted")
-            axes[d, 0].set_ylabel(f"x[{d}]")
+            axes[d, 0].set_ylabel(f"observation\ndim {d}", fontsize=8)
         axes[0, 0].legend(fontsize=8)
         axes[-1, 0].set_xlabel("open-loop step")
+        axes[-1, 0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    if title:
+        fig.suptitle(textwrap.fill(title, 70), fontsize=9)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -414,11 +472,22 @@ def point_process_intensity(grid, draws, kde, train, test, window, path, unit=""
         size = round(np.sqrt(len(grid)))
         extent = [low[0], low[0] + width[0], low[1], low[1] + width[1]]
         fig, axes = plt.subplots(1, 3, figsize=(13, 4))
-        for ax, image, title in zip(
-            axes, (mean, hi - lo, kde), ("posterior mean", "5-95% band width", "kernel estimate")
+        # The posterior mean and the kernel estimate share one colour scale, so that their
+        # colours compare; the band width (a spread, not an intensity) has its own.
+        shared = (min(mean.min(), kde.min()), max(mean.max(), kde.max()))
+        for ax, image, title, limits in zip(
+            axes,
+            (mean, hi - lo, kde),
+            ("posterior mean", "5-95% band width (own scale)", "kernel estimate"),
+            (shared, (None, None), shared),
         ):
             shown = ax.imshow(
-                image.reshape(size, size).T, origin="lower", extent=extent, cmap="viridis"
+                image.reshape(size, size).T,
+                origin="lower",
+                extent=extent,
+                cmap="viridis",
+                vmin=limits[0],
+                vmax=limits[1],
             )
             fig.colorbar(shown, ax=ax, label=f"intensity{per}")
             ax.scatter(low[0] + width[0] * train[:, 0], low[1] + width[1] * train[:, 1], s=2, c="w")

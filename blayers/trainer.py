@@ -452,10 +452,11 @@ class Trainer:
         with self.writer.as_default(step=step):
             for key in ("loss", "nll", "local_loss", "kl_per_example", "elbo", "kl_weight"):
                 tf.summary.scalar(f"train/{key}", record[key])
-        self._progress_bar().update(
-            step,
-            [("loss", record["loss"]), ("nll", record["nll"]), ("kl", record["kl_per_example"])],
-        )
+        shown = [("loss", record["loss"]), ("nll", record["nll"])]
+        if record["local_loss"]:  # a VAE's latent KL, per example
+            shown.append(("latent_kl", record["local_loss"]))
+        shown.append(("weights_kl/N", record["kl_per_example"]))
+        self._progress_bar().update(step, shown)
 
     def save_checkpoint(self):
         """Writes a checkpoint numbered by the step."""
@@ -544,7 +545,7 @@ class Trainer:
             self._bar = keras.utils.Progbar(
                 self.train_steps,
                 verbose=1 if self.progress else 0,
-                stateful_metrics=["nll", "kl", "loss"],
+                stateful_metrics=["nll", "latent_kl", "weights_kl/N", "loss"],
             )
         return self._bar
 

@@ -135,7 +135,7 @@ def run_experiment(root, gin_file, gin_params, seeds, parallel):
     )
     rows = summarize(root, results, models)
     if stopped:
-        raise KeyboardInterrupt
+        sweep.exit_stopped(root)
     return rows
 
 

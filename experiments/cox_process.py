@@ -102,7 +102,7 @@ def run_experiment(root, patterns, splits, gin_file, gin_params, parallel):
     rows = summarize(results)
     write_tables(rows, root)
     if stopped:
-        raise KeyboardInterrupt
+        sweep.exit_stopped(root)
     return rows
 
 

@@ -54,11 +54,19 @@ ITEMS = (
     Item(
         "fig5",
         "Figure 5: deep GP (SparseGaussianProcess layers)",
-        "A code figure; published UCI numbers (Gal & Ghahramani, 2016; Hernandez-Lobato & "
-        "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiments' own tables.",
+        "A code figure; published deep-GP numbers on UCI (Salimbeni & Deisenroth, 2017) are in "
+        "the experiment's own table.",
         ("deep_gp",),
-        ("deep_gp_uci", "uci_regression"),
-        command="python -m experiments.deep_gp_uci --uci_dir=../shared/data/uci --root=runs/dgp",
+        ("deep_gp_uci",),
+        command="python -m experiments.deep_gp_uci --uci_dir=PATH/TO/UCI --root=runs/dgp",
+    ),
+    Item(
+        "uci",
+        "UCI regression: MC dropout, mean-field Flipout BNN, SVGP and deep GPs",
+        "Not a paper figure; published numbers (Gal & Ghahramani, 2016; Hernandez-Lobato & "
+        "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiment's own table.",
+        experiments=("uci_regression",),
+        command="python -m experiments.uci_regression --uci_dir=PATH/TO/UCI --root=runs/uci",
     ),
     Item(
         "fig6",
@@ -105,7 +113,7 @@ ITEMS = (
     ),
     Item(
         "ub",
-        "uncertainty-baselines' CIFAR-10 comparison (issue 15)",
+        "uncertainty-baselines' CIFAR-10 comparison",
         "Published for WRN-28-10 (uncertainty-baselines, baselines/cifar): deterministic 96.0% / "
         "NLL 0.159 / ECE 0.0231; BatchEnsemble (4) 96.3% / 0.136 / 0.0177; rank-1 BNN (4) "
         "96.3% / 0.128 / 0.008; SNGP 96.0% / 0.134 / 0.007; MC dropout 95.9% / 0.160 / 0.0241.",
@@ -198,6 +206,8 @@ def assign(runs, experiments):
 def _number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
+    if abs(value) < 1e-9:  # float round-off of an exact 0 (3.7e-18), not a measurement
+        return "0"
     return f"{value:.4g}"
 
 
@@ -226,6 +236,19 @@ def _plots(directory, limit=4):
     return sorted(os.path.join(directory, f) for f in os.listdir(directory) if f.endswith(".png"))[
         :limit
     ]
+
+
+def experiment_plots(experiment, limit=6):
+    """An experiment's figures: its own (a comparison such as PlaNet's `score.png` across
+    models), then one per run (each data set's intensity of the Cox process, not only the
+    first run's), training curves last."""
+    own = _plots(experiment["dir"], limit)
+    per_run = []
+    for run in experiment["runs"]:
+        pngs = _plots(run["dir"], limit=None)
+        chosen = [p for p in pngs if not p.endswith("training_curves.png")] or pngs
+        per_run += chosen[:1]
+    return (own + per_run)[:limit]
 
 
 def _command_of(run):
@@ -258,8 +281,8 @@ def render_markdown(assigned, root):
             ]
             if experiment["table"]:
                 lines += [experiment["table"].strip(), ""]
-            for run in experiment["runs"][:1]:
-                lines += [f"![{p}]({os.path.relpath(p, root)})" for p in _plots(run["dir"], 2)]
+            plots = experiment_plots(experiment)
+            lines += [f"![{p}]({os.path.relpath(p, root)})" for p in plots]
             lines.append("")
         for run in runs:
             lines += [
@@ -329,8 +352,7 @@ def render_html(assigned, root):
             )
             if experiment["table"]:
                 parts.append(_markdown_table_to_html(experiment["table"]))
-            for run in experiment["runs"][:1]:
-                parts += [_image(p) for p in _plots(run["dir"], 2)]
+            parts += [_image(p) for p in experiment_plots(experiment)]
         for run in runs:
             rows = "".join(
                 f"<tr><td>{html.escape(m)}</td><td>{o}</td><td>{html.escape(p)}</td></tr>"

@@ -431,7 +431,7 @@ def run_experiment(
     write_tables(rows, root)
     sweep.write_experiment_record(root, methods=list(methods), gin_param=list(gin_params))
     if stopped:
-        raise KeyboardInterrupt
+        sweep.exit_stopped(root)
     return rows
 
 

@@ -108,7 +108,7 @@ def run_experiment(root, methods, gin_file, gin_params, parallel):
     rows = summarize(results, root)
     write_tables(rows, root)
     if stopped:
-        raise KeyboardInterrupt
+        sweep.exit_stopped(root)
     return rows
 
 

@@ -367,10 +367,23 @@ def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quie
     write_table(
         ["run", "status"], [[name, status] for name, _, status, _ in results], args.root, "runs"
     )
+    # Each run's status was printed as it ended; failures are named once more at the end.
     for name, _, status, _ in results:
-        if not status.startswith(SUCCESS_STATUSES):
+        if status.startswith("failed"):
             print(f"{name}: {status}", file=sys.stderr)
     return results, stopped
+
+
+def exit_stopped(root):
+    """Ends an experiment script that a Ctrl-C or SIGTERM stopped: one line, exit status 130
+    (as a shell reports an interrupted command), no traceback."""
+    print(
+        f"Stopped: the running trainers checkpointed under {root}; re-run the same command to "
+        "resume (finished runs are skipped).",
+        file=sys.stderr,
+        flush=True,
+    )
+    raise SystemExit(130)
 
 
 def run_grid(planned, args):

@@ -300,3 +300,44 @@ def test_experiment_modules_import_together():
     for path in sorted((ROOT / "experiments").glob("*.py")):
         if path.stem != "__init__":
             importlib.import_module(f"experiments.{path.stem}")
+
+
+def test_a_stopped_experiment_exits_130_without_a_traceback(capsys):
+    from launch import sweep
+
+    with pytest.raises(SystemExit) as info:
+        sweep.exit_stopped("runs/x")
+    assert info.value.code == 130
+    err = capsys.readouterr().err
+    assert err.count("Stopped") == 1 and "re-run the same command" in err
+
+
+@pytest.mark.slow
+def test_cox_experiment_on_sigterm_reports_each_run_once_and_exits_cleanly(tmp_path):
+    """SIGTERM to the Cox process experiment: each running trainer checkpoints, its status is
+    printed once, the script exits with 130 and no traceback."""
+    import signal
+    import time
+
+    command = [
+        sys.executable,
+        "-m",
+        "experiments.cox_process",
+        "--gin_file=cox_process_smoke",
+        "--patterns=coal",
+        "--splits=1",
+        "--gin_param=train.train_steps = 100000",
+        "--gin_param=train.checkpoint_every = 5",
+        f"--root={tmp_path}",
+    ]
+    process = subprocess.Popen(
+        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    deadline = time.time() + 240
+    while time.time() < deadline and not list(tmp_path.glob("*/checkpoints/ckpt-*.index")):
+        time.sleep(0.5)
+    process.send_signal(signal.SIGTERM)
+    output, _ = process.communicate(timeout=180)
+    assert process.returncode == 130, output[-3000:]
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output
+    assert output.count("stopped (checkpointed") == 1, output[-3000:]

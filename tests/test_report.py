@@ -62,6 +62,44 @@ def test_report_places_runs_and_experiments_beside_the_paper(tmp_path):
     assert "http" not in page.split("<h1>")[0]  # offline: no remote stylesheet or script
 
 
+def _fake_experiment(root, module, runs, own_pngs=()):
+    os.makedirs(root, exist_ok=True)
+    with open(os.path.join(root, "experiment.json"), "w") as f:
+        json.dump({"command": f"python -m experiments.{module} --root=x", "gin_file": module}, f)
+    for name in own_pngs:
+        with open(os.path.join(root, name), "wb") as f:
+            f.write(b"\x89PNG\r\n\x1a\nfake")
+    for name, pngs in runs.items():
+        _fake_run(os.path.join(root, name), f"{module}_smoke", {"x": 1.0}, png=False)
+        for png in pngs:
+            with open(os.path.join(root, name, png), "wb") as f:
+                f.write(b"\x89PNG\r\n\x1a\nfake")
+
+
+def test_report_files_each_experiment_and_shows_its_own_figures(tmp_path):
+    """UCI regression has its own entry (not Figure 5's); the Cox process shows every data
+    set's intensity; PlaNet its Bayesian-vs-deterministic score first; a round-off zero is 0."""
+    _fake_experiment(tmp_path / "uci", "uci_regression", {"yacht_flipout": ["intensity.png"]})
+    cox = {name: ["intensity.png", "training_curves.png"] for name in ("brambles", "cells", "coal")}
+    _fake_experiment(tmp_path / "cox", "cox_process", cox)
+    _fake_experiment(
+        tmp_path / "planet",
+        "bayesian_planet",
+        {"bayesian_seed0": ["open_loop.png"]},
+        own_pngs=("score.png", "weight_kl.png"),
+    )
+    _fake_run(tmp_path / "ub_run", "uncertainty_baselines_smoke", {"mutual_information": 3.7e-18})
+    assigned = report.write_report(str(tmp_path), str(tmp_path / "report"))
+    assert len(assigned["uci"][1]) == 1 and not assigned["fig5"][1]
+    text = (tmp_path / "report.md").read_text()
+    for name in ("brambles", "cells", "coal"):
+        assert f"cox/{name}/intensity.png" in text
+    planet = text[text.index("Experiment `planet`") :]
+    assert planet.index("planet/score.png") < planet.index("open_loop.png")
+    assert "| mutual_information | 0 |" in text
+    assert "shared" not in text and "issue" not in text.lower()
+
+
 def test_paper_value_marked_when_the_config_differs(tmp_path):
     _fake_run(tmp_path / "bt", "bayesian_transformer_smoke", {"bleu_beam": 70.0})
     report.write_report(str(tmp_path), str(tmp_path / "r"))

@@ -272,7 +272,14 @@ class PlanetTrainer(Trainer):
             paths["weight_kl"],
         )
         plots.open_loop_strip(
-            arrays["open_loop"]["true"], arrays["open_loop"]["predicted"], paths["open_loop"]
+            arrays["open_loop"]["true"],
+            arrays["open_loop"]["predicted"],
+            paths["open_loop"],
+            title=(
+                f"{os.path.basename(os.path.normpath(self.model_dir))}: {self.env.name}, "
+                f"{self.model.transition_name} transition, open-loop prediction after "
+                f"{self.open_loop_context} observed steps"
+            ),
         )
         with self.writer.as_default(step=self.step_value()):
             for path in paths.values():
