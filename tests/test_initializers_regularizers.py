@@ -113,7 +113,7 @@ def test_normal_kl_with_tied_mean_closed_form_and_monte_carlo():
     prior = tfd.Normal([0.3, -1.0], 2.0)
     exact = sum(
         _kl_by_quadrature(
-            tfd.Logistic(m, s), lambda g, m=m: prior[i].log_prob(g).numpy(), m - 12, m + 12
+            tfd.Logistic(m, s), lambda g, i=i: prior[i].log_prob(g).numpy(), m - 12, m + 12
         )
         for i, (m, s) in enumerate(zip([0.3, -1.0], [0.2, 0.4]))
     )
