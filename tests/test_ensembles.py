@@ -283,6 +283,45 @@ def test_hyper_batch_ensemble_formula_and_l2_penalty():
     np.testing.assert_allclose(float(layer.losses[0]), penalty, rtol=1e-4)
 
 
+def test_conv2d_hyper_batch_ensemble_formula_penalty_and_edward2_order(tmp_path):
+    """Member m convolves with `K_m + e1(lambda) D_m` (the fast weights scaling input channels
+    and filters) plus `b_m + e2 b'_m`; the penalty is that kernel's squared norm weighted by the
+    L2 column; edward2's argument order builds the same layer."""
+    x = RNG.randn(E * 2, 5, 5, 3).astype("float32")
+    lambdas = RNG.randn(E * 2, 2).astype("float32")
+    layer = blayers.layers.Conv2DHyperBatchEnsemble(
+        4, 3, ensemble_size=E, l2_index=1, padding="same"
+    )
+    y = layer([x, lambdas]).numpy()
+    e1, e2 = np.split(lambdas @ np.asarray(layer.embedding), 2, axis=-1)
+    member = np.repeat(np.arange(E), 2)
+
+    def kernels(prefix):
+        k, a, g = (np.asarray(getattr(layer, f"{prefix}{n}")) for n in ("kernel", "alpha", "gamma"))
+        return k[None] * a[:, None, None, :, None] * g[:, None, None, None, :]
+
+    k, dk = kernels(""), kernels("delta_")
+    for i in range(len(x)):
+        m = member[i]
+        kernel = k[m] + dk[m] * e1[i]
+        bias = np.asarray(layer.bias)[m] + e2[i] * np.asarray(layer.delta_bias)[m]
+        expected = tf.nn.conv2d(x[i : i + 1], kernel, 1, "SAME").numpy()[0] + bias
+        np.testing.assert_allclose(y[i], expected, rtol=1e-4, atol=1e-4)
+    penalty = np.mean(
+        [lambdas[i, 1] * np.sum((k[member[i]] + dk[member[i]] * e1[i]) ** 2) for i in range(len(x))]
+    )
+    np.testing.assert_allclose(float(layer.losses[0]), penalty, rtol=1e-4)
+    edward2 = blayers.layers.Conv2DHyperBatchEnsemble(
+        {"hyper_conv_l2_kernel": 1}, 4, 3, ensemble_size=E, padding="same", name="hyper_conv"
+    )
+    assert (edward2.filters, edward2.kernel_size, edward2.l2_index) == (4, (3, 3), 1)
+    inputs = [keras.Input((5, 5, 3)), keras.Input((2,))]
+    model = keras.Model(inputs, layer(inputs))
+    model.save(tmp_path / "hyper_conv.keras")
+    loaded = keras.models.load_model(tmp_path / "hyper_conv.keras")
+    np.testing.assert_allclose(loaded([x, lambdas]), y, rtol=1e-5, atol=1e-5)
+
+
 def test_hyper_batch_ensemble_takes_edward2s_arguments_and_gin():
     """`DenseHyperBatchEnsemble(units, lambda_key_to_index, ensemble_size=...)` as edward2
     writes it, `[x, lambdas, e]` inputs, and gin bindings of its arguments."""

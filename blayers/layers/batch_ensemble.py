@@ -26,12 +26,14 @@ from blayers.layers.convolutional import _Conv1D, _Conv2D
 from blayers.layers.dense import _DenseBase, dense_matmul
 from blayers.layers.ensemble import check_ensemble_size, member_rows
 from blayers.layers.estimators import ReparameterizationEstimator
+from blayers.registry import ArgsDoc
 from blayers.regularizers import PRIOR
 
 __all__ = [
     "CondDense",
     "Conv1DBatchEnsemble",
     "Conv2DBatchEnsemble",
+    "Conv2DHyperBatchEnsemble",
     "DenseBatchEnsemble",
     "DenseHyperBatchEnsemble",
     "DenseMultihead",
@@ -301,45 +303,53 @@ class DenseMultihead(ReparameterizationEstimator, _DenseBase):
         }
 
 
-@register
-class DenseHyperBatchEnsemble(keras.layers.Layer):
-    """Hyper-BatchEnsemble dense layer (Wenzel et al., 2020): an ensemble over both weights and
-    hyper-parameters, each member conditioned on its own hyper-parameters `lambda`.
+def _l2_key_index(layer_name, lambda_key_to_index, name):
+    """edward2's `lambda_key_to_index`: the column of `'<layer>_l2_kernel'`, the layer's name
+    with a `/`-delimited group left out (`'group/conv/'` -> `'group'`), as edward2 reads it."""
+    if not isinstance(lambda_key_to_index, dict):
+        raise TypeError(
+            f"{name}: lambda_key_to_index is edward2's dict of hyper-parameter columns; got "
+            f"{lambda_key_to_index!r} (pass ensemble_size as a keyword)."
+        )
+    group = layer_name
+    start = group.find("/")
+    end = group.find("/", start + 1)
+    if start > -1 and end > -1:
+        group = group[:start] + group[end + 1 :]
+    key = f"{group}_l2_kernel"
+    if key not in lambda_key_to_index:
+        raise ValueError(
+            f"{name}: lambda_key_to_index has no {key!r} (its keys: {sorted(lambda_key_to_index)})."
+        )
+    return int(lambda_key_to_index[key])
 
-    Called on `[x, lambdas]` (`lambdas`: `[E * B, h]`, each row the hyper-parameters of its
-    member, e.g. log L2 strength and dropout rate, rescaled to about [-1, 1]):
 
-        y = activation(x K_m + e1(lambda) * (x D_m) + b_m + e2(lambda) * b'_m),
-        K_m = W * outer(r_m, s_m),  D_m = W' * outer(u_m, v_m),
-        [e1, e2](lambda) = lambda @ E   (linear, no bias, as in the paper)
+class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
+    """Hyper-BatchEnsemble (Wenzel et al., 2020) around any linear map `op(x, W)`: subclasses
+    give the kernel's shape (`_kernel_shape`), `op` (`_linear`) and the output size (`outputs`).
 
-    With `l2_index`, column `l2_index` of `lambdas` is each example's L2 coefficient `c` and the
-    layer adds the self-tuning penalty `mean_rows c ||K_m + D_m diag(e1(lambda))||^2` to its
-    losses (the effective kernel's norm, computed per output column without materializing it).
+        y = activation(op(x * r_m, W) * s_m + e1(lambda) * (op(x * u_m, W') * v_m)
+                       + b_m + e2(lambda) * b'_m),   [e1, e2](lambda) = lambda @ E
 
-    edward2's form is accepted too: `DenseHyperBatchEnsemble(units, lambda_key_to_index, ...)`
-    with the L2 column found under `'<layer>_l2_kernel'` (the name up to a `/`-delimited group
-    left out, as edward2 does), and `[x, lambdas, e]` inputs whose `e` `[E * B, 2 units]` (an
-    embedding computed outside) replaces the layer's own `lambdas @ E`.
+    on a member-major batch; the self-tuned L2 penalty of the effective kernel is
+    `mean_rows c ||K_m + D_m diag(e1)||^2`, computed per output channel."""
 
-    Args:
-      units: output size.
-      lambda_key_to_index: edward2's `{'<layer>_l2_kernel': column, ...}` (optional; sets
+    _HYPER_ARGS = """      lambda_key_to_index: edward2's `{'<layer>_l2_kernel': column, ...}` (optional; sets
         `l2_index`).
       ensemble_size: members `E` (keyword).
-      activation, use_bias: as `keras.layers.Dense`.
+      activation, use_bias: as the Keras twin.
       alpha_initializer, gamma_initializer: of the fast weights (default `N(1, 0.5^2)`).
       kernel_initializer: of `W` and `W'`.
-      embedding_initializer: of `E` `[h, 2 units]`.
-      bias_initializer: of `b` and `b'` (`[E, units]` each).
+      embedding_initializer: of `E` `[h, 2 outputs]`.
+      bias_initializer: of `b` and `b'` (`[E, outputs]` each).
       l2_index: the column of `lambdas` holding the L2 coefficient (None: no penalty).
       rank: the fast weights' rank (1, the only one; edward2's argument).
       **kwargs: `keras.layers.Layer` arguments.
-    """
+"""
 
     def __init__(
         self,
-        units,
+        outputs,
         lambda_key_to_index=None,
         ensemble_size=4,
         activation=None,
@@ -354,33 +364,17 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
         **kwargs,
     ):
         super().__init__(**kwargs)
-        name = f"DenseHyperBatchEnsemble ({self.name})"
-        if not isinstance(units, (int, np.integer)) or units <= 0:
-            raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
+        name = f"{type(self).__name__} ({self.name})"
+        if not isinstance(outputs, (int, np.integer)) or outputs <= 0:
+            raise ValueError(f"{name} needs a positive integer output size, got {outputs!r}.")
         if rank != 1:
             raise ValueError(f"{name}: only rank-1 fast weights are supported, got rank={rank}.")
         if lambda_key_to_index is not None:
-            if not isinstance(lambda_key_to_index, dict):
-                raise TypeError(
-                    f"{name}: the second argument is edward2's lambda_key_to_index (a dict); "
-                    f"got {lambda_key_to_index!r} (pass ensemble_size as a keyword)."
-                )
             if l2_index is not None:
                 raise ValueError(f"{name}: give l2_index or lambda_key_to_index, not both.")
-            group = self.name
-            start = group.find("/")
-            end = group.find("/", start + 1)
-            if start > -1 and end > -1:
-                group = group[:start] + group[end + 1 :]
-            key = f"{group}_l2_kernel"
-            if key not in lambda_key_to_index:
-                raise ValueError(
-                    f"{name}: lambda_key_to_index has no {key!r} (its keys: "
-                    f"{sorted(lambda_key_to_index)})."
-                )
-            l2_index = int(lambda_key_to_index[key])
+            l2_index = _l2_key_index(self.name, lambda_key_to_index, name)
         self.lambda_key_to_index = lambda_key_to_index
-        self.units = int(units)
+        self.outputs = int(outputs)
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
@@ -398,47 +392,29 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
     def build(self, input_shape):
         x_shape, lambda_shape = input_shape[0], input_shape[1]
         d, h = x_shape[-1], lambda_shape[-1]
+        name = f"{type(self).__name__} ({self.name})"
         if d is None or h is None:
             raise ValueError(
-                f"DenseHyperBatchEnsemble ({self.name}) needs known feature and hyper-parameter "
-                f"sizes, got {input_shape}."
+                f"{name} needs known feature and hyper-parameter sizes, got {input_shape}."
             )
         if self.l2_index is not None and not 0 <= self.l2_index < h:
             raise ValueError(
-                f"DenseHyperBatchEnsemble ({self.name}): l2_index {self.l2_index} is outside the "
-                f"{h} hyper-parameters."
+                f"{name}: l2_index {self.l2_index} is outside the {h} hyper-parameters."
             )
-        e, u = self.ensemble_size, self.units
+        e, u = self.ensemble_size, self.outputs
         for prefix in ("", "delta_"):
-            setattr(
-                self,
-                f"{prefix}kernel",
-                self.add_weight(
-                    name=f"{prefix}kernel", shape=(d, u), initializer=self.kernel_initializer
-                ),
-            )
-            setattr(
-                self,
-                f"{prefix}alpha",
-                self.add_weight(
-                    name=f"{prefix}alpha", shape=(e, d), initializer=self.alpha_initializer
-                ),
-            )
-            setattr(
-                self,
-                f"{prefix}gamma",
-                self.add_weight(
-                    name=f"{prefix}gamma", shape=(e, u), initializer=self.gamma_initializer
-                ),
-            )
+            shapes = {
+                "kernel": (self._kernel_shape(d), self.kernel_initializer),
+                "alpha": ((e, d), self.alpha_initializer),
+                "gamma": ((e, u), self.gamma_initializer),
+            }
             if self.use_bias:
-                setattr(
-                    self,
-                    f"{prefix}bias",
-                    self.add_weight(
-                        name=f"{prefix}bias", shape=(e, u), initializer=self.bias_initializer
-                    ),
+                shapes["bias"] = ((e, u), self.bias_initializer)
+            for weight, (shape, initializer) in shapes.items():
+                variable = self.add_weight(
+                    name=f"{prefix}{weight}", shape=shape, initializer=initializer
                 )
+                setattr(self, f"{prefix}{weight}", variable)
         self.embedding = None
         if len(input_shape) == 2:  # else edward2's `e` comes with the inputs
             self.embedding = self.add_weight(
@@ -447,19 +423,22 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
 
     def call(self, inputs):
         x, lambdas, *given = (tf.convert_to_tensor(t, self.compute_dtype) for t in inputs)
-        name = f"DenseHyperBatchEnsemble ({self.name})"
+        name = f"{type(self).__name__} ({self.name})"
         embedded = given[0] if given else tf.matmul(lambdas, self.embedding)
         e1, e2 = tf.split(embedded, 2, axis=-1)
 
         def rank_one(kernel, alpha, gamma):
-            projected = dense_matmul(x * member_rows(alpha, x, name), kernel)
+            projected = self._linear(x * member_rows(alpha, x, name), kernel)
             return projected * member_rows(gamma, projected, name)
 
         outputs = rank_one(self.kernel, self.alpha, self.gamma)
-        outputs += e1 * rank_one(self.delta_kernel, self.delta_alpha, self.delta_gamma)
+        per_row = [-1] + [1] * (outputs.shape.rank - 2) + [self.outputs]
+        outputs += tf.reshape(e1, per_row) * rank_one(
+            self.delta_kernel, self.delta_alpha, self.delta_gamma
+        )
         if self.use_bias:
             outputs += member_rows(self.bias, outputs, name)
-            outputs += e2 * member_rows(self.delta_bias, outputs, name)
+            outputs += tf.reshape(e2, per_row) * member_rows(self.delta_bias, outputs, name)
         if self.l2_index is not None:
             self.add_loss(self._l2_penalty(lambdas[:, self.l2_index], e1))
         if self.activation is not None:
@@ -467,30 +446,28 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
         return outputs
 
     def _l2_penalty(self, coefficients, e1):
-        """`mean_i c_i ||K_m + D_m diag(e1_i)||_F^2`, column by column:
+        """`mean_i c_i ||K_m + D_m diag(e1_i)||_F^2`, output channel by channel:
         `sum_j |K_j|^2 + 2 e1_ij <K_j, D_j> + e1_ij^2 |D_j|^2` with `K_j`, `D_j` the member's
-        effective kernel columns."""
+        effective kernel's slices for output channel `j`."""
+        e, d, u = self.ensemble_size, self.alpha.shape[-1], self.outputs
 
-        def kernels(kernel, alpha, gamma):  # [E, d, u]
-            return kernel[None] * alpha[:, :, None] * gamma[:, None, :]
+        def kernels(kernel, alpha, gamma):  # [E, taps, d, u]
+            flat = tf.reshape(kernel, [1, -1, d, u])
+            return flat * tf.reshape(alpha, [e, 1, d, 1]) * tf.reshape(gamma, [e, 1, 1, u])
 
         k = kernels(self.kernel, self.alpha, self.gamma)
         dk = kernels(self.delta_kernel, self.delta_alpha, self.delta_gamma)
-        name = f"DenseHyperBatchEnsemble ({self.name})"
-        kk = member_rows(tf.reduce_sum(k * k, 1), e1, name)  # [E * B, u]
-        kd = member_rows(tf.reduce_sum(k * dk, 1), e1, name)
-        dd = member_rows(tf.reduce_sum(dk * dk, 1), e1, name)
+        name = f"{type(self).__name__} ({self.name})"
+        kk = member_rows(tf.reduce_sum(k * k, [1, 2]), e1, name)  # [E * B, u]
+        kd = member_rows(tf.reduce_sum(k * dk, [1, 2]), e1, name)
+        dd = member_rows(tf.reduce_sum(dk * dk, [1, 2]), e1, name)
         norms = tf.reduce_sum(kk + 2.0 * e1 * kd + tf.square(e1) * dd, axis=-1)
         return tf.reduce_mean(coefficients * norms)
-
-    def compute_output_shape(self, input_shape):
-        return tuple(input_shape[0][:-1]) + (self.units,)
 
     def get_config(self):
         serialize = keras.initializers.serialize
         return {
             **super().get_config(),
-            "units": self.units,
             "ensemble_size": self.ensemble_size,
             "activation": keras.activations.serialize(self.activation),
             "use_bias": self.use_bias,
@@ -501,6 +478,135 @@ class DenseHyperBatchEnsemble(keras.layers.Layer):
             "bias_initializer": serialize(self.bias_initializer),
             "l2_index": self.l2_index,
         }
+
+
+@register
+class DenseHyperBatchEnsemble(_HyperBatchEnsemble):
+    """Hyper-BatchEnsemble dense layer (Wenzel et al., 2020): an ensemble over both weights and
+    hyper-parameters, each member conditioned on its own hyper-parameters `lambda`.
+
+    Called on `[x, lambdas]` (`lambdas`: `[E * B, h]`, each row the hyper-parameters of its
+    member, e.g. log L2 strength and dropout rate, rescaled to about [-1, 1]):
+
+        y = activation(x K_m + e1(lambda) * (x D_m) + b_m + e2(lambda) * b'_m),
+        K_m = W * outer(r_m, s_m),  D_m = W' * outer(u_m, v_m),
+        [e1, e2](lambda) = lambda @ E   (linear, no bias, as in the paper)
+
+    With `l2_index`, column `l2_index` of `lambdas` is each example's L2 coefficient `c` and the
+    layer adds the self-tuning penalty `mean_rows c ||K_m + D_m diag(e1(lambda))||^2` to its
+    losses (the effective kernel's norm, computed per output column without materializing it).
+
+    edward2's form is accepted too: `DenseHyperBatchEnsemble(units, lambda_key_to_index, ...)`
+    with the L2 column found under `'<layer>_l2_kernel'`, and `[x, lambdas, e]` inputs whose
+    `e` `[E * B, 2 units]` (an embedding computed outside) replaces the layer's `lambdas @ E`.
+    """
+
+    _args_doc = (
+        """    Args:
+      units: output size.
+"""
+        + _HyperBatchEnsemble._HYPER_ARGS
+    )
+
+    def __init__(self, units, lambda_key_to_index=None, **kwargs):
+        super().__init__(units, lambda_key_to_index, **kwargs)
+
+    @property
+    def units(self):
+        return self.outputs
+
+    def _kernel_shape(self, channels):
+        return (channels, self.outputs)
+
+    def _linear(self, inputs, kernel):
+        return dense_matmul(inputs, kernel)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[0][:-1]) + (self.outputs,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.outputs}
+
+
+@register
+class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
+    """Hyper-BatchEnsemble 2-D convolution (Wenzel et al., 2020): `DenseHyperBatchEnsemble`'s
+    member- and hyper-parameter-conditioned kernels `K_m + e1(lambda) D_m` as convolutions,
+    the fast weights scaling input channels and filters; called on `[x, lambdas]` (or
+    edward2's `[x, lambdas, e]`). edward2's argument order (`lambda_key_to_index, filters,
+    kernel_size`) is accepted too.
+    """
+
+    _args_doc = (
+        """    Args:
+      filters, kernel_size, strides, padding, dilation_rate: as `keras.layers.Conv2D`
+        (channels last).
+"""
+        + _HyperBatchEnsemble._HYPER_ARGS
+    )
+
+    def __init__(
+        self,
+        filters,
+        kernel_size=None,
+        lambda_key_to_index=None,
+        strides=1,
+        padding="valid",
+        dilation_rate=1,
+        **kwargs,
+    ):
+        if isinstance(filters, dict):  # edward2's order: (lambda_key_to_index, filters, size)
+            filters, kernel_size, lambda_key_to_index = kernel_size, lambda_key_to_index, filters
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        if str(padding).lower() not in ("valid", "same"):
+            raise ValueError(
+                f"Conv2DHyperBatchEnsemble: padding must be 'valid' or 'same', got {padding!r}."
+            )
+        self.padding = str(padding).lower()
+        super().__init__(filters, lambda_key_to_index, **kwargs)
+
+    @property
+    def filters(self):
+        return self.outputs
+
+    def _kernel_shape(self, channels):
+        return (*self.kernel_size, channels, self.outputs)
+
+    def _linear(self, inputs, kernel):
+        return keras.ops.conv(
+            inputs, kernel, self.strides, self.padding, dilation_rate=self.dilation_rate
+        )
+
+    def compute_output_shape(self, input_shape):
+        twin = keras.layers.Conv2D(
+            self.outputs,
+            self.kernel_size,
+            strides=self.strides,
+            padding=self.padding,
+            dilation_rate=self.dilation_rate,
+        )
+        return tuple(twin.compute_output_shape(input_shape[0]))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "filters": self.outputs,
+            "kernel_size": self.kernel_size,
+            "strides": self.strides,
+            "padding": self.padding,
+            "dilation_rate": self.dilation_rate,
+        }
+
+
+def _pair(value, name):
+    if isinstance(value, (int, np.integer)):
+        return (int(value), int(value))
+    value = tuple(int(v) for v in value)
+    if len(value) != 2:
+        raise ValueError(f"`{name}` must be an int or 2 ints, got {value}.")
+    return value
 
 
 @register
