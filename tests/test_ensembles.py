@@ -378,6 +378,60 @@ def test_dense_multihead_heads_and_member_major_rows(tmp_path):
     assert len(bayesian.losses) == 1
 
 
+@pytest.mark.parametrize("depthwise", [False, True])
+def test_cond_conv_mixes_expert_kernels(depthwise, tmp_path):
+    """CondConv2D / DepthwiseCondConv2D: example i is convolved with `sum_k r_ik W_k` and gets
+    `sum_k r_ik b_k`, against that kernel materialized per example."""
+    x = RNG.randn(3, 6, 6, 2).astype("float32")
+    routing = tf.nn.softmax(RNG.randn(3, 4).astype("float32")).numpy()
+    if depthwise:
+        layer = blayers.layers.DepthwiseCondConv2D(
+            3, num_experts=4, depth_multiplier=2, padding="same", bias_initializer="random_normal"
+        )
+    else:
+        layer = blayers.layers.CondConv2D(
+            5, 3, num_experts=4, padding="same", bias_initializer="random_normal"
+        )
+    y = layer(x, routing).numpy()
+    kernel, bias = np.asarray(layer.kernel), np.asarray(layer.bias)
+    for i in range(3):
+        mixed = np.tensordot(routing[i], kernel, 1)
+        conv = tf.nn.depthwise_conv2d if depthwise else tf.nn.conv2d
+        strides = [1, 1, 1, 1] if depthwise else 1
+        expected = conv(x[i : i + 1], mixed, strides, "SAME").numpy()[0] + routing[i] @ bias
+        np.testing.assert_allclose(y[i], expected, rtol=1e-4, atol=1e-4)
+    assert (
+        y.shape
+        == layer.compute_output_shape(x.shape)
+        == ((3, 6, 6, 4) if depthwise else (3, 6, 6, 5))
+    )
+    inputs = [keras.Input((6, 6, 2)), keras.Input((4,))]
+    model = keras.Model(inputs, layer(*inputs))
+    model.save(tmp_path / "cond.keras")
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "cond.keras")([x, routing]), y, rtol=1e-5, atol=1e-5
+    )
+
+
+def test_depthwise_batch_ensemble_members_use_their_kernels():
+    x = RNG.randn(2, 5, 5, 3).astype("float32")
+    layer = blayers.layers.DepthwiseConv2DBatchEnsemble(
+        3, ensemble_size=E, depth_multiplier=2, padding="same", bias_initializer="random_normal"
+    )
+    y = layer(EnsembleTile(E)(x)).numpy()
+    kernels, bias = layer.member_kernels().numpy(), np.asarray(layer.bias)
+    expected = np.concatenate(
+        [
+            tf.nn.depthwise_conv2d(x, kernels[m], [1, 1, 1, 1], "SAME").numpy() + bias[m]
+            for m in range(E)
+        ]
+    )
+    np.testing.assert_allclose(y, expected, rtol=1e-4, atol=1e-4)
+    assert y.shape == (E * 2, 5, 5, 6)
+    with pytest.raises(ValueError, match="EnsembleTile"):
+        layer(tf.ones([4, 5, 5, 3]))
+
+
 def test_cond_dense_mixes_expert_kernels():
     x = RNG.randn(5, 4).astype("float32")
     routing = np.abs(RNG.randn(5, 3)).astype("float32")

@@ -30,6 +30,7 @@ from blayers.registry import ArgsDoc
 from blayers.regularizers import PRIOR
 
 __all__ = [
+    "CondConv2D",
     "CondDense",
     "Conv1DBatchEnsemble",
     "Conv2DBatchEnsemble",
@@ -37,6 +38,8 @@ __all__ = [
     "DenseBatchEnsemble",
     "DenseHyperBatchEnsemble",
     "DenseMultihead",
+    "DepthwiseCondConv2D",
+    "DepthwiseConv2DBatchEnsemble",
     "FastWeights",
     "fast_weight_initializer",
 ]
@@ -609,6 +612,16 @@ def _pair(value, name):
     return value
 
 
+def _experts_initializer(per_expert):
+    """`[K, *shape]` as K independent draws of a Keras initializer of `shape`: each expert is
+    initialized as a kernel of its own (its fans, not the expert axis)."""
+
+    def initializer(shape, dtype=None):
+        return tf.stack(independent_draws(per_expert, shape[1:], shape[0], dtype))
+
+    return initializer
+
+
 @register
 class CondDense(keras.layers.Layer):
     """Conditional dense layer (CondConv, Yang et al., 2019): `num_experts` kernels and biases,
@@ -657,15 +670,10 @@ class CondDense(keras.layers.Layer):
 
     def build(self, inputs_shape, routing_weights_shape=None):
         d = inputs_shape[-1]
-        per_expert = self.kernel_initializer
-
-        def experts_init(shape, dtype=None):  # each expert initialized as a kernel of its own
-            return tf.stack(independent_draws(per_expert, shape[1:], shape[0], dtype))
-
         self.kernel = self.add_weight(
             name="kernel",
             shape=(self.num_experts, d, self.units),
-            initializer=experts_init,
+            initializer=_experts_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
         self.bias = (
@@ -705,4 +713,331 @@ class CondDense(keras.layers.Layer):
             "bias_initializer": keras.initializers.serialize(self.bias_initializer),
             "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+        }
+
+
+class _CondConv(ArgsDoc, keras.layers.Layer):
+    """Conditional convolution (CondConv, Yang et al., 2019): `num_experts` kernels and biases
+    mixed per example by routing weights, `y_i = conv(x_i, sum_k r_ik W_k) + sum_k r_ik b_k`,
+    computed as `sum_k r_ik conv(x_i, W_k)` (one convolution with the experts stacked on the
+    output channels: exact, K times one convolution's work, no per-example kernels).
+    Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]`."""
+
+    _args_doc = """    Args:
+      kernel_size, strides, padding, dilation_rate: as the Keras convolution (channels last).
+      num_experts: kernels mixed per example.
+      activation, use_bias: as the Keras convolution.
+      kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer: per expert
+        (each expert's kernel initialized as a kernel of its own).
+      **kwargs: `keras.layers.Layer` arguments.
+"""
+
+    def __init__(
+        self,
+        kernel_size,
+        num_experts=1,
+        strides=1,
+        padding="valid",
+        dilation_rate=1,
+        activation=None,
+        use_bias=True,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="zeros",
+        kernel_regularizer=None,
+        bias_regularizer=None,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = f"{type(self).__name__} ({self.name})"
+        if not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
+            raise ValueError(f"{name} needs a positive integer num_experts, got {num_experts!r}.")
+        if str(padding).lower() not in ("valid", "same"):
+            raise ValueError(f"{name}: padding must be 'valid' or 'same', got {padding!r}.")
+        self.num_experts = int(num_experts)
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.padding = str(padding).lower()
+        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.kernel_initializer = keras.initializers.get(kernel_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
+        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
+
+    def build(self, inputs_shape, routing_weights_shape=None):
+        channels = inputs_shape[-1]
+        self.kernel = self.add_weight(
+            name="kernel",
+            shape=(self.num_experts, *self.kernel_size, channels, self._per_channel(channels)),
+            initializer=_experts_initializer(self.kernel_initializer),
+            regularizer=self.kernel_regularizer,
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias",
+                shape=(self.num_experts, self._out_channels(channels)),
+                initializer=self.bias_initializer,
+                regularizer=self.bias_regularizer,
+            )
+
+    def call(self, inputs, routing_weights):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
+        # [K, kh, kw, in, out] -> [kh, kw, in, K * out]: the experts side by side.
+        stacked = tf.transpose(self.kernel, [1, 2, 3, 0, 4])
+        stacked = tf.reshape(stacked, [*self.kernel_size, stacked.shape[2], -1])
+        outputs = self._mix(self._convolve(x, stacked), r)
+        if self.use_bias:
+            outputs += tf.matmul(r, self.bias)[:, None, None, :]
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def get_config(self):
+        serialize = keras.initializers.serialize
+        return {
+            **super().get_config(),
+            "kernel_size": self.kernel_size,
+            "num_experts": self.num_experts,
+            "strides": self.strides,
+            "padding": self.padding,
+            "dilation_rate": self.dilation_rate,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "kernel_initializer": serialize(self.kernel_initializer),
+            "bias_initializer": serialize(self.bias_initializer),
+            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
+            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+        }
+
+
+@register
+class CondConv2D(_CondConv):
+    """Conditional 2-D convolution (edward2's `CondConv2D`): `filters` output channels, the
+    per-example kernel a routing-weighted sum of `num_experts` expert kernels."""
+
+    _args_doc = (
+        "    Args:\n      filters: output channels.\n" + _CondConv._args_doc.split("\n", 1)[1]
+    )
+
+    def __init__(self, filters, kernel_size, num_experts=1, **kwargs):
+        if not isinstance(filters, (int, np.integer)) or filters <= 0:
+            raise ValueError(f"CondConv2D needs a positive integer `filters`, got {filters!r}.")
+        self.filters = int(filters)
+        super().__init__(kernel_size, num_experts=num_experts, **kwargs)
+
+    def _per_channel(self, channels):
+        return self.filters
+
+    def _out_channels(self, channels):
+        return self.filters
+
+    def _convolve(self, x, kernel):
+        return keras.ops.conv(
+            x, kernel, self.strides, self.padding, dilation_rate=self.dilation_rate
+        )
+
+    def _mix(self, outputs, r):
+        outputs = tf.reshape(
+            outputs, tf.concat([tf.shape(outputs)[:3], [self.num_experts, self.filters]], 0)
+        )
+        return tf.einsum("bhwkf,bk->bhwf", outputs, r)
+
+    def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
+        twin = keras.layers.Conv2D(
+            self.filters,
+            self.kernel_size,
+            self.strides,
+            self.padding,
+            dilation_rate=self.dilation_rate,
+        )
+        return tuple(twin.compute_output_shape(inputs_shape))
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters}
+
+
+@register
+class DepthwiseCondConv2D(_CondConv):
+    """Conditional depthwise 2-D convolution (edward2's `DepthwiseCondConv2D`): each input
+    channel convolved with its own `depth_multiplier` filters, the per-example depthwise kernel
+    a routing-weighted sum of `num_experts` expert kernels."""
+
+    _args_doc = (
+        "    Args:\n      depth_multiplier: filters per input channel.\n"
+        + _CondConv._args_doc.split("\n", 1)[1]
+    )
+
+    def __init__(self, kernel_size, num_experts=1, depth_multiplier=1, **kwargs):
+        if not isinstance(depth_multiplier, (int, np.integer)) or depth_multiplier <= 0:
+            raise ValueError(
+                f"DepthwiseCondConv2D needs a positive integer depth_multiplier, got "
+                f"{depth_multiplier!r}."
+            )
+        self.depth_multiplier = int(depth_multiplier)
+        super().__init__(kernel_size, num_experts=num_experts, **kwargs)
+
+    def _per_channel(self, channels):
+        return self.depth_multiplier
+
+    def _out_channels(self, channels):
+        return channels * self.depth_multiplier
+
+    def _convolve(self, x, kernel):
+        return keras.ops.depthwise_conv(
+            x, kernel, self.strides, self.padding, dilation_rate=self.dilation_rate
+        )
+
+    def _mix(self, outputs, r):
+        # Depthwise output channels are (input channel, expert, multiplier), in that order.
+        channels = self.kernel.shape[-2]
+        shape = tf.shape(outputs)
+        outputs = tf.reshape(
+            outputs,
+            tf.concat([shape[:3], [channels, self.num_experts, self.depth_multiplier]], 0),
+        )
+        mixed = tf.einsum("bhwckm,bk->bhwcm", outputs, r)
+        return tf.reshape(mixed, tf.concat([shape[:3], [channels * self.depth_multiplier]], 0))
+
+    def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
+        twin = keras.layers.DepthwiseConv2D(
+            self.kernel_size,
+            self.strides,
+            self.padding,
+            depth_multiplier=self.depth_multiplier,
+            dilation_rate=self.dilation_rate,
+        )
+        return tuple(twin.compute_output_shape(inputs_shape))
+
+    def get_config(self):
+        return {**super().get_config(), "depth_multiplier": self.depth_multiplier}
+
+
+@register
+class DepthwiseConv2DBatchEnsemble(ArgsDoc, keras.layers.Layer):
+    """BatchEnsemble depthwise 2-D convolution (edward2's `DepthwiseConv2DBatchEnsemble`):
+    member `m` convolves `x * alpha_m` (input channels scaled) depthwise with the shared kernel
+    `[kh, kw, in, depth_multiplier]`, scales the `in * depth_multiplier` output channels by
+    `gamma_m` and adds `b_m`, on a member-major batch (`EnsembleTile`)."""
+
+    _args_doc = """    Args:
+      kernel_size, strides, padding, depth_multiplier, dilation_rate, activation, use_bias:
+        as `keras.layers.DepthwiseConv2D` (channels last).
+      ensemble_size: members `E` (keyword).
+      alpha_initializer, gamma_initializer: of the fast weights `[E, in]`, `[E, in * mult]`
+        (default `N(1, 0.5^2)`).
+      depthwise_initializer: of the shared kernel (default He-normal).
+      bias_initializer: of the members' biases `[E, in * mult]`.
+      **kwargs: `keras.layers.Layer` arguments.
+"""
+
+    def __init__(
+        self,
+        kernel_size,
+        ensemble_size=4,
+        strides=1,
+        padding="valid",
+        depth_multiplier=1,
+        dilation_rate=1,
+        activation=None,
+        use_bias=True,
+        alpha_initializer=None,
+        gamma_initializer=None,
+        depthwise_initializer="he_normal",
+        bias_initializer="zeros",
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = f"DepthwiseConv2DBatchEnsemble ({self.name})"
+        self.ensemble_size = check_ensemble_size(name, ensemble_size)
+        if str(padding).lower() not in ("valid", "same"):
+            raise ValueError(f"{name}: padding must be 'valid' or 'same', got {padding!r}.")
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.padding = str(padding).lower()
+        self.depth_multiplier = int(depth_multiplier)
+        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        self.activation = keras.activations.get(activation)
+        self.use_bias = use_bias
+        self.alpha_initializer = keras.initializers.get(
+            alpha_initializer or fast_weight_initializer()
+        )
+        self.gamma_initializer = keras.initializers.get(
+            gamma_initializer or fast_weight_initializer()
+        )
+        self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
+        self.bias_initializer = keras.initializers.get(bias_initializer)
+
+    def build(self, input_shape):
+        channels, e = input_shape[-1], self.ensemble_size
+        outputs = channels * self.depth_multiplier
+        self.depthwise_kernel = self.add_weight(
+            name="depthwise_kernel",
+            shape=(*self.kernel_size, channels, self.depth_multiplier),
+            initializer=self.depthwise_initializer,
+        )
+        self.alpha = self.add_weight(
+            name="alpha", shape=(e, channels), initializer=self.alpha_initializer
+        )
+        self.gamma = self.add_weight(
+            name="gamma", shape=(e, outputs), initializer=self.gamma_initializer
+        )
+        self.bias = None
+        if self.use_bias:
+            self.bias = self.add_weight(
+                name="bias", shape=(e, outputs), initializer=self.bias_initializer
+            )
+
+    def call(self, inputs):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        name = f"DepthwiseConv2DBatchEnsemble ({self.name})"
+        outputs = keras.ops.depthwise_conv(
+            x * member_rows(self.alpha, x, name),
+            self.depthwise_kernel,
+            self.strides,
+            self.padding,
+            dilation_rate=self.dilation_rate,
+        )
+        outputs = outputs * member_rows(self.gamma, outputs, name)
+        if self.use_bias:
+            outputs = outputs + member_rows(self.bias, outputs, name)
+        if self.activation is not None:
+            outputs = self.activation(outputs)
+        return outputs
+
+    def member_kernels(self):
+        """`[E, kh, kw, in, mult]`: member `m`'s depthwise kernel `K * alpha_m (x) gamma_m`."""
+        e, (_, _, channels, mult) = self.ensemble_size, self.depthwise_kernel.shape
+        alpha = tf.reshape(self.alpha, [e, 1, 1, channels, 1])
+        gamma = tf.reshape(self.gamma, [e, 1, 1, channels, mult])
+        return self.depthwise_kernel[None] * alpha * gamma
+
+    def compute_output_shape(self, input_shape):
+        twin = keras.layers.DepthwiseConv2D(
+            self.kernel_size,
+            self.strides,
+            self.padding,
+            depth_multiplier=self.depth_multiplier,
+            dilation_rate=self.dilation_rate,
+        )
+        return tuple(twin.compute_output_shape(input_shape))
+
+    def get_config(self):
+        serialize = keras.initializers.serialize
+        return {
+            **super().get_config(),
+            "kernel_size": self.kernel_size,
+            "ensemble_size": self.ensemble_size,
+            "strides": self.strides,
+            "padding": self.padding,
+            "depth_multiplier": self.depth_multiplier,
+            "dilation_rate": self.dilation_rate,
+            "activation": keras.activations.serialize(self.activation),
+            "use_bias": self.use_bias,
+            "alpha_initializer": serialize(self.alpha_initializer),
+            "gamma_initializer": serialize(self.gamma_initializer),
+            "depthwise_initializer": serialize(self.depthwise_initializer),
+            "bias_initializer": serialize(self.bias_initializer),
         }
