@@ -11,6 +11,7 @@ import tensorflow as tf
 import blayers
 from blayers.layers import MADE, DiscreteAutoregressiveFlow, DiscreteBipartiteFlow
 from blayers.layers.discrete_flows import (
+    hard_permutation,
     multiplicative_inverse,
     one_hot_add,
     one_hot_argmax,
@@ -112,6 +113,39 @@ def test_a_function_as_the_network_as_edward2_writes_it():
     np.testing.assert_array_equal(auto(auto.reverse(x)), x)
     with pytest.raises(TypeError, match="a Keras layer or a function"):
         DiscreteAutoregressiveFlow("dense")
+
+
+def test_sinkhorn_flow_is_a_bijection_preserving_the_pmf_with_gradients():
+    """Every sequence maps to a distinct one and back; the pmf is the base's at the reverse;
+    the network gets a (straight-through) gradient; the permutations are permutations."""
+    length = 3
+    flow = blayers.layers.SinkhornAutoregressiveFlow(
+        MADE([16], params=K * K, event_ndims=2, seed=0), temperature=0.5
+    )
+    everything = np.array(list(itertools.product(range(K), repeat=length)))  # 125 sequences
+    x = _one_hot(everything)
+    flow(x)
+    for w in flow.layer.weights:
+        w.assign(3.0 * tf.random.stateless_normal(w.shape, [5, 6]))
+    y = flow(x)
+    np.testing.assert_array_equal(flow.reverse(y), x)
+    np.testing.assert_array_equal(flow(flow.reverse(x)), x)
+    codes = tf.argmax(y, -1).numpy() @ (K ** np.arange(length))
+    assert len(set(codes.tolist())) == len(everything)
+    assert len(set(tf.argmax(y[:, 1], -1).numpy().tolist())) > 1  # not the identity map
+    base = blayers.OneHotCategorical(
+        logits=tf.random.stateless_normal([length, K], [3, 4]), dtype=tf.float32
+    )
+    log_p = tf.reduce_sum(flow(base).distribution.log_prob(y), -1)
+    np.testing.assert_allclose(tf.reduce_sum(tf.exp(log_p)), 1.0, rtol=1e-5)
+    log_softmax = tf.nn.log_softmax(base.distribution.logits_parameter())
+    with tf.GradientTape() as tape:  # the base log-likelihood of the soft one-hot reverse
+        loss = -tf.reduce_sum(flow.reverse(y) * log_softmax)
+    grads = tape.gradient(loss, flow.layer.trainable_weights)
+    assert any(g is not None and float(tf.reduce_max(tf.abs(g))) > 0 for g in grads)
+    permutations = hard_permutation(tf.random.stateless_normal([7, K, K], [1, 1]))
+    np.testing.assert_array_equal(tf.reduce_sum(permutations, -1), np.ones([7, K]))
+    np.testing.assert_array_equal(tf.reduce_sum(permutations, -2), np.ones([7, K]))
 
 
 def test_made_channels_are_autoregressive_over_positions():

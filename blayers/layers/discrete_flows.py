@@ -27,11 +27,14 @@ from blayers.layers.reversible import ReversibleLayer
 __all__ = [
     "DiscreteAutoregressiveFlow",
     "DiscreteBipartiteFlow",
+    "SinkhornAutoregressiveFlow",
+    "hard_permutation",
     "multiplicative_inverse",
     "one_hot_add",
     "one_hot_argmax",
     "one_hot_minus",
     "one_hot_multiply",
+    "sinkhorn",
 ]
 
 
@@ -41,6 +44,40 @@ def one_hot_argmax(logits, temperature):
     hard = tf.one_hot(tf.argmax(logits, axis=-1), logits.shape[-1], dtype=logits.dtype)
     soft = tf.nn.softmax(logits / temperature, axis=-1)
     return soft + tf.stop_gradient(hard - soft)
+
+
+def sinkhorn(logits, iterations=20):
+    """Sinkhorn normalization (Mena et al., 2018): `exp(logits)` `[..., K, K]` made doubly
+    stochastic by alternately normalizing rows and columns, in log space."""
+    for _ in range(iterations):
+        logits = logits - tf.reduce_logsumexp(logits, axis=-1, keepdims=True)
+        logits = logits - tf.reduce_logsumexp(logits, axis=-2, keepdims=True)
+    return tf.exp(logits)
+
+
+def hard_permutation(scores):
+    """A permutation matrix from scores `[..., K, K]` by greedy matching: the largest remaining
+    entry, then its row and column are taken out, `K` times. Always a permutation (a bijection
+    whatever the scores), a pure TF op (graph and XLA); edward2 solves the assignment with
+    scipy's Hungarian algorithm instead, which can pick another permutation."""
+    vocab = scores.shape[-1]
+    batch = tf.shape(scores)[:-2]
+    flat = tf.reshape(scores, tf.concat([batch, [vocab * vocab]], 0))
+    taken = tf.zeros_like(flat, dtype=tf.bool)
+    permutation = tf.zeros_like(flat)
+    lowest = tf.fill(tf.shape(flat), tf.constant(np.finfo(np.float32).min, flat.dtype))
+    rows = tf.constant(np.repeat(np.arange(vocab), vocab), tf.int64)
+    columns = tf.constant(np.tile(np.arange(vocab), vocab), tf.int64)
+    for _ in range(vocab):
+        index = tf.argmax(tf.where(taken, lowest, flat), axis=-1)
+        chosen = tf.one_hot(index, vocab * vocab, dtype=flat.dtype)
+        permutation += chosen
+        row, column = index // vocab, index % vocab
+        taken = tf.logical_or(
+            taken,
+            tf.logical_or(tf.equal(rows, row[..., None]), tf.equal(columns, column[..., None])),
+        )
+    return tf.reshape(permutation, tf.shape(scores))
 
 
 def _shift_matrix(shift):
@@ -237,3 +274,50 @@ class DiscreteBipartiteFlow(_DiscreteFlow):
 
     def get_config(self):
         return {**super().get_config(), "mask": self.mask.astype(int).tolist()}
+
+
+@register
+class SinkhornAutoregressiveFlow(_DiscreteFlow):
+    """Autoregressive discrete flow by permutations (edward2's `SinkhornAutoregressiveFlow`):
+    position `t`'s token is permuted, `y_t = P_t x_t`, by a permutation matrix `P_t` read off
+    the causal network's `K x K` outputs for `y_{<t}` (Sinkhorn normalization at `temperature`,
+    then a hard permutation with the Sinkhorn matrix's gradient, straight-through). A
+    permutation has no volume change, so `p(y) = p_base(reverse(y))`.
+
+    `reverse(y) = y P_t` (the likelihood's direction, one parallel pass); `forward(x)` (sampling)
+    one pass per position.
+
+    Args:
+      layer: the causal network, `[..., length, K]` -> `[..., length, K * K]` (e.g.
+        `MADE([64], params=K * K, event_ndims=2)`): a Keras layer or a function of the inputs.
+      temperature: of the Sinkhorn normalization (the gradient's bias).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def _permutations(self, net):
+        k = self.vocab_size
+        if net.shape[-1] != k * k:
+            raise ValueError(
+                f"SinkhornAutoregressiveFlow ({self.name}): the network returns {net.shape[-1]} "
+                f"values per position; expected vocab_size ** 2 = {k * k}."
+            )
+        logits = tf.reshape(net, tf.concat([tf.shape(net)[:-1], [k, k]], 0))
+        soft = sinkhorn(logits / self.temperature)
+        return soft + tf.stop_gradient(hard_permutation(soft) - soft)
+
+    def reverse(self, y):
+        y = tf.convert_to_tensor(y, self.compute_dtype)
+        permutations = self._permutations(tf.cast(self._network(y), y.dtype))
+        return tf.einsum("...j,...jk->...k", y, permutations)
+
+    def forward(self, x):
+        x = tf.convert_to_tensor(x, self.compute_dtype)
+        outputs = tf.zeros_like(x)
+        position = tf.range(x.shape[-2])
+        for t in range(x.shape[-2]):
+            # Positions > t of `outputs` are zeros; the causal network ignores them for t.
+            permutations = self._permutations(tf.cast(self._network(outputs), x.dtype))
+            new = tf.einsum("...k,...jk->...j", x, permutations)
+            keep = tf.cast(position == t, x.dtype)[:, None]
+            outputs = outputs * (1.0 - keep) + new * keep
+        return outputs
