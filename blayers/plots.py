@@ -49,9 +49,13 @@ def _log_axis(ax, values):
         return
     if high / low < 1.05:  # a flat curve: widen so that the ticks differ
         low, high = low / 1.05, high * 1.05
-        ax.set_ylim(low, high)
-    ticks = [float(f"{t:.2g}") for t in np.geomspace(low, high, 4)]
-    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(sorted(set(ticks))))
+    ax.set_ylim(low, high)
+    for digits in (2, 3, 4, 6):  # the fewest significant digits that give 3 distinct ticks
+        ticks = sorted({float(f"{t:.{digits}g}") for t in np.geomspace(low, high, 5)})
+        ticks = [t for t in ticks if low <= t <= high]
+        if len(ticks) >= 3:
+            break
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
 
 
 def _title(ax, text, width=34):

@@ -407,7 +407,9 @@ def test_outputs_a_researcher_reads(tmp_path):
     assert {"plots/calibration", "plots/training_curves", "train/kl_weight"} <= tags
 
 
-def test_vae_latent_kl_is_logged_where_it_lives(tmp_path):
+def test_vae_latent_kl_is_logged_where_it_lives(tmp_path, capsys):
+    """The latent KL is the local loss (history, progress bar `latent_kl`); the progress bar's
+    weights' KL is labelled as such (a VAE's deterministic weights have none)."""
     from blayers.models import vae
 
     data = data_lib.binarized_digits()
@@ -419,8 +421,10 @@ def test_vae_latent_kl_is_logged_where_it_lives(tmp_path):
         log_every=2,
         batch_size=32,
         num_eval_samples=2,
-        progress=False,
+        progress=True,
     )
+    shown = capsys.readouterr().out
+    assert "latent_kl:" in shown and "weights_kl/N:" in shown and " kl:" not in shown
     records = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
     train_records = [r for r in records if r["kind"] == "train"]
     assert all(r["local_loss"] > 0 for r in train_records)  # the latent KL, not a flat 0
@@ -504,3 +508,32 @@ def test_an_experiment_overrides_one_phase(tmp_path):
     )
     assert calls == [0, 4, 8]
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 10
+
+
+def test_density_bits_are_named_by_what_they_measure():
+    """Dequantized pixels: the discrete bits per pixel (the figure papers report) beside the
+    continuous density's bits on the unit scale, each named; other data: bits per dimension."""
+    import tensorflow_probability as tfp
+
+    from blayers.tasks.density import Density
+
+    x = np.random.RandomState(0).uniform(0, 1, (20, 4)).astype("float32")
+
+    def model(inputs, training=False):
+        del training
+        return blayers.Independent(tfp.distributions.Uniform(tf.zeros_like(inputs), 1.0), 1)
+
+    dataset = tf.data.Dataset.from_tensor_slices((x, x))
+    pixels = data_lib.Data(
+        "px", "density", dataset, dataset, 20, 20, (4,), reference={"levels": 17}
+    )
+    result = Density._flow_metrics(model, pixels, 2, 8)
+    assert set(result) == {
+        "test_nll",
+        "bits_per_dim_continuous_unit_scale",
+        "bits_per_pixel_discrete",
+    }
+    assert result["bits_per_dim_continuous_unit_scale"] == pytest.approx(0.0, abs=1e-6)
+    assert result["bits_per_pixel_discrete"] == pytest.approx(np.log2(17), rel=1e-6)
+    points = data_lib.Data("pts", "density", dataset, dataset, 20, 20, (4,))
+    assert set(Density._flow_metrics(model, points, 2, 8)) == {"test_nll", "bits_per_dim"}

@@ -1,0 +1,124 @@
+"""The figures a researcher reads: every axis can be read (log axes carry several labelled
+ticks), reference values are lines rather than metrics, panels say what they show."""
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from blayers import plots
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """The figures the plot functions close, kept open for inspection."""
+    kept, close = [], plt.close
+    monkeypatch.setattr(plots.plt, "close", kept.append)
+    yield kept
+    for figure in kept:
+        close(figure)
+
+
+def _tick_labels(ax):
+    ax.figure.canvas.draw()
+    low, high = ax.get_ylim()
+    return [
+        t.get_text()
+        for t, v in zip(ax.get_yticklabels(), ax.get_yticks())
+        if t.get_text() and low <= v <= high
+    ]
+
+
+@pytest.mark.parametrize("values", [[0.012, 0.019], [3.1, 3.3, 3.6], [2.0, 2.0], [1e-3, 5.0]])
+def test_log_axes_show_several_readable_tick_labels(values):
+    """A KL curve within one decade (the usual case) gets at least three labels, plain
+    numbers, inside the visible range."""
+    fig, ax = plt.subplots()
+    ax.plot(range(len(values)), values)
+    plots._log_axis(ax, values)
+    labels = _tick_labels(ax)
+    plt.close(fig)
+    assert len(labels) >= 3, labels
+    assert all("$" not in label and "^" not in label for label in labels)
+
+
+def _history(evals):
+    train = [
+        {
+            "kind": "train",
+            "step": s,
+            "loss": 1.0 / s,
+            "nll": 0.9 / s,
+            "local_loss": 0.0,
+            "kl_per_example": 0.02 + 0.001 * s,
+            "kl_weight": 1.0,
+        }
+        for s in range(1, 40)
+    ]
+    return train + evals
+
+
+def test_one_evaluation_is_a_table_and_optima_are_not_metrics(figures, tmp_path):
+    record = {
+        "kind": "eval",
+        "step": 39,
+        "token_nll": 0.6,
+        "token_nll_optimum": 0.49,
+        "accuracy": 0.9,
+        "bleu_beam": 75.9,
+        "test_elbo": -90.0,
+    }
+    plots.training_curves(_history([record]), str(tmp_path / "curves.png"))
+    axes = [ax for ax in figures[0].axes if ax.axison]  # the table's panel has no axes
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert len(axes) == 3 and any("test metrics at step 39" in t for t in titles), titles
+    text = " ".join(t.get_text() for ax in figures[0].axes for t in ax.texts)
+    assert "token_nll" in text and "optimum 0.49" in text and "bleu_beam" in text
+    assert not any("optimum" in t for t in titles)
+    kl_axis = next(ax for ax in axes if "KL / N" in ax.get_title())
+    assert len(_tick_labels(kl_axis)) >= 3 and kl_axis.get_ylabel() == "nats per example"
+
+
+def test_several_evaluations_draw_optima_as_reference_lines(figures, tmp_path):
+    evals = [
+        {
+            "kind": "eval",
+            "step": s,
+            "token_nll": 1.0 / s,
+            "token_nll_optimum": 0.49,
+            "test_elbo": -100.0 + s,
+        }
+        for s in (10, 20, 30)
+    ]
+    plots.training_curves(_history(evals), str(tmp_path / "curves.png"))
+    axes = [ax for ax in figures[0].axes if ax.axison]
+    titles = [ax.get_title() for ax in axes]
+    assert "test test_elbo" not in titles and "test_elbo" in titles
+    nll = next(ax for ax in axes if ax.get_title() == "test token_nll")
+    assert any(np.allclose(line.get_ydata(), 0.49) for line in nll.lines)
+    assert not any("optimum" in t for t in titles)
+
+
+def test_intensity_images_share_one_colour_scale(figures, tmp_path):
+    grid = np.stack(np.meshgrid(np.linspace(0, 1, 10), np.linspace(0, 1, 10)), -1).reshape(-1, 2)
+    rng = np.random.RandomState(0)
+    draws = rng.uniform(500, 900, (20, 100))
+    kde = rng.uniform(1000, 2500, 100)
+    events = rng.uniform(0, 1, (30, 2))
+    plots.point_process_intensity(
+        grid, draws, kde, events, events, [[0, 1], [0, 1]], str(tmp_path / "i.png")
+    )
+    mean_image, band_image, kde_image = (ax.images[0] for ax in figures[0].axes[:3])
+    assert mean_image.get_clim() == kde_image.get_clim()
+    assert band_image.get_clim() != mean_image.get_clim()
+
+
+def test_episode_axes_count_whole_episodes_and_open_loop_names_its_run(figures, tmp_path):
+    plots.episode_returns({"Bayesian": [[1.0, 5.0, 3.0]]}, str(tmp_path / "score.png"))
+    ax = figures[0].axes[0]
+    ax.figure.canvas.draw()
+    assert all(float(t).is_integer() for t in ax.get_xticks())
+    true = np.random.RandomState(0).randn(12, 5)
+    plots.open_loop_strip(true, true + 0.1, str(tmp_path / "ol.png"), title="planet/seed0: cheetah")
+    figure = figures[1]
+    assert figure._suptitle is not None and "planet/seed0" in figure._suptitle.get_text()
+    assert all("x[" not in ax.get_ylabel() for ax in figure.axes)
