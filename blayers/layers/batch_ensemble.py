@@ -622,25 +622,15 @@ def _experts_initializer(per_expert):
     return initializer
 
 
-@register
-class CondDense(keras.layers.Layer):
-    """Conditional dense layer (CondConv, Yang et al., 2019): `num_experts` kernels and biases,
-    mixed per example by routing weights, `y_i = activation(x_i (sum_k r_ik W_k) + sum_k r_ik
-    b_k)`. Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]` (e.g.
-    a softmax or sigmoid of a router on `x`; one-hot rows select one expert per example).
-
-    Args:
-      units: output size.
-      num_experts: kernels mixed per example.
-      activation, use_bias, kernel_initializer, bias_initializer, kernel_regularizer,
-        bias_regularizer: as `keras.layers.Dense`, per expert (each expert's kernel is
-        initialized as a `[in, units]` kernel of its own).
-      **kwargs: `keras.layers.Layer` arguments.
-    """
+class _Experts(ArgsDoc, keras.layers.Layer):
+    """`num_experts` kernels and biases mixed per example by routing weights (CondConv, Yang et
+    al., 2019): `y_i = activation(op(x_i, sum_k r_ik W_k) + sum_k r_ik b_k)`, called as
+    `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]` (e.g. a softmax or
+    sigmoid of a router on `x`; one-hot rows select one expert per example). Subclasses build
+    with `_build_experts` and mix the experts' outputs in `call`."""
 
     def __init__(
         self,
-        units,
         num_experts=1,
         activation=None,
         use_bias=True,
@@ -653,111 +643,10 @@ class CondDense(keras.layers.Layer):
         super().__init__(**kwargs)
         if not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
             raise ValueError(
-                f"CondDense ({self.name}) needs a positive integer num_experts, got "
-                f"{num_experts!r}."
+                f"{type(self).__name__} ({self.name}) needs a positive integer num_experts, "
+                f"got {num_experts!r}."
             )
-        if not isinstance(units, (int, np.integer)) or units <= 0:
-            raise ValueError(
-                f"CondDense ({self.name}) needs positive integer units, got {units!r}."
-            )
-        self.units, self.num_experts = int(units), int(num_experts)
-        self.activation = keras.activations.get(activation)
-        self.use_bias = use_bias
-        self.kernel_initializer = keras.initializers.get(kernel_initializer)
-        self.bias_initializer = keras.initializers.get(bias_initializer)
-        self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
-        self.bias_regularizer = keras.regularizers.get(bias_regularizer)
-
-    def build(self, inputs_shape, routing_weights_shape=None):
-        d = inputs_shape[-1]
-        self.kernel = self.add_weight(
-            name="kernel",
-            shape=(self.num_experts, d, self.units),
-            initializer=_experts_initializer(self.kernel_initializer),
-            regularizer=self.kernel_regularizer,
-        )
-        self.bias = (
-            self.add_weight(
-                name="bias",
-                shape=(self.num_experts, self.units),
-                initializer=self.bias_initializer,
-                regularizer=self.bias_regularizer,
-            )
-            if self.use_bias
-            else None
-        )
-
-    def call(self, inputs, routing_weights):
-        x = tf.convert_to_tensor(inputs, self.compute_dtype)
-        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
-        # sum_k r_ik (x_i W_k): one matmul per expert, no per-example kernels materialized.
-        per_expert = tf.einsum("bd,kdu->bku", x, self.kernel)
-        outputs = tf.einsum("bk,bku->bu", r, per_expert)
-        if self.use_bias:
-            outputs += tf.matmul(r, self.bias)
-        if self.activation is not None:
-            outputs = self.activation(outputs)
-        return outputs
-
-    def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
-        return tuple(inputs_shape[:-1]) + (self.units,)
-
-    def get_config(self):
-        return {
-            **super().get_config(),
-            "units": self.units,
-            "num_experts": self.num_experts,
-            "activation": keras.activations.serialize(self.activation),
-            "use_bias": self.use_bias,
-            "kernel_initializer": keras.initializers.serialize(self.kernel_initializer),
-            "bias_initializer": keras.initializers.serialize(self.bias_initializer),
-            "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
-            "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
-        }
-
-
-class _CondConv(ArgsDoc, keras.layers.Layer):
-    """Conditional convolution (CondConv, Yang et al., 2019): `num_experts` kernels and biases
-    mixed per example by routing weights, `y_i = conv(x_i, sum_k r_ik W_k) + sum_k r_ik b_k`,
-    computed as `sum_k r_ik conv(x_i, W_k)` (one convolution with the experts stacked on the
-    output channels: exact, K times one convolution's work, no per-example kernels).
-    Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]`."""
-
-    _args_doc = """    Args:
-      kernel_size, strides, padding, dilation_rate: as the Keras convolution (channels last).
-      num_experts: kernels mixed per example.
-      activation, use_bias: as the Keras convolution.
-      kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer: per expert
-        (each expert's kernel initialized as a kernel of its own).
-      **kwargs: `keras.layers.Layer` arguments.
-"""
-
-    def __init__(
-        self,
-        kernel_size,
-        num_experts=1,
-        strides=1,
-        padding="valid",
-        dilation_rate=1,
-        activation=None,
-        use_bias=True,
-        kernel_initializer="glorot_uniform",
-        bias_initializer="zeros",
-        kernel_regularizer=None,
-        bias_regularizer=None,
-        **kwargs,
-    ):
-        super().__init__(**kwargs)
-        name = f"{type(self).__name__} ({self.name})"
-        if not isinstance(num_experts, (int, np.integer)) or num_experts < 1:
-            raise ValueError(f"{name} needs a positive integer num_experts, got {num_experts!r}.")
-        if str(padding).lower() not in ("valid", "same"):
-            raise ValueError(f"{name}: padding must be 'valid' or 'same', got {padding!r}.")
         self.num_experts = int(num_experts)
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.strides = _pair(strides, "strides")
-        self.padding = str(padding).lower()
-        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
@@ -765,11 +654,12 @@ class _CondConv(ArgsDoc, keras.layers.Layer):
         self.kernel_regularizer = keras.regularizers.get(kernel_regularizer)
         self.bias_regularizer = keras.regularizers.get(bias_regularizer)
 
-    def build(self, inputs_shape, routing_weights_shape=None):
-        channels = inputs_shape[-1]
+    def _build_experts(self, kernel_shape, outputs):
+        """`kernel` `[K, *kernel_shape]` (each expert initialized as a kernel of its own) and
+        `bias` `[K, outputs]`."""
         self.kernel = self.add_weight(
             name="kernel",
-            shape=(self.num_experts, *self.kernel_size, channels, self._per_channel(channels)),
+            shape=(self.num_experts, *kernel_shape),
             initializer=_experts_initializer(self.kernel_initializer),
             regularizer=self.kernel_regularizer,
         )
@@ -777,20 +667,15 @@ class _CondConv(ArgsDoc, keras.layers.Layer):
         if self.use_bias:
             self.bias = self.add_weight(
                 name="bias",
-                shape=(self.num_experts, self._out_channels(channels)),
+                shape=(self.num_experts, outputs),
                 initializer=self.bias_initializer,
                 regularizer=self.bias_regularizer,
             )
 
-    def call(self, inputs, routing_weights):
-        x = tf.convert_to_tensor(inputs, self.compute_dtype)
-        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
-        # [K, kh, kw, in, out] -> [kh, kw, in, K * out]: the experts side by side.
-        stacked = tf.transpose(self.kernel, [1, 2, 3, 0, 4])
-        stacked = tf.reshape(stacked, [*self.kernel_size, stacked.shape[2], -1])
-        outputs = self._mix(self._convolve(x, stacked), r)
+    def _bias_and_activate(self, outputs, routing_weights):
         if self.use_bias:
-            outputs += tf.matmul(r, self.bias)[:, None, None, :]
+            bias = tf.matmul(routing_weights, self.bias)
+            outputs += tf.reshape(bias, [-1] + [1] * (outputs.shape.rank - 2) + [bias.shape[-1]])
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
@@ -799,17 +684,105 @@ class _CondConv(ArgsDoc, keras.layers.Layer):
         serialize = keras.initializers.serialize
         return {
             **super().get_config(),
-            "kernel_size": self.kernel_size,
             "num_experts": self.num_experts,
-            "strides": self.strides,
-            "padding": self.padding,
-            "dilation_rate": self.dilation_rate,
             "activation": keras.activations.serialize(self.activation),
             "use_bias": self.use_bias,
             "kernel_initializer": serialize(self.kernel_initializer),
             "bias_initializer": serialize(self.bias_initializer),
             "kernel_regularizer": keras.regularizers.serialize(self.kernel_regularizer),
             "bias_regularizer": keras.regularizers.serialize(self.bias_regularizer),
+        }
+
+
+_EXPERT_ARGS = """      num_experts: kernels mixed per example.
+      activation, use_bias: as the Keras twin.
+      kernel_initializer, bias_initializer, kernel_regularizer, bias_regularizer: per expert
+        (each expert's kernel initialized as a kernel of its own).
+      **kwargs: `keras.layers.Layer` arguments.
+"""
+
+
+@register
+class CondDense(_Experts):
+    """Conditional dense layer (CondConv, Yang et al., 2019): `num_experts` kernels and biases,
+    mixed per example by routing weights, `y_i = activation(x_i (sum_k r_ik W_k) + sum_k r_ik
+    b_k)`. Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]` (e.g.
+    a softmax or sigmoid of a router on `x`; one-hot rows select one expert per example)."""
+
+    _args_doc = "    Args:\n      units: output size.\n" + _EXPERT_ARGS
+
+    def __init__(self, units, num_experts=1, **kwargs):
+        if not isinstance(units, (int, np.integer)) or units <= 0:
+            raise ValueError(f"CondDense needs positive integer units, got {units!r}.")
+        self.units = int(units)
+        super().__init__(num_experts, **kwargs)
+
+    def build(self, inputs_shape, routing_weights_shape=None):
+        self._build_experts((inputs_shape[-1], self.units), self.units)
+
+    def call(self, inputs, routing_weights):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
+        # sum_k r_ik (x_i W_k): one matmul per expert, no per-example kernels materialized.
+        per_expert = tf.einsum("bd,kdu->bku", x, self.kernel)
+        return self._bias_and_activate(tf.einsum("bk,bku->bu", r, per_expert), r)
+
+    def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
+        return tuple(inputs_shape[:-1]) + (self.units,)
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units}
+
+
+class _CondConv(_Experts):
+    """Conditional convolution (CondConv, Yang et al., 2019): `num_experts` kernels and biases
+    mixed per example by routing weights, `y_i = conv(x_i, sum_k r_ik W_k) + sum_k r_ik b_k`,
+    computed as `sum_k r_ik conv(x_i, W_k)` (one convolution with the experts stacked on the
+    output channels: exact, K times one convolution's work, no per-example kernels).
+    Called as `layer(x, routing_weights)` with `routing_weights` `[B, num_experts]`."""
+
+    _args_doc = (
+        """    Args:
+      kernel_size, strides, padding, dilation_rate: as the Keras convolution (channels last).
+"""
+        + _EXPERT_ARGS
+    )
+
+    def __init__(
+        self, kernel_size, num_experts=1, strides=1, padding="valid", dilation_rate=1, **kwargs
+    ):
+        if str(padding).lower() not in ("valid", "same"):
+            raise ValueError(
+                f"{type(self).__name__}: padding must be 'valid' or 'same', got {padding!r}."
+            )
+        self.kernel_size = _pair(kernel_size, "kernel_size")
+        self.strides = _pair(strides, "strides")
+        self.padding = str(padding).lower()
+        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        super().__init__(num_experts, **kwargs)
+
+    def build(self, inputs_shape, routing_weights_shape=None):
+        channels = inputs_shape[-1]
+        self._build_experts(
+            (*self.kernel_size, channels, self._per_channel(channels)),
+            self._out_channels(channels),
+        )
+
+    def call(self, inputs, routing_weights):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        r = tf.convert_to_tensor(routing_weights, self.compute_dtype)
+        # [K, kh, kw, in, out] -> [kh, kw, in, K * out]: the experts side by side.
+        stacked = tf.transpose(self.kernel, [1, 2, 3, 0, 4])
+        stacked = tf.reshape(stacked, [*self.kernel_size, stacked.shape[2], -1])
+        return self._bias_and_activate(self._mix(self._convolve(x, stacked), r), r)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "kernel_size": self.kernel_size,
+            "strides": self.strides,
+            "padding": self.padding,
+            "dilation_rate": self.dilation_rate,
         }
 
 
