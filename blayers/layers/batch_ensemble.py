@@ -583,14 +583,7 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
         )
 
     def compute_output_shape(self, input_shape):
-        twin = keras.layers.Conv2D(
-            self.outputs,
-            self.kernel_size,
-            strides=self.strides,
-            padding=self.padding,
-            dilation_rate=self.dilation_rate,
-        )
-        return tuple(twin.compute_output_shape(input_shape[0]))
+        return _conv2d_output_shape(self, input_shape[0], self.outputs)
 
     def get_config(self):
         return {
@@ -601,6 +594,24 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
             "padding": self.padding,
             "dilation_rate": self.dilation_rate,
         }
+
+
+def _conv2d_output_shape(layer, input_shape, filters=None):
+    """The output shape of Keras' 2-D convolution with `layer`'s kernel size, strides, padding
+    and dilation (`filters` output channels; without them, depthwise with the layer's
+    `depth_multiplier`)."""
+    geometry = {
+        "strides": layer.strides,
+        "padding": layer.padding,
+        "dilation_rate": layer.dilation_rate,
+    }
+    if filters is None:
+        twin = keras.layers.DepthwiseConv2D(
+            layer.kernel_size, depth_multiplier=layer.depth_multiplier, **geometry
+        )
+    else:
+        twin = keras.layers.Conv2D(filters, layer.kernel_size, **geometry)
+    return tuple(twin.compute_output_shape(input_shape))
 
 
 def _pair(value, name):
@@ -819,14 +830,7 @@ class CondConv2D(_CondConv):
         return tf.einsum("bhwkf,bk->bhwf", outputs, r)
 
     def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
-        twin = keras.layers.Conv2D(
-            self.filters,
-            self.kernel_size,
-            self.strides,
-            self.padding,
-            dilation_rate=self.dilation_rate,
-        )
-        return tuple(twin.compute_output_shape(inputs_shape))
+        return _conv2d_output_shape(self, inputs_shape, self.filters)
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters}
@@ -875,14 +879,7 @@ class DepthwiseCondConv2D(_CondConv):
         return tf.reshape(mixed, tf.concat([shape[:3], [channels * self.depth_multiplier]], 0))
 
     def compute_output_shape(self, inputs_shape, routing_weights_shape=None):
-        twin = keras.layers.DepthwiseConv2D(
-            self.kernel_size,
-            self.strides,
-            self.padding,
-            depth_multiplier=self.depth_multiplier,
-            dilation_rate=self.dilation_rate,
-        )
-        return tuple(twin.compute_output_shape(inputs_shape))
+        return _conv2d_output_shape(self, inputs_shape)
 
     def get_config(self):
         return {**super().get_config(), "depth_multiplier": self.depth_multiplier}
@@ -988,14 +985,7 @@ class DepthwiseConv2DBatchEnsemble(ArgsDoc, keras.layers.Layer):
         return self.depthwise_kernel[None] * alpha * gamma
 
     def compute_output_shape(self, input_shape):
-        twin = keras.layers.DepthwiseConv2D(
-            self.kernel_size,
-            self.strides,
-            self.padding,
-            depth_multiplier=self.depth_multiplier,
-            dilation_rate=self.dilation_rate,
-        )
-        return tuple(twin.compute_output_shape(input_shape))
+        return _conv2d_output_shape(self, input_shape)
 
     def get_config(self):
         serialize = keras.initializers.serialize
