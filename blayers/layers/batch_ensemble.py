@@ -381,11 +381,8 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
-        self.alpha_initializer = keras.initializers.get(
-            alpha_initializer or fast_weight_initializer()
-        )
-        self.gamma_initializer = keras.initializers.get(
-            gamma_initializer or fast_weight_initializer()
+        self.alpha_initializer, self.gamma_initializer = _fast_initializers(
+            alpha_initializer, gamma_initializer
         )
         self.kernel_initializer = keras.initializers.get(kernel_initializer)
         self.embedding_initializer = keras.initializers.get(embedding_initializer)
@@ -560,14 +557,7 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
     ):
         if isinstance(filters, dict):  # edward2's order: (lambda_key_to_index, filters, size)
             filters, kernel_size, lambda_key_to_index = kernel_size, lambda_key_to_index, filters
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.strides = _pair(strides, "strides")
-        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
-        if str(padding).lower() not in ("valid", "same"):
-            raise ValueError(
-                f"Conv2DHyperBatchEnsemble: padding must be 'valid' or 'same', got {padding!r}."
-            )
-        self.padding = str(padding).lower()
+        _set_conv_geometry(self, kernel_size, strides, padding, dilation_rate)
         super().__init__(filters, lambda_key_to_index, **kwargs)
 
     @property
@@ -612,6 +602,27 @@ def _conv2d_output_shape(layer, input_shape, filters=None):
     else:
         twin = keras.layers.Conv2D(filters, layer.kernel_size, **geometry)
     return tuple(twin.compute_output_shape(input_shape))
+
+
+def _fast_initializers(alpha_initializer, gamma_initializer):
+    """The fast weights' Keras initializers, `N(1, 0.5^2)` where not given."""
+    return tuple(
+        keras.initializers.get(given or fast_weight_initializer())
+        for given in (alpha_initializer, gamma_initializer)
+    )
+
+
+def _set_conv_geometry(layer, kernel_size, strides, padding, dilation_rate):
+    """A 2-D convolution's `kernel_size`, `strides`, `padding`, `dilation_rate` on `layer`,
+    checked."""
+    if str(padding).lower() not in ("valid", "same"):
+        raise ValueError(
+            f"{type(layer).__name__}: padding must be 'valid' or 'same', got {padding!r}."
+        )
+    layer.kernel_size = _pair(kernel_size, "kernel_size")
+    layer.strides = _pair(strides, "strides")
+    layer.padding = str(padding).lower()
+    layer.dilation_rate = _pair(dilation_rate, "dilation_rate")
 
 
 def _pair(value, name):
@@ -762,14 +773,7 @@ class _CondConv(_Experts):
     def __init__(
         self, kernel_size, num_experts=1, strides=1, padding="valid", dilation_rate=1, **kwargs
     ):
-        if str(padding).lower() not in ("valid", "same"):
-            raise ValueError(
-                f"{type(self).__name__}: padding must be 'valid' or 'same', got {padding!r}."
-            )
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.strides = _pair(strides, "strides")
-        self.padding = str(padding).lower()
-        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
+        _set_conv_geometry(self, kernel_size, strides, padding, dilation_rate)
         super().__init__(num_experts, **kwargs)
 
     def build(self, inputs_shape, routing_weights_shape=None):
@@ -922,20 +926,12 @@ class DepthwiseConv2DBatchEnsemble(ArgsDoc, keras.layers.Layer):
         super().__init__(**kwargs)
         name = f"DepthwiseConv2DBatchEnsemble ({self.name})"
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
-        if str(padding).lower() not in ("valid", "same"):
-            raise ValueError(f"{name}: padding must be 'valid' or 'same', got {padding!r}.")
-        self.kernel_size = _pair(kernel_size, "kernel_size")
-        self.strides = _pair(strides, "strides")
-        self.padding = str(padding).lower()
+        _set_conv_geometry(self, kernel_size, strides, padding, dilation_rate)
         self.depth_multiplier = int(depth_multiplier)
-        self.dilation_rate = _pair(dilation_rate, "dilation_rate")
         self.activation = keras.activations.get(activation)
         self.use_bias = use_bias
-        self.alpha_initializer = keras.initializers.get(
-            alpha_initializer or fast_weight_initializer()
-        )
-        self.gamma_initializer = keras.initializers.get(
-            gamma_initializer or fast_weight_initializer()
+        self.alpha_initializer, self.gamma_initializer = _fast_initializers(
+            alpha_initializer, gamma_initializer
         )
         self.depthwise_initializer = keras.initializers.get(depthwise_initializer)
         self.bias_initializer = keras.initializers.get(bias_initializer)
