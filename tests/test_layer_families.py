@@ -200,6 +200,8 @@ def test_attention_at_posterior_mean_equals_keras_attention(cls):
     q = RNG.randn(2, 5, 6).astype("float32")
     v = RNG.randn(2, 4, 6).astype("float32")
     mask = RNG.rand(2, 5, 4) > 0.3
+    mask[1, 2] = False  # a query that may attend to no key: zero scores, as Keras
+    mask[0, 0] = True
     layer = cls(num_heads=2, key_dim=3, bias_initializer="random_normal")
     layer(q, v)
     reference = keras.layers.MultiHeadAttention(num_heads=2, key_dim=3)

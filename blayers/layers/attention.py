@@ -167,6 +167,10 @@ class _MultiHeadAttentionBase(BayesianLayer):
             mask = mask[:, None] if mask.shape.rank == 3 else mask  # broadcast over heads
             logits = tf.where(mask, logits, tf.constant(-1e9, logits.dtype))
         scores = tf.nn.softmax(logits, axis=-1)
+        if mask is not None:
+            # A query whose every key is masked attends to nothing (zeros), as in Keras'
+            # Softmax, not uniformly to the masked keys.
+            scores = tf.where(mask, scores, tf.zeros([], scores.dtype))
         attended = tf.matmul(self.dropout_layer(scores, training=training), v)
         attended = tf.transpose(attended, [0, 2, 1, 3])
         shape = tf.shape(attended)
