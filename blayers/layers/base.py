@@ -247,13 +247,18 @@ class BayesianLayer(SeededLayer):
         for name in self._random_weight_names:
             rv = getattr(self, f"{name}_initializer")(self._bayesian_weights[name], self.dtype)
             setattr(self, name, rv)
-            regularizer = getattr(self, f"{name}_regularizer")
-            if add_losses and regularizer is not None:
-                self._add_weight_loss(regularizer(rv))
+        if add_losses:
+            for loss in self.weight_kl_terms():
+                self.add_loss(loss)
 
-    def _add_weight_loss(self, loss):
-        """Records a weight's KL; recurrent cells keep theirs per sequence instead."""
-        self.add_loss(loss)
+    def weight_kl_terms(self):
+        """The regularizers (KL terms) of the current draw of every random weight."""
+        terms = []
+        for name in self._random_weight_names:
+            regularizer = getattr(self, f"{name}_regularizer")
+            if regularizer is not None:
+                terms.append(regularizer(getattr(self, name)))
+        return terms
 
     def apply_kernel(self, inputs, name="kernel"):
         """`_linear(inputs, kernel)`: deterministic for a fixed kernel, else the estimator's

@@ -169,16 +169,8 @@ class _CellBase(BayesianLayer):
             for name, rv in sequence.draws.items():
                 setattr(self, name, getattr(self, f"{name}_initializer").redraw(rv))
             projections, bias = self._projections(sequence) if steps else (None, None)
-            kl_terms = self._kl_terms() if losses else None
+            kl_terms = self.weight_kl_terms() if losses else None
         return projections, bias, kl_terms
-
-    def _kl_terms(self):
-        terms = []
-        for name in self._random_weight_names:
-            regularizer = getattr(self, f"{name}_regularizer")
-            if regularizer is not None:
-                terms.append(regularizer(getattr(self, name)))
-        return terms
 
     def _projections(self, sequence):
         """`({"kernel": x -> x W, "recurrent_kernel": h -> h U}, bias)` under the current draw."""
