@@ -57,10 +57,13 @@ def test_straight_through_argmax_gradient_is_the_softmax():
 def _flows(length):
     auto = DiscreteAutoregressiveFlow(MADE([16], params=2 * K, event_ndims=2, seed=0))
     bipartite = DiscreteBipartiteFlow(keras.layers.Dense(2 * K), mask=[1, 0] * (length // 2))
-    return [auto, bipartite]
+    sinkhorn = blayers.layers.SinkhornAutoregressiveFlow(
+        MADE([16], params=K * K, event_ndims=2, seed=0), temperature=0.5
+    )
+    return [auto, bipartite, sinkhorn]
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", [0, 1, 2])
 def test_flows_are_bijections_and_preserve_the_pmf(index):
     length = 4
     flow = _flows(length)[index]
@@ -115,32 +118,22 @@ def test_a_function_as_the_network_as_edward2_writes_it():
         DiscreteAutoregressiveFlow("dense")
 
 
-def test_sinkhorn_flow_is_a_bijection_preserving_the_pmf_with_gradients():
-    """Every sequence maps to a distinct one and back; the pmf is the base's at the reverse;
-    the network gets a (straight-through) gradient; the permutations are permutations."""
+def test_sinkhorn_flow_inverts_both_ways_and_passes_gradients():
+    """Beyond the bijection and pmf checks every flow gets: forward inverts reverse too, the map
+    is not the identity, the network gets a (straight-through) gradient, and the hard
+    permutations are permutation matrices."""
     length = 3
-    flow = blayers.layers.SinkhornAutoregressiveFlow(
-        MADE([16], params=K * K, event_ndims=2, seed=0), temperature=0.5
-    )
-    everything = np.array(list(itertools.product(range(K), repeat=length)))  # 125 sequences
-    x = _one_hot(everything)
+    flow = _flows(length)[2]
+    x = _one_hot(np.array(list(itertools.product(range(K), repeat=length))))
     flow(x)
     for w in flow.layer.weights:
         w.assign(3.0 * tf.random.stateless_normal(w.shape, [5, 6]))
     y = flow(x)
-    np.testing.assert_array_equal(flow.reverse(y), x)
     np.testing.assert_array_equal(flow(flow.reverse(x)), x)
-    codes = tf.argmax(y, -1).numpy() @ (K ** np.arange(length))
-    assert len(set(codes.tolist())) == len(everything)
     assert len(set(tf.argmax(y[:, 1], -1).numpy().tolist())) > 1  # not the identity map
-    base = blayers.OneHotCategorical(
-        logits=tf.random.stateless_normal([length, K], [3, 4]), dtype=tf.float32
-    )
-    log_p = tf.reduce_sum(flow(base).distribution.log_prob(y), -1)
-    np.testing.assert_allclose(tf.reduce_sum(tf.exp(log_p)), 1.0, rtol=1e-5)
-    log_softmax = tf.nn.log_softmax(base.distribution.logits_parameter())
+    base_logits = tf.random.stateless_normal([length, K], [3, 4])
     with tf.GradientTape() as tape:  # the base log-likelihood of the soft one-hot reverse
-        loss = -tf.reduce_sum(flow.reverse(y) * log_softmax)
+        loss = -tf.reduce_sum(flow.reverse(y) * tf.nn.log_softmax(base_logits))
     grads = tape.gradient(loss, flow.layer.trainable_weights)
     assert any(g is not None and float(tf.reduce_max(tf.abs(g))) > 0 for g in grads)
     permutations = hard_permutation(tf.random.stateless_normal([7, K, K], [1, 1]))
