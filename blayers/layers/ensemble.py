@@ -46,7 +46,10 @@ def check_ensemble_size(layer_name, ensemble_size):
 
 def check_member_major(batch, static_batch, ensemble_size, layer_name):
     """Refuses a batch that is not `E` member-major copies, naming the layer, the batch size and
-    the fix (a Python error when the batch size is known, else a graph assertion)."""
+    the fix (a Python error when the batch size is known, else a graph assertion).
+
+    Returns `batch`; in a graph, behind the assertion, so that ops built from it cannot fail on
+    the mismatched shape before the assertion names it (graph ops run in any order)."""
 
     def message(size):
         return (
@@ -60,21 +63,24 @@ def check_member_major(batch, static_batch, ensemble_size, layer_name):
     if static_batch is not None:
         if static_batch % ensemble_size:
             raise ValueError(message(static_batch))
-        return
+        return batch
     if tf.executing_eagerly():
         if int(batch) % ensemble_size:
             raise ValueError(message(int(batch)))
-        return
+        return batch
     head, tail = message("BATCH").split("BATCH")
-    tf.debugging.Assert(tf.equal(batch % ensemble_size, 0), [head, batch, tail], summarize=1)
+    check = tf.debugging.Assert(
+        tf.equal(batch % ensemble_size, 0), [head, batch, tail], summarize=1
+    )
+    with tf.control_dependencies([check]):
+        return tf.identity(batch)
 
 
 def member_rows(vectors, inputs, layer_name):
     """Per-row copies of per-member `vectors` `[E, k]` for member-major `inputs` `[E * B, ...,
     k']`: `[E * B, 1, ..., 1, k]`, broadcasting against the inputs' middle axes."""
     ensemble_size = vectors.shape[0]
-    batch = tf.shape(inputs)[0]
-    check_member_major(batch, inputs.shape[0], ensemble_size, layer_name)
+    batch = check_member_major(tf.shape(inputs)[0], inputs.shape[0], ensemble_size, layer_name)
     rows = tf.repeat(vectors, batch // ensemble_size, axis=0)
     middle = inputs.shape.rank - 2
     if middle > 0:
