@@ -24,8 +24,8 @@ import tensorflow as tf
 from common import time_step, write_json
 
 import blayers
+from blayers.lab.models import uncertainty_baseline
 from blayers.layers import gaussian_process
-from blayers.models import uncertainty_baseline
 from blayers.objectives import training_log_prob
 
 

@@ -43,8 +43,8 @@ def main(argv=None):
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * max(args.sizes)
         )
-    from blayers.mesh import trainer as mesh_trainer
-    from blayers.mesh.transformer import TransformerHParams
+    from blayers.lab.mesh import trainer as mesh_trainer
+    from blayers.lab.mesh.transformer import TransformerHParams
 
     rng = np.random.RandomState(0)
     ids = lambda: rng.randint(3, args.vocab, (args.batch, args.length)).astype(np.int32)

@@ -26,8 +26,8 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_json
 
 from blayers import objectives
-from blayers.control.planner import cem
-from blayers.models.rssm import WorldModel
+from blayers.lab.control.planner import cem
+from blayers.lab.models.rssm import WorldModel
 
 
 def make_model(transition, args):

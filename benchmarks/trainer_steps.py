@@ -1,6 +1,6 @@
 """Trainer throughput on the main job's model: deterministic MLP vs Bayesian (Flipout) MLP.
 
-Runs `blayers.trainer.train` on `configs/digits_mlp.gin` for each `mlp.dense_layer` and reports
+Runs `blayers.lab.trainer.train` on `configs/digits_mlp.gin` for each `mlp.dense_layer` and reports
 training steps per second (after the first logging interval, which includes tracing) as JSON.
 
     python benchmarks/trainer_steps.py --out benchmarks/results/trainer_steps.json
@@ -17,7 +17,7 @@ import gin
 import numpy as np
 from common import write_json
 
-from blayers import config, trainer
+from blayers.lab import config, trainer
 
 
 def steps_per_second(dense_layer, steps, log_every):

@@ -25,8 +25,9 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_json
 
-from blayers import models, objectives
-from blayers.tasks import SequenceToSequence
+from blayers import objectives
+from blayers.lab import models
+from blayers.lab.tasks import SequenceToSequence
 
 
 def matmul_flops(args, bayesian):

@@ -12,47 +12,73 @@ Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Nor
 `trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `make_log_joint` (and
 `programs`: variational inference over a model and a posterior program), `predict`, `set_seed`,
 `set_kl_scale` (the per-example ELBO in `model.fit`), and the subpackages `layers`,
-`initializers`, `regularizers`, `constraints`.
+`initializers`, `regularizers`, `constraints`, `metrics`.
 
-Importing blayers registers its classes (gin, Keras serialization) and nothing else: it sets no
-environment variable and installs no logging filter. Quieting TensorFlow is the CLI's job
-(`blayers.cli_env`, which acts only in the `python -m blayers.train` process).
+This package is the library. `import blayers` reads no argv, sets no environment variable,
+writes nothing and imports neither gin nor absl: each name loads its module on first use (so
+`import blayers` alone does not even load TensorFlow). A model saved with blayers layers loads
+after `import blayers.layers` (which registers them with Keras serialization). The experiment framework (gin
+configuration, tasks, data, models, the trainer and the command line `python -m blayers.train`)
+is the lab, `blayers.lab`, on top of the library.
 """
 
-from blayers import cli_env as _cli_env
-
-_cli_env.prepare()  # only in the `blayers.train` CLI process: before TensorFlow loads below
-
-from blayers import constraints, initializers, layers, programs, regularizers
-from blayers.distributions import *
-from blayers.distributions import __all__ as _distribution_names
-from blayers.layers.reversible import TransformedRandomVariable
-from blayers.objectives import set_kl_scale
-from blayers.predict import Prediction, predict
-from blayers.programs import make_log_joint
-from blayers.random_variable import RandomVariable
-from blayers.seeds import set_seed
-from blayers.tracing import condition, posterior_mean, take_mean, tape, trace, traceable
+import importlib
 
 __version__ = "0.1.0"
-__all__ = [  # noqa: PLE0604
-    "RandomVariable",
-    "TransformedRandomVariable",
-    "trace",
-    "traceable",
-    "take_mean",
-    "posterior_mean",
-    "condition",
-    "tape",
-    "make_log_joint",
-    "programs",
-    "predict",
-    "Prediction",
-    "set_seed",
-    "set_kl_scale",
-    "layers",
-    "initializers",
-    "regularizers",
-    "constraints",
-    *_distribution_names,
-]
+
+# Public name -> the module that defines it (modules themselves map to None).
+_NAMES = {
+    "RandomVariable": "blayers.random_variable",
+    "TransformedRandomVariable": "blayers.layers.reversible",
+    "trace": "blayers.tracing",
+    "traceable": "blayers.tracing",
+    "take_mean": "blayers.tracing",
+    "posterior_mean": "blayers.tracing",
+    "condition": "blayers.tracing",
+    "tape": "blayers.tracing",
+    "make_log_joint": "blayers.programs",
+    "predict": "blayers.predict",
+    "Prediction": "blayers.predict",
+    "set_seed": "blayers.seeds",
+    "set_kl_scale": "blayers.objectives",
+}
+_SUBMODULES = {
+    "constraints": "blayers.constraints",
+    "initializers": "blayers.initializers",
+    "layers": "blayers.layers",
+    "metrics": "blayers.metrics",
+    "programs": "blayers.programs",
+    "regularizers": "blayers.regularizers",
+}
+_DISTRIBUTIONS = "blayers.distributions"
+
+
+def _load():
+    """Imports the whole library and binds every public name here (for `dir` and `*`)."""
+    for name in [*_SUBMODULES, *_NAMES]:
+        globals()[name] = __getattr__(name)
+    distributions = importlib.import_module(_DISTRIBUTIONS)
+    for name in distributions.__all__:
+        globals()[name] = getattr(distributions, name)
+    return [*_NAMES, *_SUBMODULES, *distributions.__all__]
+
+
+def __getattr__(name):  # PEP 562: a public name loads the module that defines it, on first use
+    if name in _SUBMODULES:
+        return importlib.import_module(_SUBMODULES[name])
+    if name in _NAMES:
+        value = getattr(importlib.import_module(_NAMES[name]), name)
+    elif name == "__all__":
+        value = _load()
+    elif not name.startswith("_") and name[:1].isupper():  # a distribution's constructor
+        value = getattr(importlib.import_module(_DISTRIBUTIONS), name, None)
+        if value is None:
+            raise AttributeError(f"module 'blayers' has no attribute {name!r}")
+    else:
+        raise AttributeError(f"module 'blayers' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted({*globals(), *__getattr__("__all__")})

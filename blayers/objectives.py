@@ -6,7 +6,7 @@ the minibatch mean of the negative log-likelihood and takes the KL from `model.l
 term there is treated as part of the KL, i.e. of the negative log prior), divided by the number
 of training examples `N` and weighted by an annealing schedule `beta_t`.
 
-The likelihood `p(y | f_theta(x))` belongs to the task (`blayers.tasks`): a `RandomVariable`
+The likelihood `p(y | f_theta(x))` belongs to the task (`blayers.lab.tasks`): a `RandomVariable`
 output gives its own distribution; otherwise the task reads the output's layout (logits, or a
 mean and raw scale per target).
 
@@ -15,12 +15,12 @@ num_train)` sets every KL that blayers layers add (weights' regularizers, a spar
 `KL / num_train`, so `fit` with a per-example NLL loss optimizes the per-example negative ELBO.
 """
 
-import gin
 import keras
 import tensorflow as tf
 
 from blayers.layers.base import AddsKL, BayesianLayer, LocalLosses
 from blayers.random_variable import RandomVariable, align_value
+from blayers.registry import configurable_function
 from blayers.regularizers import DistributionRegularizer, ScaledRegularizer
 
 __all__ = [
@@ -34,21 +34,21 @@ __all__ = [
 ]
 
 
-@gin.configurable(module="blayers.objectives")
+@configurable_function(None, "blayers.objectives")
 def constant_kl_weight(step, weight=1.0):
     """`beta_t = weight`."""
     del step
     return tf.constant(weight, tf.float32)
 
 
-@gin.configurable(module="blayers.objectives")
+@configurable_function(None, "blayers.objectives")
 def linear_kl_annealing(step, warmup_steps=1000, start=0.0):
     """`beta_t` rises linearly from `start` to 1 over `warmup_steps` (Bowman et al., 2016)."""
     fraction = tf.cast(step, tf.float32) / float(max(warmup_steps, 1))
     return start + (1.0 - start) * tf.minimum(fraction, 1.0)
 
 
-@gin.configurable(module="blayers.objectives")
+@configurable_function(None, "blayers.objectives")
 def sigmoid_kl_annealing(step, midpoint=1000, rate=0.01):
     """`beta_t = sigmoid(rate * (t - midpoint))`."""
     return tf.sigmoid(rate * (tf.cast(step, tf.float32) - midpoint))

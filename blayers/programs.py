@@ -17,7 +17,7 @@ its `name`.
   adds the score-function term `(log p - log q - b) grad log q(z)` with the leave-one-out
   baseline `b` over `num_samples` draws (Mnih and Rezende, 2016), an unbiased gradient.
 * `VariationalProgram`: a Keras model whose call is `-ELBO` per observed unit, fitted by the
-  trainer (`blayers.tasks.VariationalInference` reads it as the loss). Model parameters (a GP's
+  trainer (`blayers.lab.tasks.VariationalInference` reads it as the loss). Model parameters (a GP's
   kernel hyperparameters) and variational parameters train together: variational EM.
 
 A Bayesian layer in a *model* program is a function prior: give it an initializer that returns

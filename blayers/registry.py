@@ -1,61 +1,104 @@
-"""Registration of blayers classes with gin and Keras serialization, in one place.
+"""Registration of blayers classes with Keras serialization and the lab's configuration, in one
+place.
 
 This is the bottom of the package: it imports nothing of blayers, and every other module may
-import it.
+import it. It imports no gin either: the library records here what may be configured, and the
+lab (`blayers.lab.configurables`) makes those gin configurables when it is imported.
 
-* `configurable(gin_name, module, package)` makes a class both a gin configurable (decorated in
-  place, so the exported class *is* the configurable) and Keras-serializable under `package`.
-  Gin wraps `__init__` in a `(*args, **kwargs)` function; Keras 3 reads constructor arguments
-  with `inspect.getfullargspec`, which does not follow the wrapper, so the signature is restored.
-* `register_layer` is the one decorator a layer needs: gin, Keras serialization, and the public
-  names of `blayers.layers` (`LAYERS`, which `blayers.layers` exports and `get_layer` reads).
+* `configurable(gin_name, module, package)` makes a class Keras-serializable under `package` and
+  records it as configurable `module.gin_name`.
+* `configurable_function(gin_name, module)` records a function (a default prior, a KL schedule)
+  as configurable; the lab replaces the module's attribute by gin's wrapper, so the library's
+  own calls (`regularizers.get('prior')`) see the bindings.
+* `register_layer` is the one decorator a layer needs: Keras serialization, the configurable,
+  and the public names of `blayers.layers` (`LAYERS`, which `blayers.layers` exports and
+  `get_layer` reads).
 * `Registry` is the `get`/`serialize`/`deserialize` trio of initializers, regularizers and
   constraints: our names first (the gin name, or the CamelCase class name), then Keras' own.
 """
 
-import inspect
+import dataclasses
 import re
 
-import gin
 import keras
 
 __all__ = [
+    "CONFIGURABLES",
     "LAYERS",
     "ArgsDoc",
+    "Configurable",
     "Registry",
     "configurable",
+    "configurable_function",
     "get_layer",
+    "on_configurable",
     "register_layer",
-    "unapplied_layer_bindings",
 ]
 
 LAYER_PACKAGE = "blayers.layers"
 LAYERS = {}  # class name -> class, every layer registered with `register_layer`
 
 
+@dataclasses.dataclass(frozen=True)
+class Configurable:
+    """A library class or function the lab may configure: gin name `module.name`; a function
+    is found again as attribute `attribute` of Python module `owner`."""
+
+    obj: object
+    name: str
+    module: str
+    owner: str = None
+    attribute: str = None
+
+
+CONFIGURABLES = []  # every Configurable, in registration order
+_LISTENERS = []
+
+
+def on_configurable(listener):
+    """Calls `listener(configurable)` for every recorded configurable, now and from now on (the
+    lab's gin registration; classes registered after it, e.g. a user's own layer, are seen)."""
+    _LISTENERS.append(listener)
+    for item in CONFIGURABLES:
+        listener(item)
+
+
+def _record(item):
+    CONFIGURABLES.append(item)
+    for listener in _LISTENERS:
+        listener(item)
+
+
 def configurable(gin_name, module, package):
-    """Class decorator: gin configurable `module.gin_name` and Keras-serializable in `package`."""
+    """Class decorator: Keras-serializable in `package`, configurable as `module.gin_name`."""
 
     def decorator(cls):
-        original = inspect.signature(cls.__init__)
         cls = keras.saving.register_keras_serializable(package)(cls)
-        cls = gin.configurable(gin_name, module=module)(cls)
-        cls.__init__.__signature__ = original
+        _record(Configurable(cls, gin_name, module))
         return cls
 
     return decorator
 
 
+def configurable_function(gin_name, module):
+    """Function decorator: configurable as `module.gin_name` (see the module docstring)."""
+
+    def decorator(fn):
+        _record(Configurable(fn, gin_name, module, owner=fn.__module__, attribute=fn.__name__))
+        return fn
+
+    return decorator
+
+
 def register_layer(cls):
-    """Registers a layer class once for everything: a gin configurable in place (so
-    `DenseFlipout.units = 7` changes `blayers.layers.DenseFlipout()`), Keras serialization under
-    `blayers.layers>`, and a public name of `blayers.layers` (also for `get_layer` and gin-only
-    models)."""
+    """Registers a layer class once for everything: Keras serialization under `blayers.layers>`,
+    a configurable (with the lab, `DenseFlipout.units = 7` changes
+    `blayers.layers.DenseFlipout()`), and a public name of `blayers.layers` (also for
+    `get_layer` and gin-only models)."""
     if cls.__name__ in LAYERS and LAYERS[cls.__name__] is not cls:
         raise ValueError(f"A layer named {cls.__name__!r} is registered already.")
-    cls = configurable(cls.__name__, LAYER_PACKAGE, LAYER_PACKAGE)(cls)
     LAYERS[cls.__name__] = cls
-    return cls
+    return configurable(cls.__name__, LAYER_PACKAGE, LAYER_PACKAGE)(cls)
 
 
 def get_layer(name_or_class):
@@ -134,57 +177,6 @@ class Registry:
     @staticmethod
     def deserialize(config):
         return keras.saving.deserialize_keras_object(config)
-
-
-def _plain(value):
-    """`value` with tuples as lists, if it is plain data (numbers, strings, None, lists)."""
-    if isinstance(value, (tuple, list)):
-        items = [_plain(v) for v in value]
-        return None if any(i is _NOT_PLAIN for i in items) else items
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    return _NOT_PLAIN
-
-
-_NOT_PLAIN = object()
-
-
-def unapplied_layer_bindings(model):
-    """Gin bindings of layer classes that did not take effect in `model`.
-
-    Gin lets a caller's explicit argument win over a binding: `mlp` passes `units` to each
-    `DenseFlipout` itself, so `DenseFlipout.units = 'ten'` would change nothing, silently. For
-    every unscoped binding of a layer class with plain-data values, each layer of exactly that
-    class in `model` must report the bound value in its `get_config()`. Returns one line per
-    binding that did not apply (empty when all did).
-    """
-    classes = {}
-    for (scope, selector), params in gin.config._CONFIG.items():
-        if scope:
-            continue
-        configurable_ = gin.config._REGISTRY.get_match(selector)
-        wrapped = configurable_.wrapped if configurable_ is not None else None
-        if inspect.isclass(wrapped) and issubclass(wrapped, keras.layers.Layer):
-            classes[configurable_.wrapped] = (configurable_.name, params)
-    if not classes:
-        return []
-    problems = []
-    for layer in model._flatten_layers(include_self=False, recursive=True):
-        if type(layer) not in classes:
-            continue
-        name, params = classes[type(layer)]
-        config = layer.get_config()
-        for param, bound in params.items():
-            bound_plain = _plain(bound)
-            if param not in config or bound_plain is _NOT_PLAIN:
-                continue
-            actual = _plain(config[param])
-            if actual is not _NOT_PLAIN and actual != bound_plain:
-                problems.append(
-                    f"{name}.{param} = {bound!r}, but layer '{layer.name}' has {param}="
-                    f"{config[param]!r}"
-                )
-    return sorted(set(problems))
 
 
 class ArgsDoc:

@@ -13,14 +13,13 @@ with the forward pass for the reparameterization estimator). For a point mass q
 
 import math
 
-import gin
 import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import constraints as constraints_lib
 from blayers.random_variable import RandomVariable
-from blayers.registry import ArgsDoc, Registry
+from blayers.registry import ArgsDoc, Registry, configurable_function
 from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
@@ -503,7 +502,7 @@ PRIOR = "prior"
 RANK1_PRIOR = "rank1_prior"
 
 
-@gin.configurable("prior", module="blayers.regularizers")
+@configurable_function("prior", "blayers.regularizers")
 def prior(regularizer=None):
     """The default prior of every Bayesian layer family: the regularizer a layer gets for the
     name `'prior'`, its default `kernel_regularizer` (dense, convolutional, recurrent kernels,
@@ -516,7 +515,7 @@ def prior(regularizer=None):
     return regularizer if regularizer is not None else NormalKLDivergence()
 
 
-@gin.configurable("rank1_prior", module="blayers.regularizers")
+@configurable_function("rank1_prior", "blayers.regularizers")
 def rank1_prior(regularizer=None):
     """The default prior of rank-1 factors (`DenseRank1`'s `alpha` and `gamma`), the regularizer
     for the name `'rank1_prior'`. `None` is `normal_kl_divergence(mean=1, stddev=1)`: centred on

@@ -26,7 +26,7 @@ import shutil
 import numpy as np
 from absl import app, flags
 
-from blayers import plots
+from blayers.lab import plots
 from launch import sweep
 
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}

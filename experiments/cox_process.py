@@ -2,7 +2,7 @@
 
 A GP prior on the rate, softplus, `PoissonProcess` (model program) and sparse GP layers
 (posterior program), fitted by variational inference over the two programs
-(`blayers.models.cox_process`), on the coal-mining disasters (1-D) and the bramble canes (2-D),
+(`blayers.lab.models.cox_process`), on the coal-mining disasters (1-D) and the bramble canes (2-D),
 each split `--splits` times by independent thinning (half the events held out). Writes a table
 of the held-out log-likelihood per held-out event (original units, mean +- standard error over
 splits) of the Cox process, the kernel-intensity baseline and the homogeneous process; each run

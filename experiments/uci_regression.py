@@ -32,7 +32,7 @@ import os
 
 from absl import app, flags
 
-from blayers.data.uci import uci, uci_num_splits
+from blayers.lab.data.uci import uci, uci_num_splits
 from launch import sweep
 
 DATASETS = ["bostonHousing", "concrete", "energy", "wine-quality-red", "yacht"]

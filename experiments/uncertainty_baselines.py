@@ -1,6 +1,6 @@
 """The uncertainty-baselines CIFAR-10 comparison on one gin config (Nado et al., 2021).
 
-Trains, on the same network (`blayers.models.uncertainty_baseline`) and data, the deterministic
+Trains, on the same network (`blayers.lab.models.uncertainty_baseline`) and data, the deterministic
 network, MC dropout, a mean-field Flipout BNN, a rank-1 BNN and BatchEnsemble (4 members each)
 and SNGP, one run per method (`uncertainty_baseline.method`), and writes per method: accuracy,
 NLL, ECE, OOD AUROC (predictive entropy), training time and parameter count (trainable, and as

@@ -1,4 +1,5 @@
-"""The Ray backend of `launch.sweep`: each run a Ray Tune trial that runs the trainer.
+"""The Ray backend of `launch.sweep`: each run a Ray Tune trial that runs the trainer (the
+`run_grid` contract is `launch.local`'s).
 
     python -m launch.sweep --gin_file=digits_mlp --sweep 'seed=[0,1,2,3]' --root=/shared/runs \
         --backend=ray --address=auto --cpus_per_run=4 --gpus_per_run=1 --strategy=gpu
@@ -35,6 +36,8 @@ import signal
 import subprocess
 import threading
 import time
+
+from launch import local, results
 
 __all__ = ["require_ray", "run_grid"]
 
@@ -87,12 +90,10 @@ def _trial(config):
     """One run as a Tune trial: the trainer subprocess, its records reported as it goes."""
     from ray import tune
 
-    from launch import sweep
-
     spec = config["run"]
     name, model_dir = spec["name"], spec["model_dir"]
     metric = spec["metric"]  # with a scheduler, report only records that carry its metric
-    done = sweep._finished(model_dir)
+    done = results.finished(model_dir)
     if done:  # re-running a sweep skips finished runs
         tune.report({**_final(done["final"]), "status": "skipped (finished)"})
         return
@@ -125,7 +126,7 @@ def _trial(config):
             if code is not None:
                 break
             time.sleep(POLL_SECONDS)
-        done = sweep._finished(model_dir)
+        done = results.finished(model_dir)
         if code != 0 or not done:
             raise RuntimeError(f"{name}: trainer exit {code}, see {model_dir}/log.txt")
         final = _final(done["final"])
@@ -178,9 +179,8 @@ def _own_group_dying_with_parent():
     SIGKILL with which Ray reaps a local instance one second after its driver dies, and
     SIGTERM when its trial's worker dies, so that it checkpoints and exits in its own time."""
     os.setpgrp()
-    from launch import sweep
 
-    sweep._die_with_parent()
+    local.die_with_parent()
 
 
 def _final(final):
@@ -208,7 +208,6 @@ def run_grid(planned, args):
     """Runs `[(run_name, {binding: value text})]` as Tune trials; returns the local backend's
     `([(run, bindings, status, final metrics)], stopped)`."""
     ray, tune = require_ray()
-    from launch import sweep
 
     root = os.path.abspath(args.root)
     os.makedirs(root, exist_ok=True)
@@ -221,7 +220,7 @@ def run_grid(planned, args):
                 "name": name,
                 "bindings": bindings,
                 "model_dir": model_dir,
-                "command": sweep._command(model_dir, bindings, args),
+                "command": local.trainer_command(model_dir, bindings, args),
                 "cwd": os.getcwd(),
                 "root": root,
                 "metric": args.metric if scheduler else None,
@@ -279,7 +278,7 @@ def run_grid(planned, args):
     rows = []
     for spec in specs:
         name, bindings = spec["name"], spec["bindings"]
-        done = sweep._finished(spec["model_dir"])
+        done = results.finished(spec["model_dir"])
         result = by_name.get(name)
         last = (result.metrics or {}) if result is not None else {}
         if result is not None and result.error is not None:
@@ -295,8 +294,8 @@ def run_grid(planned, args):
             status = f"stopped early ({args.scheduler}, last report{where}; checkpointed)"
             rows.append((name, bindings, status, {}))
         else:
-            rows.append((name, bindings, sweep.stopped_status(spec["model_dir"]), {}))
-    sweep.write_hparams(rows, root)
+            rows.append((name, bindings, results.stopped_status(spec["model_dir"]), {}))
+    results.write_hparams(rows, root)
     return rows, stopped
 
 

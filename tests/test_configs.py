@@ -8,7 +8,7 @@ import gin
 import pytest
 
 import blayers
-from blayers import config, trainer
+from blayers.lab import config, trainer
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
@@ -94,7 +94,7 @@ def test_full_scale_tfds_config_trains_on_mock_data(path, tmp_path):
 def _train_mesh_briefly(path, model_dir, steps, *bindings):
     """`train_mesh` on the config at `path` for `steps` steps, its heads, d_ff and vocabulary
     split over two mesh processors (both on this process's one CPU device)."""
-    from blayers.mesh import trainer as mesh_trainer
+    from blayers.lab.mesh import trainer as mesh_trainer
 
     config.parse(
         [str(path.relative_to(CONFIG_DIR))],
@@ -153,7 +153,7 @@ def test_gin_only_model_and_estimator_swap():
             "DenseFlipout.kernel_initializer = 'trainable_he_normal'",
         ],
     )
-    from blayers import models
+    from blayers.lab import models
 
     model = models.sequential((4,), 3)
     assert [type(layer).__name__ for layer in model.layers] == ["DenseFlipout", "Dense"]

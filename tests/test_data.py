@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
-from blayers import data
+from blayers.lab import data
 
 UCI_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "uci"
 
@@ -122,7 +122,7 @@ def test_density_sources():
 
 
 def test_random_crop_flip_takes_windows_of_the_padded_image():
-    from blayers.data.augment import random_crop_flip
+    from blayers.lab.data.augment import random_crop_flip
 
     image = np.random.RandomState(0).uniform(size=(6, 5, 3)).astype(np.float32)
     padded = np.pad(image, [(2, 2), (2, 2), (0, 0)])

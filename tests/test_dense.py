@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import blayers
 from blayers import constraints
+from blayers.lab import configurables  # noqa: F401 - gin names of the library
 from blayers.layers import (
     DenseDVI,
     DenseFlipout,

@@ -9,6 +9,7 @@ import tensorflow_probability as tfp
 from conftest import check_moments
 
 import blayers
+from blayers.lab import configurables  # noqa: F401 - gin names of the library
 from blayers.layers import (
     CondDense,
     Conv2DBatchEnsemble,
@@ -461,7 +462,7 @@ def test_task_metrics_see_the_members_mutual_information(distribution):
     """The tasks' predictive draws of an ensemble are its members: mutual information is
     `H[mean_m p_m] - mean_m H[p_m]` over members (and passes), not 0 from an average taken
     first; the predictive (accuracy, NLL) is the same mixture."""
-    from blayers.data import Data
+    from blayers.lab.data import Data
     from blayers.metrics import entropy, mutual_information
 
     x = 3 * RNG.randn(20, 5).astype("float32")

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from blayers.data.synthetic import markov_entropy_rate
+from blayers.lab.data.synthetic import markov_entropy_rate
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 

@@ -15,8 +15,8 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 import blayers
-from blayers import data as data_lib
-from blayers import trainer
+from blayers.lab import data as data_lib
+from blayers.lab import trainer
 from blayers.layers import (
     GaussianLikelihood,
     GaussianProcess,
@@ -396,7 +396,7 @@ def test_kmeans_inducing_inputs_start_at_cluster_centres(tmp_path):
     assert loaded.layers[0].get_config()["inducing_inputs_initializer"] == "kmeans"
     # A deep GP: the inner layer's random-variable output is clustered by the next layer, also
     # inside a compiled step.
-    from blayers.models import deep_gp
+    from blayers.lab.models import deep_gp
 
     deep = deep_gp((2,), 1, depth=2, num_inducing=4, inducing_inputs_initializer="kmeans")
     tf.function(lambda v: deep(v, training=True).distribution.mean())(x)

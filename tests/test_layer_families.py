@@ -498,10 +498,10 @@ def test_default_prior_reaches_every_family():
 def test_priors_gin_file_changes_the_resnet_config():
     import gin
 
-    from blayers import config
+    from blayers.lab import config
 
     config.parse(["resnet50_smoke", "priors/scale_mixture"])
-    from blayers.models import resnet
+    from blayers.lab.models import resnet
 
     model = resnet((8, 8, 1), 10)
     regs = [

@@ -10,6 +10,7 @@ import tensorflow as tf
 
 import blayers
 from blayers import layers as L
+from blayers.lab import configurables  # noqa: F401 - gin names of the library
 
 RNG = np.random.RandomState(0)
 

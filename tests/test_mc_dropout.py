@@ -3,9 +3,10 @@
 import numpy as np
 import tensorflow as tf
 
-from blayers import layers, models
-from blayers.data.base import from_arrays
-from blayers.tasks import Regression
+from blayers import layers
+from blayers.lab import models
+from blayers.lab.data.base import from_arrays
+from blayers.lab.tasks import Regression
 
 
 def test_mc_dropout_regressor_follows_gal_and_ghahramani():

@@ -18,7 +18,7 @@ import tensorflow as tf
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
-from blayers.mesh.compat import import_mesh_tensorflow
+from blayers.lab.mesh.compat import import_mesh_tensorflow
 
 mtf = import_mesh_tensorflow()
 tf.compat.v1.disable_eager_execution()
@@ -65,7 +65,7 @@ def test_mesh_tensorflow_core_runs_model_parallel_on_two_logical_cpus():
 def test_shim_is_idempotent_and_gives_the_two_hooks():
     import tensorflow as tf
 
-    from blayers.mesh import compat
+    from blayers.lab.mesh import compat
 
     compat.install()
     compat.install()
@@ -79,8 +79,8 @@ _MOMENTS = r"""
 import json, math, sys
 import numpy as np
 import tensorflow as tf
-from blayers.mesh.layers import bayesian_dense, mtf
-from blayers.mesh.random import NoiseSource
+from blayers.lab.mesh.layers import bayesian_dense, mtf
+from blayers.lab.mesh.random import NoiseSource
 
 rng = np.random.RandomState(0)
 x_np = rng.randn(3, 5).astype(np.float32)
@@ -152,10 +152,10 @@ import tensorflow as tf
 
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
-from blayers.data import synthetic_translation
-from blayers.mesh.trainer import MeshRun, parameter_bytes_per_device, train_mesh
-from blayers.mesh.random import NoiseSource
-from blayers.mesh.transformer import TransformerHParams, transformer_loss, mtf
+from blayers.lab.data import synthetic_translation
+from blayers.lab.mesh.trainer import MeshRun, parameter_bytes_per_device, train_mesh
+from blayers.lab.mesh.random import NoiseSource
+from blayers.lab.mesh.transformer import TransformerHParams, transformer_loss, mtf
 
 out = {}
 # Training through the graph-mode loop on 2 devices, then a resumed run to 40 steps; a run

@@ -1,4 +1,4 @@
-"""`blayers.mesh.random.NoiseSource`: noise that is a function of (seed, op, step, draw, index)
+"""`blayers.lab.mesh.random.NoiseSource`: noise that is a function of (seed, op, step, draw, index)
 alone, so every layout lowers to the same numbers, with the moments and independence of
 standard normal and Rademacher draws."""
 
@@ -7,7 +7,7 @@ import pytest
 import tensorflow as tf
 from scipy import stats
 
-from blayers.mesh.random import NoiseSource, mtf, reference_normal
+from blayers.lab.mesh.random import NoiseSource, mtf, reference_normal
 
 SHAPE = (6, 8, 10)
 LAYOUTS = {
@@ -87,7 +87,7 @@ def test_normals_are_standard_and_independent():
 
 
 def test_uniforms_stay_inside_the_unit_interval_in_float32():
-    from blayers.mesh.random import uniform_from_bits
+    from blayers.lab.mesh.random import uniform_from_bits
 
     bits = tf.constant([0, 1, 2**31, 2**32 - 1], tf.uint32)
     u = uniform_from_bits(bits, tf.float32).numpy()

@@ -12,10 +12,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from blayers import config, objectives
-from blayers.control.buffer import EpisodeBuffer
-from blayers.control.planner import cem
-from blayers.models.rssm import WorldModel
+from blayers import objectives
+from blayers.lab import config
+from blayers.lab.control.buffer import EpisodeBuffer
+from blayers.lab.control.planner import cem
+from blayers.lab.models.rssm import WorldModel
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -180,7 +181,7 @@ def test_episode_buffer_survives_a_restart_and_a_torn_write(tmp_path):
 
 def test_control_env_states_and_pixels_next_to_tensorflow():
     pytest.importorskip("dm_control")
-    from blayers.control.env import ControlEnv
+    from blayers.lab.control.env import ControlEnv
 
     env = ControlEnv("cartpole", "balance", "state", action_repeat=2, episode_steps=5)
     first = env.reset(seed=3)
@@ -199,7 +200,7 @@ def test_control_env_states_and_pixels_next_to_tensorflow():
 
 
 def _planet(model_dir, steps):
-    from blayers.control import planet
+    from blayers.lab.control import planet
 
     gin.clear_config()
     config.parse(["bayesian_planet_smoke"], [f"train_planet.train_steps = {steps}"])

@@ -5,7 +5,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from blayers import plots
+from blayers.lab import plots
 
 
 @pytest.fixture

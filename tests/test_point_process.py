@@ -9,11 +9,11 @@ import pytest
 import tensorflow as tf
 
 import blayers
-from blayers import data as data_lib
+from blayers.lab import data as data_lib
+from blayers.lab.models import cox_process
+from blayers.lab.tasks.point_process import kernel_intensity
 from blayers.layers import PoissonProcess
 from blayers.layers.point_process import quadrature_rule
-from blayers.models import cox_process
-from blayers.tasks.point_process import kernel_intensity
 
 
 def constant(value):
@@ -174,7 +174,7 @@ def test_cox_smoke_run_elbo_rises(tmp_path):
     rises, the intensity plot is written and the held-out pattern beats a constant rate."""
     import gin
 
-    from blayers import config, trainer
+    from blayers.lab import config, trainer
 
     config.parse(["cox_process_smoke.gin"], ["train.progress = False"])
     try:

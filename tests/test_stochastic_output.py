@@ -91,7 +91,7 @@ def test_discretize_integrates_unit_bins_with_tail_edges():
 
 
 def test_vae_elbo_iwae_bounds_and_local_kl():
-    from blayers.models import vae
+    from blayers.lab.models import vae
     from blayers.objectives import split_losses
 
     model = vae((8, 8, 1), 64, latent_dim=4, filters=(8,), hidden_units=32)

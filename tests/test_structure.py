@@ -4,6 +4,7 @@ of a layer, declared layer contracts, and documented arguments."""
 import ast
 import inspect
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -15,16 +16,19 @@ import pytest
 import tensorflow as tf
 
 import blayers
-from blayers import constraints, initializers, layers, regularizers, tasks
+from blayers import constraints, initializers, layers, regularizers
+from blayers.lab import configurables, tasks  # noqa: F401 - gin names of the library
 from blayers.layers.base import BayesianLayer, register
 from blayers.layers.estimators import FlipoutEstimator
 from blayers.registry import get_layer
 
 PACKAGE = pathlib.Path(blayers.__file__).resolve().parent
+REPOSITORY = PACKAGE.parent
+PACKAGES = ("blayers", "launch", "experiments")  # every importable package of the repository
 
 
 def _module_name(path):
-    relative = path.relative_to(PACKAGE.parent).with_suffix("")
+    relative = path.relative_to(REPOSITORY).with_suffix("")
     parts = list(relative.parts)
     if parts[-1] == "__init__":
         parts = parts[:-1]
@@ -36,6 +40,10 @@ def _imports(path, modules):
     tree = ast.parse(path.read_text())
     package = _module_name(path) if path.name == "__init__.py" else _module_name(path.parent)
     found = set()
+    dynamic = any(
+        isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "import_module"
+        for n in ast.walk(tree)
+    )
     for node in ast.walk(tree):
         names = []
         if isinstance(node, ast.Import):
@@ -54,6 +62,8 @@ def _imports(path, modules):
             if isinstance(arg, ast.JoinedStr):  # f"blayers.layers.{family}": every family
                 prefix = "".join(v.value for v in arg.values if isinstance(v, ast.Constant))
                 names = [m for m in modules if m.startswith(prefix)]
+        elif dynamic and isinstance(node, ast.Constant) and node.value in modules:
+            names = [node.value]  # a module named in a table that import_module reads
         for name in names:
             while name and name not in modules:
                 name = name.rpartition(".")[0]
@@ -62,9 +72,17 @@ def _imports(path, modules):
     return found
 
 
+def _import_graph():
+    paths = {
+        _module_name(p): p for package in PACKAGES for p in (REPOSITORY / package).rglob("*.py")
+    }
+    return {name: _imports(path, paths) for name, path in paths.items()}
+
+
 def test_import_graph_has_no_cycle():
-    paths = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
-    graph = {name: _imports(path, paths) for name, path in paths.items()}
+    """No cycle anywhere in the repository: module-level, function-level and importlib
+    imports, across the library, the lab, the launchers and the experiments."""
+    graph = _import_graph()
     # A package's __init__ importing its own submodules is how Python packages work; a cycle
     # through any other edge is a real one.
     edges = {
@@ -91,31 +109,87 @@ def test_import_graph_has_no_cycle():
     # The walk sees every kind of import: from-imports, function-level imports, importlib.
     assert "blayers.registry" in graph["blayers.layers.base"]
     assert "blayers.layers.dense" in graph["blayers.layers"]
-    assert "blayers.layers" in graph["blayers.models.vae"]
-    # The bottom imports nothing of blayers; only the CLI imports the application side.
+    assert "blayers.layers" in graph["blayers.lab.models.vae"]
+    assert "blayers.layers" in graph["blayers"]  # the lazy table of blayers/__init__.py
+
+
+def _is_lab(name):
+    return name.split(".")[0] != "blayers" or name.startswith("blayers.lab")
+
+
+def test_the_library_does_not_import_the_lab():
+    """The library (`blayers`, less `blayers.lab`) imports nothing of the lab, the launchers
+    or the experiments; the only exception is the command line's entry, `blayers.train`, which
+    starts the lab's CLI. The bottom imports nothing of blayers."""
+    graph = _import_graph()
+    crossing = {
+        name: sorted(t for t in targets if _is_lab(t))
+        for name, targets in graph.items()
+        if not _is_lab(name)
+    }
+    assert {n: t for n, t in crossing.items() if t} == {
+        "blayers.train": ["blayers.lab.cli_env", "blayers.lab.train"]
+    }
     assert graph["blayers.registry"] == set()
-    assert [n for n, t in graph.items() if "blayers.config" in t] == ["blayers.train"]
-    # An agent's trainer subclasses the trainer (its phases), beside it at the top.
-    assert sorted(n for n, t in graph.items() if "blayers.trainer" in t) == [
-        "blayers.config",
-        "blayers.control.planet",
-        "blayers.train",
+    # Parsing gin is the command line's; the Keras trainer is the base of PlaNet's.
+    assert sorted(n for n, t in graph.items() if "blayers.lab.config" in t) == ["blayers.lab.train"]
+    assert sorted(n for n, t in graph.items() if "blayers.lab.trainer" in t) == [
+        "blayers.lab.config",
+        "blayers.lab.control.planet",
+        "blayers.lab.train",
     ]
 
 
-def test_importing_blayers_has_no_side_effects():
-    code = (
-        "import json, logging, os; before = dict(os.environ); "
-        "filters = list(logging.getLogger().filters); import blayers; "
-        "print(json.dumps({'env': sorted(set(os.environ.items()) ^ set(before.items())), "
-        "'filters': len(logging.getLogger().filters) - len(filters)}))"
-    )
-    env = {k: v for k, v in __import__("os").environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+_IMPORT_PROBE = """
+import json, logging, os, sys
+before_env, filters = dict(os.environ), list(logging.getLogger().filters)
+
+
+class NoArgv(list):
+    def _read(self, *args):
+        raise AssertionError("sys.argv was read")
+
+    __getitem__ = __iter__ = __len__ = __contains__ = _read
+
+
+import blayers  # a bare import loads nothing heavy
+bare = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "gin"))
+import tensorflow, keras, tensorflow_probability  # noqa: E401 - what any user has loaded
+loaded = set(sys.modules)
+argv, sys.argv = sys.argv, NoArgv()
+blayers.layers.DenseFlipout, blayers.Normal, blayers.predict, blayers.metrics  # the library
+from blayers import constraints, initializers, programs, regularizers, tracing  # noqa: F401
+sys.argv = argv
+print(json.dumps({
+    "bare": bare,
+    "new": sorted(m for m in set(sys.modules) - loaded
+                  if m.split(".")[0] in ("gin", "absl", "launch", "experiments")
+                  or m.startswith("blayers.lab") or m == "blayers.train"),
+    "env": sorted(set(os.environ.items()) ^ set(before_env.items())),
+    "filters": len(logging.getLogger().filters) - len(filters),
+}))
+"""
+
+
+def test_importing_the_library_loads_no_lab_and_changes_nothing():
+    """`import blayers` alone loads no TensorFlow; using the library reads no argv, imports
+    neither gin nor absl (beyond what TensorFlow itself loaded) nor any lab module, sets no
+    environment variable and installs no logging filter."""
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
     out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env=env
+        [sys.executable, "-c", _IMPORT_PROBE], check=False, capture_output=True, text=True, env=env
     )
+    assert out.returncode == 0, out.stderr[-3000:]
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"env": [], "filters": 0}
+    assert result == {"bare": [], "new": [], "env": [], "filters": 0}
+
+
+def test_a_saved_model_loads_after_importing_the_layers(tmp_path):
+    path = str(tmp_path / "model.keras")
+    keras.Sequential([keras.Input((3,)), layers.DenseFlipout(2)]).save(path)
+    code = f"import blayers.layers, keras; keras.saving.load_model({path!r}); print('ok')"
+    out = subprocess.run([sys.executable, "-c", code], check=False, capture_output=True, text=True)
+    assert out.stdout.strip().endswith("ok"), out.stderr[-3000:]
 
 
 def test_one_decorator_registers_a_layer_everywhere():
@@ -218,7 +292,7 @@ def test_every_public_class_documents_its_arguments(name, cls):
 
 
 def test_cli_environment_is_set_only_for_the_cli():
-    from blayers import cli_env
+    from blayers.lab import cli_env
 
     assert cli_env.is_cli(["python", "-m", "blayers.train", "--model_dir=x"], ["-m"])
     assert cli_env.is_cli(["python", "/usr/bin/blayers-train"], ["/usr/bin/blayers-train"])

@@ -15,8 +15,9 @@ import pytest
 import tensorflow as tf
 
 import blayers
-from blayers import data as data_lib
-from blayers import models, objectives, trainer
+from blayers import objectives
+from blayers.lab import data as data_lib
+from blayers.lab import models, trainer
 from blayers.layers import DenseFlipout
 
 
@@ -289,7 +290,7 @@ def test_torn_history_line_is_dropped_with_a_warning(tmp_path, caplog):
 
 
 def test_second_trainer_on_a_model_dir_refuses(tmp_path):
-    from blayers.run_files import RunLock, RunLockedError
+    from blayers.lab.run_files import RunLock, RunLockedError
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -349,13 +350,13 @@ def test_partial_log_window_after_resume_is_averaged_over_its_own_steps(tmp_path
 
 
 def _parse(*params):
-    from blayers import config
+    from blayers.lab import config
 
     config.parse(["digits_mlp_smoke"], ["train.progress = False", *params])
 
 
 def test_a_binding_changed_on_resume_refuses_and_the_config_is_not_rewritten(tmp_path):
-    from blayers import config  # noqa: F401 - registers the configurables
+    from blayers.lab import config  # noqa: F401 - registers the configurables
 
     _parse("train.train_steps = 4", "train.checkpoint_every = 2")
     trainer.train(str(tmp_path))
@@ -410,7 +411,7 @@ def test_outputs_a_researcher_reads(tmp_path):
 def test_vae_latent_kl_is_logged_where_it_lives(tmp_path, capsys):
     """The latent KL is the local loss (history, progress bar `latent_kl`); the progress bar's
     weights' KL is labelled as such (a VAE's deterministic weights have none)."""
-    from blayers.models import vae
+    from blayers.lab.models import vae
 
     data = data_lib.binarized_digits()
     trainer.train(
@@ -515,7 +516,7 @@ def test_density_bits_are_named_by_what_they_measure():
     continuous density's bits on the unit scale, each named; other data: bits per dimension."""
     import tensorflow_probability as tfp
 
-    from blayers.tasks.density import Density
+    from blayers.lab.tasks.density import Density
 
     x = np.random.RandomState(0).uniform(0, 1, (20, 4)).astype("float32")
 

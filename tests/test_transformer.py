@@ -10,9 +10,9 @@ import pytest
 import tensorflow as tf
 
 import blayers
-from blayers import data as data_lib
-from blayers import decoding, models, trainer
-from blayers.tasks import SequenceToSequence
+from blayers.lab import data as data_lib
+from blayers.lab import decoding, models, trainer
+from blayers.lab.tasks import SequenceToSequence
 
 SMALL = {"num_layers": 1, "d_model": 16, "d_ff": 32, "num_heads": 2, "dropout": 0.0}
 

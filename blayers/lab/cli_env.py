@@ -1,0 +1,62 @@
+"""The command line's environment for TensorFlow, set before TensorFlow loads.
+
+TensorFlow reads `TF_CPP_MIN_LOG_LEVEL` once, when it loads (and prints a few lines about
+oneDNN and CUDA drivers before its logging is even set up). `import blayers` loads nothing
+heavy, so the command lines call `prepare()` first: `python -m blayers.train` (or
+`blayers-train`) in `blayers.train.run`, the experiment scripts in `experiments/__init__.py`
+(`prepare_if_cli`: that package is also imported by tests). The library never calls it.
+
+On the CPU (the default strategy) the CLI sets level 3, which also hides the
+`cuInit ... UNKNOWN ERROR (303)` line TensorFlow prints on a machine without a GPU; with a GPU,
+TPU or multi-worker strategy it sets 2 (warnings off, errors shown). A value the user set wins.
+The CLI also loads TensorFlow with the process's stderr silenced, which drops those
+start-up lines (an import error still raises, and its traceback is printed afterwards). This
+module imports nothing heavy itself.
+"""
+
+import os
+import sys
+
+__all__ = ["is_cli", "prepare", "prepare_if_cli"]
+
+_CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
+_CLI_SCRIPTS = ("blayers-train",)
+
+
+def is_cli(orig_argv=None, argv=None):
+    """True when this process runs the blayers training CLI (or an experiment script)."""
+    orig_argv = list(getattr(sys, "orig_argv", []) if orig_argv is None else orig_argv)
+    argv = list(sys.argv if argv is None else argv)
+    for i, arg in enumerate(orig_argv[:-1]):
+        module = orig_argv[i + 1]
+        if arg == "-m" and any(
+            module == m or (m.endswith(".") and module.startswith(m)) for m in _CLI_MODULES
+        ):
+            return True
+    return bool(argv) and os.path.basename(argv[0]) in _CLI_SCRIPTS
+
+
+def prepare_if_cli():
+    """`prepare()` when this process runs a blayers command line, else nothing."""
+    if is_cli():
+        prepare()
+
+
+def prepare():
+    """Quiets TensorFlow's C++ log for a command line (see the module docstring)."""
+    on_cpu = not any(a.startswith("--strategy=") and a.split("=", 1)[1] != "cpu" for a in sys.argv)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if on_cpu else "2")
+    if "tensorflow" not in sys.modules:
+        _import_tensorflow_quietly()
+
+
+def _import_tensorflow_quietly():
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, 2)
+        import tensorflow  # noqa: F401
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+        os.close(devnull)

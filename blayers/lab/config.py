@@ -1,0 +1,165 @@
+"""The application side of gin: the config search path, parsing with validation, and the
+operative config of a run.
+
+Importing this module imports the framework's configurables (the library's, through
+`blayers.lab.configurables`, then data sources, models, tasks, the trainers), so every name a gin
+file may use is registered before parsing. Nothing in the library imports it back: it sits at
+the top with the CLIs (`blayers.train`, `launch.sweep`, experiment scripts).
+"""
+
+import contextlib
+import inspect
+import logging
+import os
+import re
+
+import gin
+import keras
+
+from blayers.lab import (  # noqa: F401 - registers configurables
+    configurables,
+    data,
+    models,
+    tasks,
+    trainer,
+)
+from blayers.lab.control import env, planet, planner  # noqa: F401 - PlaNet's configurables
+from blayers.lab.mesh import trainer as mesh_trainer  # noqa: F401 - the mesh loop's configurables
+
+__all__ = [
+    "config_search_path",
+    "find_config_file",
+    "parse",
+    "validate_bindings",
+]
+
+
+_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_KERAS_LAYER_KWARGS = {
+    "name",
+    "dtype",
+    "trainable",
+    "autocast",
+    "input_shape",
+    "input_dim",
+    "batch_input_shape",
+    "batch_size",
+    "activity_regularizer",
+    "seed",
+}
+
+
+def config_search_path():
+    """Folders searched for gin files, in order: the working directory, `$BLAYERS_CONFIG_PATH`
+    (colon-separated), and the project's `configs/`."""
+    extra = [p for p in os.environ.get("BLAYERS_CONFIG_PATH", "").split(os.pathsep) if p]
+    return [os.getcwd(), *extra, os.path.join(_PACKAGE_ROOT, "configs")]
+
+
+def find_config_file(name):
+    """Path of gin file `name` (a path, or a name like `digits_mlp` or `priors/normal`)."""
+    candidates = [name] if name.endswith(".gin") else [name, name + ".gin"]
+    if os.path.isabs(name):
+        for candidate in candidates:
+            if os.path.isfile(candidate):
+                return candidate
+    for folder in config_search_path():
+        for candidate in candidates:
+            path = os.path.join(folder, candidate)
+            if os.path.isfile(path):
+                return path
+    raise ValueError(f"No gin file {name!r} in the search path {config_search_path()}.")
+
+
+def _binding_location(files, selector, param):
+    """`file:line` of the first line binding `selector.param` (for error messages)."""
+    short = selector.split(".")[-1]
+    pattern = re.compile(rf"^\s*(\S+/)?([\w.]*\.)?{re.escape(short)}\.{re.escape(param)}\s*=")
+    for path in files:
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if pattern.match(line):
+                    return f'In file "{path}", line {number}'
+    return "In a --gin_param binding"
+
+
+def _accepted_parameters(fn_or_cls):
+    """Parameter names `fn_or_cls` accepts, or None when it takes arbitrary `**kwargs`.
+
+    For a class, `**kwargs` are followed up the MRO (each `__init__` passing them on to its
+    parent) down to `keras.layers.Layer`, whose own keyword arguments end the chain.
+    """
+    if not inspect.isclass(fn_or_cls):
+        parameters = inspect.signature(fn_or_cls).parameters.values()
+        if any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return None
+        return {p.name for p in parameters}
+    names = set()
+    for cls in fn_or_cls.__mro__:
+        if cls is keras.layers.Layer:
+            return names | _KERAS_LAYER_KWARGS
+        if "__init__" not in vars(cls):
+            continue
+        parameters = inspect.signature(vars(cls)["__init__"]).parameters.values()
+        names |= {
+            p.name
+            for p in parameters
+            if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and p.name != "self"
+        }
+        if not any(p.kind == p.VAR_KEYWORD for p in parameters):
+            return names
+    return None
+
+
+def validate_bindings(files=()):
+    """Fails on a binding naming a parameter its configurable does not take, with the file and
+    line (gin itself accepts any name for a configurable that has `**kwargs`)."""
+    for (_, selector), params in gin.config._CONFIG.items():
+        configurable_ = gin.config._REGISTRY.get_match(selector)
+        if configurable_ is None:
+            continue  # a macro
+        accepted = _accepted_parameters(configurable_.wrapped)
+        if accepted is None:
+            continue
+        for param in params:
+            if param not in accepted:
+                raise ValueError(
+                    f"Unknown parameter '{param}' of {configurable_.name}; it takes "
+                    f"{sorted(accepted)}.\n  {_binding_location(files, selector, param)}"
+                )
+
+
+class _QuietGinSearch(logging.Filter):
+    """Drops gin's 'Path not found' errors, logged for every search-path miss of an include."""
+
+    def filter(self, record):
+        return not record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
+
+
+@contextlib.contextmanager
+def _quiet_gin_search():
+    """Gin logs its include misses on the root logger; filter them only while parsing."""
+    root, quiet = logging.getLogger(), _QuietGinSearch()
+    root.addFilter(quiet)
+    try:
+        yield
+    finally:
+        root.removeFilter(quiet)
+
+
+def binds(name):
+    """Whether the parsed configuration binds a parameter of configurable `name`
+    (`'train_planet'`): how the CLI tells an agent's config from a supervised one."""
+    return any(selector.split(".")[-1] == name for _, selector in gin.config._CONFIG)
+
+
+def parse(gin_files=(), gin_params=()):
+    """Parses gin files (names found on the search path, later files override earlier ones)
+    and then `gin_params` bindings, and validates every binding before anything runs."""
+    for folder in config_search_path():
+        gin.add_config_file_search_path(folder)
+    paths = [find_config_file(name) for name in gin_files]
+    with _quiet_gin_search():
+        gin.parse_config_files_and_bindings(paths, list(gin_params))
+    validate_bindings(paths)
+    return paths

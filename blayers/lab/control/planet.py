@@ -1,0 +1,401 @@
+"""Bayesian PlaNet (paper Section 3.2): the agent loop as the trainer's phases.
+
+`PlanetTrainer` is a `blayers.lab.trainer.Trainer` whose phases are PlaNet's (Hafner et al., 2019):
+
+    collect()         seed episodes of random actions at step 0, then one episode planned by
+                      the cross-entropy method in the world model's latent space (with Gaussian
+                      exploration noise) after every `collect_interval` training steps
+    train_phase()     `collect_interval` world-model steps on `[batch, chunk]` sequences drawn
+                      from the episode buffer
+    evaluate()        a noise-free planned episode's return, a 50-step open-loop prediction
+                      against the true observations, and the velocity probe (a linear
+                      regression from latent states to the true joint velocities, fitted on
+                      collected episodes, R^2 on the evaluation episode)
+    write_outputs()   metrics.json, score.png (return per episode), weight_kl.png (the
+                      transition's weight KL over training), open_loop.png (true frames or
+                      states above predicted ones), all also in TensorBoard
+
+The loss per sequence is PlaNet's (reconstruction + reward NLL + latent KL with free nats,
+and latent overshooting when `WorldModel.overshooting` is on)
+plus `kl_weight * KL[q(W) || p(W)] / N`, the transition weights' KL over `N` the number of
+training sequences (buffer steps / chunk length), as the paper adds it. Episodes live on disk
+in `model_dir/episodes/` (written whole as each ends), so a killed run loses no experience and
+a resumed one continues collecting where it stopped.
+
+From the command line: `python -m blayers.train --gin_file=bayesian_planet_smoke
+--model_dir=runs/planet` (the CLI dispatches to `train_planet` when the config binds it).
+"""
+
+import inspect
+import json
+import os
+import time
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from blayers import objectives, seeds
+from blayers.lab import plots
+from blayers.lab.control.buffer import EpisodeBuffer
+from blayers.lab.control.planner import cem
+from blayers.lab.models.rssm import WorldModel
+from blayers.lab.trainer import RESUMABLE_BINDINGS, Trainer
+
+__all__ = ["PlanetTrainer", "train_planet"]
+
+_TERMS = (
+    "loss",
+    "reconstruction",
+    "reward_nll",
+    "latent_kl",
+    "overshooting",
+    "weight_kl_per_sequence",
+)
+
+
+class PlanetTrainer(Trainer):
+    """PlaNet's agent loop with a (Bayesian) world model; see the module docstring.
+
+    Args:
+      model_dir: output folder; an existing run there is resumed.
+      env: a `blayers.lab.control.env.ControlEnv` (in gin: `train_planet.env = @control_env()`).
+      seed_episodes: random-action episodes before the first training step (PlaNet: 5).
+      collect_interval: training steps between collected episodes (PlaNet: 100).
+      batch_size, chunk_length: sequences a step and their length (PlaNet: 50 and 50).
+      train_steps: world-model steps in total.
+      learning_rate, adam_epsilon, clipnorm: Adam's (PlaNet: 1e-3, 1e-4, 1000).
+      kl_weight: the weight of the transition weights' `KL / N`.
+      action_noise: stddev of the Gaussian exploration noise on planned actions (PlaNet: 0.3).
+      open_loop_context, open_loop_steps: observed then predicted steps of the open-loop
+        evaluation (the paper's strip: 5 and 50).
+      eval_every: steps between evaluations (default: only at the end).
+      log_every, checkpoint_every, keep_checkpoints, seed, progress: as `Trainer`.
+    """
+
+    resumable_bindings = RESUMABLE_BINDINGS + tuple(
+        f"train_planet.{name}"
+        for name in ("train_steps", "eval_every", "checkpoint_every", "log_every", "progress")
+    )
+
+    def __init__(
+        self,
+        model_dir,
+        env=gin.REQUIRED,
+        seed_episodes=5,
+        collect_interval=100,
+        batch_size=50,
+        chunk_length=50,
+        train_steps=100_000,
+        learning_rate=1e-3,
+        adam_epsilon=1e-4,
+        clipnorm=1000.0,
+        kl_weight=1.0,
+        action_noise=0.3,
+        open_loop_context=5,
+        open_loop_steps=50,
+        eval_every=None,
+        log_every=50,
+        checkpoint_every=None,
+        keep_checkpoints=3,
+        seed=0,
+        progress=False,
+    ):
+        for name, value in (
+            ("seed_episodes", seed_episodes),
+            ("collect_interval", collect_interval),
+            ("batch_size", batch_size),
+            ("chunk_length", chunk_length),
+            ("train_steps", train_steps),
+            ("log_every", log_every),
+        ):
+            if not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(f"train_planet.{name} must be a positive integer, got {value!r}.")
+        self.model_dir, self.env = model_dir, env
+        self.seed_episodes, self.collect_interval = int(seed_episodes), int(collect_interval)
+        self.batch_size, self.chunk_length = int(batch_size), int(chunk_length)
+        self.train_steps = int(train_steps)
+        self.learning_rate, self.adam_epsilon, self.clipnorm = learning_rate, adam_epsilon, clipnorm
+        self.kl_weight, self.action_noise = float(kl_weight), float(action_noise)
+        self.open_loop_context, self.open_loop_steps = int(open_loop_context), int(open_loop_steps)
+        self.eval_every, self.log_every = eval_every, int(log_every)
+        self.checkpoint_every = checkpoint_every or max(min(eval_every or train_steps, 500), 1)
+        self.keep_checkpoints, self.seed, self.progress = keep_checkpoints, int(seed), progress
+        self.phase_steps = None  # train_phase stops at the next collection itself
+        self.eval_episodes = []
+
+    # -- phases --------------------------------------------------------------------------------
+    def setup(self):
+        seeds.set_seed(self.seed)
+        self.buffer = EpisodeBuffer(os.path.join(self.model_dir, "episodes"))
+        self.model = WorldModel(self.env.observation_shape, self.env.action_dim)
+        self.optimizer = keras.optimizers.Adam(
+            self.learning_rate, epsilon=self.adam_epsilon, clipnorm=self.clipnorm
+        )
+        self.optimizer.build(self.model.trainable_variables)
+        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.seed_states = [
+            v for v in self.model.variables if v.path.endswith("seed_generator_state")
+        ]
+        self.checkpoint_object = tf.train.Checkpoint(
+            model=self.model, optimizer=self.optimizer, step=self.step, seed_states=self.seed_states
+        )
+        self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
+        self._filter_fn = tf.function(self._filter)
+        self._plan_fn = tf.function(self._plan)
+
+    def expected_episodes(self, step):
+        """Episodes the buffer holds once `collect()` has run at `step`."""
+        return self.seed_episodes + step // self.collect_interval
+
+    def collect(self):
+        """Random episodes up to `seed_episodes`, then one planned episode per phase; episodes
+        already on disk (a resumed run) count."""
+        while len(self.buffer) < self.expected_episodes(self.step_value()):
+            index = len(self.buffer)
+            planned = index >= self.seed_episodes
+            episode = self.run_episode(index, planned=planned, noise=self.action_noise)
+            self.buffer.add(
+                episode["observations"],
+                episode["actions"],
+                episode["rewards"],
+                velocities=episode["velocities"],
+            )
+            logging.info(
+                "Episode %d (%s): return %.1f",
+                index,
+                "planned" if planned else "random",
+                episode["return"],
+            )
+            with self.writer.as_default(step=self.step_value()):
+                tf.summary.scalar("episode/return", episode["return"])
+
+    def train_phase(self, end_step):
+        """World-model steps until the next collection (or `end_step`)."""
+        end = min(
+            end_step, (self.step_value() // self.collect_interval + 1) * self.collect_interval
+        )
+        # The episodes this phase trains on: those its step implies, not any collected after a
+        # checkpoint by a run that was then killed (a resume stays the uninterrupted run).
+        episodes = self.expected_episodes(self.step_value())
+        sequences = max(self.buffer.steps_in(episodes) / self.chunk_length, 1.0)
+        while self.step_value() < end and not self.stop.requested:
+            batch = self.buffer.sample(
+                self.batch_size, self.chunk_length, self.seed, self.step_value(), episodes
+            )
+            values = self._train_step_fn(*batch, tf.constant(sequences, tf.float32))
+            self.after_step(batch, *[float(v) for v in values])
+
+    def after_step(self, batch, *values):
+        step = self.step_value()
+        if not np.all(np.isfinite(values)):
+            raise FloatingPointError(
+                f"Non-finite PlaNet loss at step {step}: "
+                + ", ".join(f"{k}={v}" for k, v in zip(_TERMS, values))
+            )
+        start, clock, sums = self._window
+        sums = (sums if len(sums) == len(values) else np.zeros(len(values))) + values
+        if step % self.log_every == 0 or step == self.train_steps:
+            count = max(step - start, 1)
+            record = {k: float(v) / count for k, v in zip(_TERMS, sums)}
+            record.update(
+                kind="train",
+                step=step,
+                episodes=len(self.buffer),
+                steps_per_second=count / max(time.time() - clock, 1e-9),
+            )
+            self.history.add(record)
+            with self.writer.as_default(step=step):
+                for key in _TERMS:
+                    tf.summary.scalar(f"train/{key}", record[key])
+            self._window = (step, time.time(), np.zeros(len(values)))
+        else:
+            self._window = (start, clock, sums)
+        if step % self.checkpoint_every == 0:
+            self.save_checkpoint()
+        if self.eval_every and step % self.eval_every == 0 and step < self.train_steps:
+            self.evaluate()
+
+    def evaluate(self):
+        """A noise-free planned episode: its return, the open-loop prediction error from its
+        first `open_loop_context` steps, and the velocity probe's R^2. The training random
+        streams are restored afterwards."""
+        saved = [v.numpy() for v in self.seed_states]
+        try:
+            episode = self.run_episode(self.step_value(), planned=True, noise=0.0, eval=True)
+            open_loop = self.open_loop(episode)
+            probe = self.velocity_probe(episode)
+        finally:
+            for variable, value in zip(self.seed_states, saved):
+                variable.assign(value)
+        self.eval_episodes.append({"step": self.step_value(), "return": episode["return"]})
+        metrics = {
+            "eval_return": episode["return"],
+            "open_loop_mse": open_loop["mse"],
+            "velocity_probe_r2": probe,
+            "train_return_last": self.buffer.returns()[-1],
+            "episodes": float(len(self.buffer)),
+            "env_steps": float(self.buffer.num_steps * self.env.action_repeat),
+        }
+        step = self.step_value()
+        self.history.add({"kind": "eval", "step": step, **metrics})
+        with self.writer.as_default(step=step):
+            for key, value in metrics.items():
+                tf.summary.scalar(f"eval/{key}", value)
+        return metrics, {"open_loop": open_loop, "episode": episode}
+
+    def write_outputs(self, metrics, arrays):
+        summary = {
+            "status": "finished",
+            "step": self.step_value(),
+            "resumed_from_step": self.start_step,
+            "env": self.env.name,
+            "transition": self.model.transition_name,
+            "episode_returns": self.buffer.returns(),
+            "final": metrics,
+        }
+        with open(os.path.join(self.model_dir, "metrics.json"), "w") as f:
+            json.dump(summary, f, indent=2)
+        paths = {
+            name: os.path.join(self.model_dir, f"{name}.png")
+            for name in ("training_curves", "score", "weight_kl", "open_loop")
+        }
+        plots.history_panels(self.history.records, _TERMS, paths["training_curves"])
+        plots.episode_returns({self.model.transition_name: [self.buffer.returns()]}, paths["score"])
+        train = [r for r in self.history.records if r["kind"] == "train"]
+        plots.curve(
+            [r["step"] for r in train],
+            [r["weight_kl_per_sequence"] for r in train],
+            "training step",
+            "transition weight KL / N",
+            paths["weight_kl"],
+        )
+        plots.open_loop_strip(
+            arrays["open_loop"]["true"],
+            arrays["open_loop"]["predicted"],
+            paths["open_loop"],
+            title=(
+                f"{os.path.basename(os.path.normpath(self.model_dir))}: {self.env.name}, "
+                f"{self.model.transition_name} transition, open-loop prediction after "
+                f"{self.open_loop_context} observed steps"
+            ),
+        )
+        with self.writer.as_default(step=self.step_value()):
+            for path in paths.values():
+                plots.png_to_tensorboard(path)
+        self.writer.flush()
+
+    # -- the world model and the planner -----------------------------------------------------------
+    def _train_step(self, observations, actions, rewards, sequences):
+        with tf.GradientTape() as tape:
+            terms = self.model((observations, actions, rewards))
+            _, weight_kl = objectives.split_losses(self.model)
+            loss, weight_term = self.model.objective(terms, weight_kl, sequences, self.kl_weight)
+        grads = tape.gradient(loss, self.model.trainable_variables)
+        self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
+        self.step.assign_add(1)
+        return (
+            loss,
+            terms["reconstruction"],
+            terms["reward"],
+            terms["latent_kl"],
+            terms["overshooting"],
+            weight_term,
+        )
+
+    def _filter(self, state, action, observation):
+        """The posterior state after `action` and the new `observation` (batch of one)."""
+        embedding = self.model.encode(observation[None, None])[:, 0]
+        transition = self.model.transition(add_losses=False)
+        _, posterior, h = self.model.observe_step(state, action[None], embedding, transition)
+        noise = self.model.latent_noise(tf.shape(posterior.mean()))
+        return {"h": h, "z": posterior.mean() + posterior.stddev() * noise}
+
+    def _plan(self, state, seed):
+        def rollout_return(states, actions):
+            features = self.model.imagine(states, actions)
+            return tf.reduce_sum(self.model.reward(features), axis=1)
+
+        action, _ = cem(state, rollout_return, self.env.action_dim, seed=seed)
+        return action
+
+    def run_episode(self, index, planned, noise, eval=False):
+        """One episode: uniform random actions, or CEM plans with Gaussian noise of stddev
+        `noise`. Returns its rows (see `EpisodeBuffer`), its return and the true velocities
+        of each row (for the probe)."""
+        rng = np.random.default_rng([self.seed, index, 1 if eval else 0])
+        observation = self.env.reset(seed=rng.integers(2**31))
+        action = np.zeros(self.env.action_dim, np.float32)
+        state = self.model.initial_state(1)
+        rows = {"observations": [observation], "actions": [action], "rewards": [0.0]}
+        velocities = [self.env.velocity()]
+        done = False
+        while not done:
+            if planned:
+                state = self._filter_fn(state, tf.constant(action), tf.constant(observation))
+                seed = tf.constant([self.seed * 7919 + index, len(rows["rewards"])], tf.int32)
+                action = self._plan_fn(state, seed).numpy()
+                action = np.clip(action + noise * rng.standard_normal(action.shape), -1, 1)
+            else:
+                action = rng.uniform(-1.0, 1.0, self.env.action_dim)
+            action = action.astype(np.float32)
+            observation, reward, done = self.env.step(action)
+            rows["observations"].append(observation)
+            rows["actions"].append(action)
+            rows["rewards"].append(reward)
+            velocities.append(self.env.velocity())
+        return {
+            **{k: np.asarray(v, np.float32) for k, v in rows.items()},
+            "return": float(np.sum(rows["rewards"])),
+            "velocities": np.asarray(velocities, np.float32),
+        }
+
+    def open_loop(self, episode):
+        """Observes the first `open_loop_context` steps, then predicts the next
+        `open_loop_steps` observations from the actions alone."""
+        context = self.open_loop_context
+        steps = min(self.open_loop_steps, len(episode["rewards"]) - context)
+        observations = episode["observations"][None]
+        actions = episode["actions"][None]
+        _, state = self.model.observe(observations[:, :context], actions[:, :context])
+        features = self.model.imagine(state, actions[:, context : context + steps])
+        predicted = self.model.decode(features)[0].numpy()
+        true = episode["observations"][context : context + steps]
+        return {
+            "true": true,
+            "predicted": predicted,
+            "mse": float(np.mean((predicted - true) ** 2)),
+        }
+
+    def latent_features(self, episode):
+        """`[T + 1, h + z]` filtered latent states of a whole episode."""
+        out, _ = self.model.observe(episode["observations"][None], episode["actions"][None])
+        return np.concatenate([out["h"][0], out["z"][0]], -1)
+
+    def velocity_probe(self, episode, train_episodes=5):
+        """R^2 on `episode` of a linear (ridge) regression from latent states to the true
+        velocities, fitted on the last `train_episodes` collected episodes (the paper's
+        Figure 11 probe: how much of the physical state the latents hold)."""
+        from sklearn.linear_model import Ridge
+
+        fitted = [e for e in self.buffer.episodes if "velocities" in e][-train_episodes:]
+        if not fitted:
+            return float("nan")
+        x = np.concatenate([self.latent_features(e) for e in fitted])
+        y = np.concatenate([e["velocities"] for e in fitted])
+        probe = Ridge(alpha=1.0).fit(x, y)
+        return float(probe.score(self.latent_features(episode), episode["velocities"]))
+
+
+def train_planet(model_dir, **kwargs):
+    """Runs `PlanetTrainer(model_dir, **kwargs)`; returns the final metrics. The gin entry
+    point: `train_planet.env = @control_env()`, `train_planet.train_steps = ...`."""
+    return PlanetTrainer(model_dir, **kwargs).run()
+
+
+train_planet.__signature__ = inspect.Signature(
+    list(inspect.signature(PlanetTrainer.__init__).parameters.values())[1:]
+)
+train_planet = gin.configurable(module="blayers.lab.control", denylist=["model_dir"])(train_planet)

@@ -1,0 +1,140 @@
+"""The `Data` record every source returns, and the helpers sources share."""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from blayers.lab import tasks as tasks_lib
+
+__all__ = [
+    "Data",
+    "from_arrays",
+    "standardize",
+    "standardized_regression",
+]
+
+
+@dataclasses.dataclass
+class Data:
+    """A supervised data set, ready for the trainer.
+
+    Attributes:
+      name: a short name for logs and tables.
+      task: a `blayers.lab.tasks.Task` or its name: `'classification'` (integer labels),
+        `'regression'` (float targets, shape [d]) or `'density'` (targets are the points
+        themselves; the model outputs a random variable). The task owns the output layout, the
+        likelihood, the metrics and the plots.
+      train, test: unbatched `tf.data.Dataset`s of `(features, target)` pairs.
+      num_train, num_test: their sizes (the ELBO divides the KL by `num_train`).
+      input_shape: shape of one example's features.
+      num_classes: classes (classification) or None.
+      target_dim: regression target size (1 for scalar targets), or None.
+      ood: optional unbatched dataset of out-of-distribution features (OOD AUROC).
+      reference: known quantities for reports, e.g. `{'entropy': ...}` of a synthetic density.
+      target_mean, target_scale: regression targets were standardized as
+        `(y - target_mean) / target_scale`; metrics are reported in the original units.
+      augment: optional `fn(features, target, seed) -> (features, target)` the trainer applies
+        to each training example as it is drawn, e.g. fresh dequantization noise every epoch
+        or random crops (`blayers.lab.data.augment`).
+        `seed` is a stateless seed (int64, shape [2]) fixed by the run's seed, the epoch and the
+        example, so a resumed run replays the same draws; use `tf.random.stateless_*` ops.
+      detokenize: for token sequences, `fn(ids) -> str` (a subword vocabulary's decoder), used
+        to score decodes with BLEU; None writes the ids themselves.
+    """
+
+    name: str
+    task: tasks_lib.Task
+    train: tf.data.Dataset
+    test: tf.data.Dataset
+    num_train: int
+    num_test: int
+    input_shape: tuple
+    num_classes: int | None = None
+    target_dim: int | None = None
+    ood: tf.data.Dataset | None = None
+    target_mean: float = 0.0
+    target_scale: float = 1.0
+    reference: dict = dataclasses.field(default_factory=dict)
+    augment: object = None
+    detokenize: object = None
+
+    def __post_init__(self):
+        try:
+            self.task = tasks_lib.get(self.task)
+        except ValueError as error:
+            raise ValueError(f"Data {self.name!r}: {error}") from None
+        if self.num_train <= 0:
+            raise ValueError(f"Data {self.name!r} has no training examples.")
+
+    @property
+    def num_outputs(self):
+        """Size of the model's output the task expects (`task.output_size`): class logits, a
+        mean and a raw scale per regression target, or the points' dimension."""
+        return self.task.output_size(self)
+
+
+def standardize(train, *others):
+    """Standardizes arrays with the training set's mean and stddev (per column)."""
+    mean = train.mean(axis=0)
+    scale = train.std(axis=0)
+    scale = np.where(scale > 0, scale, 1.0)
+    return (mean, scale), [(a - mean) / scale for a in (train, *others)]
+
+
+def from_arrays(
+    name,
+    task,
+    x_train,
+    y_train,
+    x_test,
+    y_test,
+    num_classes=None,
+    ood=None,
+    target_mean=0.0,
+    target_scale=1.0,
+):
+    """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d])."""
+    x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
+    task = tasks_lib.get(task)
+    if task.integer_targets:
+        y_train, y_test = np.asarray(y_train, np.int32), np.asarray(y_test, np.int32)
+        target_dim = None
+    else:
+        y_train = np.asarray(y_train, np.float32).reshape(len(y_train), -1)
+        y_test = np.asarray(y_test, np.float32).reshape(len(y_test), -1)
+        target_dim = y_train.shape[1]
+    ood_ds = None
+    if ood is not None:
+        ood_ds = tf.data.Dataset.from_tensor_slices(np.asarray(ood, np.float32))
+    return Data(
+        name=name,
+        task=task,
+        train=tf.data.Dataset.from_tensor_slices((x_train, y_train)),
+        test=tf.data.Dataset.from_tensor_slices((x_test, y_test)),
+        num_train=len(x_train),
+        num_test=len(x_test),
+        input_shape=tuple(x_train.shape[1:]),
+        num_classes=num_classes,
+        target_dim=target_dim,
+        ood=ood_ds,
+        target_mean=float(np.squeeze(target_mean)),
+        target_scale=float(np.squeeze(target_scale)),
+    )
+
+
+def standardized_regression(name, x_train, y_train, x_test, y_test):
+    """A regression `Data` with features and targets standardized by the training split's
+    statistics (metrics are reported back in the targets' original units)."""
+    _, (x_train, x_test) = standardize(x_train, x_test)
+    (y_mean, y_scale), (y_train, y_test) = standardize(y_train, y_test)
+    return from_arrays(
+        name,
+        "regression",
+        x_train,
+        y_train,
+        x_test,
+        y_test,
+        target_mean=y_mean,
+        target_scale=y_scale,
+    )

@@ -1,0 +1,149 @@
+"""The local backend: each run a `python -m blayers.train` subprocess on this machine,
+`--parallel` at a time.
+
+A backend is a function `run_grid(planned, args) -> (rows, stopped)`: `planned` is
+`[(run_name, {binding: value text})]` (`launch.plan`), `args` the sweep's options (`root`,
+`gin_file`, `gin_param`, `parallel`, `strategy`, `tpu`, ...); `rows` is `[(run, bindings,
+status, final metrics)]` and `stopped` is true when a Ctrl-C or SIGTERM stopped (and
+checkpointed) the runs. `launch.ray_backend.run_grid` is the other one.
+
+Nothing outlives the sweep: each trainer gets the parent-death signal SIGTERM (Linux
+`prctl(PR_SET_PDEATHSIG)`), so `kill -9` of the sweep stops its trainers, which checkpoint on
+SIGTERM; Ctrl-C or SIGTERM of the sweep forwards SIGTERM to every running trainer and waits
+for their checkpoints.
+"""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from launch.results import finished, stopped_status, write_hparams
+
+__all__ = ["die_with_parent", "run_grid", "trainer_command"]
+
+
+def die_with_parent():
+    """In the child, before exec: SIGTERM when the sweep dies, however it dies (Linux)."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:  # not Linux: Ctrl-C and SIGTERM of the sweep still stop the children
+        pass
+
+
+def trainer_command(model_dir, bindings, args):
+    command = [
+        sys.executable,
+        "-m",
+        "blayers.train",
+        f"--model_dir={model_dir}",
+        f"--strategy={args.strategy}",
+    ]
+    if args.tpu:
+        command.append(f"--tpu={args.tpu}")
+    command += [f"--gin_file={f}" for f in args.gin_file]
+    command += [f"--gin_param={p}" for p in args.gin_param]
+    command += [f"--gin_param={name} = {value}" for name, value in bindings.items()]
+    return command
+
+
+class _Run:
+    """One trainer subprocess of the grid, its log in `model_dir/log.txt`."""
+
+    def __init__(self, run_name, bindings, args):
+        self.name, self.bindings = run_name, bindings
+        self.model_dir = os.path.join(args.root, run_name)
+        self.process, self.result = None, None
+        done = finished(self.model_dir)
+        if done:
+            self.result = (run_name, bindings, "skipped (finished)", done["final"])
+
+    def start(self, args):
+        os.makedirs(self.model_dir, exist_ok=True)
+        command = trainer_command(self.model_dir, self.bindings, args)
+        log = open(os.path.join(self.model_dir, "log.txt"), "a")  # noqa: SIM115 - child holds it
+        log.write(" ".join(command) + "\n")
+        log.flush()
+        self.process = subprocess.Popen(
+            command,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            preexec_fn=die_with_parent,  # noqa: PLW1509 - the sweep starts no threads
+        )
+        log.close()
+
+    def poll(self):
+        code = self.process.poll()
+        if code is None:
+            return False
+        done = finished(self.model_dir)
+        if code == 0 and done:
+            self.result = (self.name, self.bindings, "finished", done["final"])
+        elif code in (-signal.SIGTERM, 130, -signal.SIGINT):
+            status = stopped_status(self.model_dir)
+            self.result = (self.name, self.bindings, status, {})
+        else:
+            status = f"failed (exit {code}, see {self.model_dir}/log.txt)"
+            self.result = (self.name, self.bindings, status, {})
+        return True
+
+
+class _Stop:
+    """Ctrl-C or SIGTERM of the sweep: stop starting runs and SIGTERM the running ones."""
+
+    def __init__(self):
+        self.requested = False
+
+    def __enter__(self):
+        self._previous = {
+            s: signal.signal(s, self._handle) for s in (signal.SIGINT, signal.SIGTERM)
+        }
+        return self
+
+    def _handle(self, signum, frame):
+        self.requested = True
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
+
+
+def run_grid(planned, args):
+    """Runs `[(run_name, {binding: value text})]` as trainer subprocesses, `args.parallel` at
+    a time, each in `args.root/run_name` with `args.gin_file` and `args.gin_param`; finished
+    runs are skipped. Returns `([(run, bindings, status, final metrics)], stopped)`, `stopped`
+    true when a Ctrl-C or SIGTERM stopped (and checkpointed) the runs."""
+    runs = [_Run(name, bindings, args) for name, bindings in planned]
+    os.makedirs(args.root, exist_ok=True)
+    print(f"Sweep of {len(runs)} run(s) under {args.root}, {args.parallel} at a time.")
+    pending = [r for r in runs if r.result is None]
+    for run_ in runs:
+        if run_.result is not None:
+            print(f"  {run_.name}: {run_.result[2]}", flush=True)
+    running = []
+    with _Stop() as stop:
+        while pending or running:
+            while pending and len(running) < max(args.parallel, 1) and not stop.requested:
+                run_ = pending.pop(0)
+                run_.start(args)
+                running.append(run_)
+            if stop.requested and running and not getattr(stop, "forwarded", False):
+                print("Stopping: SIGTERM to every running trainer (they checkpoint).", flush=True)
+                for run_ in running:
+                    run_.process.send_signal(signal.SIGTERM)
+                stop.forwarded = True
+            if stop.requested and not running:
+                break
+            for run_ in [r for r in running if r.poll()]:
+                running.remove(run_)
+                print(f"  {run_.name}: {run_.result[2]}", flush=True)
+            time.sleep(0.1)
+    for run_ in pending:
+        run_.result = (run_.name, run_.bindings, "not started (sweep stopped)", {})
+    results = [r.result for r in runs]
+    write_hparams(results, args.root)
+    return results, stop.requested
