@@ -9,9 +9,11 @@ the top with the CLIs (`blayers.train`, `launch.sweep`, experiment scripts).
 
 import contextlib
 import inspect
+import io
 import logging
 import os
 import re
+import tokenize
 
 import gin
 import keras
@@ -153,6 +155,24 @@ def binds(name):
     return any(selector.split(".")[-1] == name for _, selector in gin.config._CONFIG)
 
 
+def _first_unparsable(paths):
+    """The first file that does not tokenize, with the line of its unclosed bracket."""
+    for path in paths:
+        with open(path) as f:
+            text = f.read()
+        opened = []  # lines of the brackets still open
+        try:
+            for token in tokenize.generate_tokens(io.StringIO(text).readline):
+                if token.type == tokenize.OP and token.string in "([{":
+                    opened.append(token.start[0])
+                elif token.type == tokenize.OP and token.string in ")]}" and opened:
+                    opened.pop()
+        except tokenize.TokenError as error:
+            line = opened[-1] if opened else error.args[1][0]
+            return f"{path}, line {line}: {text.splitlines()[line - 1].strip()!r}"
+    return "none (a --gin_param binding)"
+
+
 def parse(gin_files=(), gin_params=()):
     """Parses gin files (names found on the search path, later files override earlier ones)
     and then `gin_params` bindings, and validates every binding before anything runs."""
@@ -160,6 +180,13 @@ def parse(gin_files=(), gin_params=()):
         gin.add_config_file_search_path(folder)
     paths = [find_config_file(name) for name in gin_files]
     with _quiet_gin_search():
-        gin.parse_config_files_and_bindings(paths, list(gin_params))
+        try:
+            gin.parse_config_files_and_bindings(paths, list(gin_params))
+        except tokenize.TokenError as error:  # an unclosed bracket: gin names no file
+            raise ValueError(
+                f"Unbalanced brackets or an unterminated string ({error.args[0]}) in one of "
+                f"{', '.join(paths) or '(no files)'} or the --gin_param bindings; the first "
+                f"file that does not parse alone: {_first_unparsable(paths)}"
+            ) from None
     validate_bindings(paths)
     return paths

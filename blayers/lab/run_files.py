@@ -8,24 +8,57 @@ checkpoints (restored from the newest intact one).
   drops a torn last line (a kill during a write) with a warning.
 * `restore_newest_intact`: tries the checkpoints newest first and falls back past damaged ones
   (truncated `.data`, empty `.index`, an empty or unreadable `checkpoint` state file), naming
-  each damaged file; damaged files are renamed `*.damaged`, never deleted.
+  each damaged file; damaged files are renamed `*.damaged`, never deleted. A checkpoint that
+  reads but does not fit the model (another model's folder) is refused with
+  `CheckpointMismatchError` and nothing is touched. Checkpoints are found from their files,
+  not from the state file's paths, so a copied or moved run folder restores its own.
+  `SaverCheckpoint` adapts a v1 `tf.compat.v1.train.Saver` (the mesh loop's) to it.
+* `check_bindings` / `write_bindings`: a resumed run refuses gin bindings that changed since
+  the run was started, naming each, before anything in the folder is touched.
+* `set_command` / `write_command`: `command.json`, the command line that made the run, written
+  only once the run is accepted (locked, bindings checked), so a refused invocation changes
+  nothing.
 """
 
 import glob
 import json
 import os
 import re
+import signal
 import socket
+import threading
 import time
 
 import tensorflow as tf
 from absl import logging
 
-__all__ = ["History", "RunLock", "RunLockedError", "restore_newest_intact"]
+__all__ = [
+    "ChangedBindingsError",
+    "CheckpointMismatchError",
+    "History",
+    "RunLock",
+    "RunLockedError",
+    "SaverCheckpoint",
+    "StopRequest",
+    "check_bindings",
+    "checkpoint_prefixes",
+    "restore_newest_intact",
+    "set_command",
+    "write_bindings",
+    "write_command",
+]
 
 
 class RunLockedError(RuntimeError):
     """Another live process is training in this `model_dir`."""
+
+
+class ChangedBindingsError(ValueError):
+    """A resumed run's gin bindings differ from those it was started with."""
+
+
+class CheckpointMismatchError(ValueError):
+    """The folder's checkpoint is intact but belongs to another model."""
 
 
 def _pid_alive(pid):
@@ -147,15 +180,29 @@ class History:
             f.write(json.dumps(record) + "\n")
             f.flush()
 
+    def put(self, record):
+        """`add`, replacing a record of the same kind at the same step (an evaluation repeated
+        by a re-run of a finished run) instead of appending a duplicate."""
+        key = (record.get("kind"), record.get("step"))
+        kept = [r for r in self.records if (r.get("kind"), r.get("step")) != key]
+        if len(kept) == len(self.records):
+            return self.add(record)
+        self.records = [*kept, record]
+        temporary = f"{self.path}.tmp-{os.getpid()}"
+        with open(temporary, "w") as f:
+            f.writelines(json.dumps(r) + "\n" for r in self.records)
+        os.replace(temporary, self.path)
+
 
 def _checkpoint_number(prefix):
     match = re.search(r"-(\d+)$", prefix)
     return int(match.group(1)) if match else -1
 
 
-def _candidates(directory):
+def checkpoint_prefixes(directory):
     """Checkpoint prefixes in `directory`, newest first, from the files themselves (the state
-    file may be the damaged part)."""
+    file may be the damaged part, and holds absolute paths of another folder once the run
+    folder is copied or moved)."""
     prefixes = {path[: -len(".index")] for path in glob.glob(os.path.join(directory, "*.index"))}
     return sorted(prefixes, key=_checkpoint_number, reverse=True)
 
@@ -164,6 +211,21 @@ def _quarantine(prefix):
     for path in glob.glob(prefix + ".*"):
         if not path.endswith(".damaged"):
             os.replace(path, path + ".damaged")
+
+
+_DAMAGE = (
+    tf.errors.DataLossError,
+    tf.errors.OutOfRangeError,
+    tf.errors.NotFoundError,
+    tf.errors.InternalError,
+    tf.errors.UnknownError,
+    OSError,
+)
+
+
+def _first_line(error):
+    text = str(error).strip()
+    return text.splitlines()[0][:300] if text else type(error).__name__
 
 
 def restore_newest_intact(checkpoint, directory):
@@ -176,11 +238,11 @@ def restore_newest_intact(checkpoint, directory):
     if not os.path.isdir(directory):
         return None
     restored, intact = None, []
-    for prefix in _candidates(directory):
+    for prefix in checkpoint_prefixes(directory):
         if restored is None:
             try:
                 checkpoint.restore(prefix).assert_existing_objects_matched()
-            except Exception as error:  # noqa: BLE001 - any failure to read it means damage
+            except _DAMAGE as error:  # the bytes cannot be read: a kill mid-write, a bad disk
                 message = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 logging.warning(
                     "Checkpoint %s is damaged (%s: %s); falling back to an older one. Its files "
@@ -192,13 +254,144 @@ def restore_newest_intact(checkpoint, directory):
                 )
                 _quarantine(prefix)
                 continue
+            except (ValueError, AssertionError, TypeError) as error:  # read, but not this model
+                raise CheckpointMismatchError(
+                    f"The checkpoint {prefix} does not fit this model: "
+                    f"{_first_line(error)}\nThe folder holds a run of another model (a changed "
+                    "model binding, or another config): nothing in it was changed. Use a new "
+                    "--model_dir, or the original configuration."
+                ) from None
             restored = prefix
         intact.append(prefix)
     state = os.path.join(directory, "checkpoint")
-    if intact:
+    if intact:  # relative paths: the folder may be copied or moved
         tf.compat.v1.train.update_checkpoint_state(
-            directory, intact[0], all_model_checkpoint_paths=list(reversed(intact))
+            directory,
+            os.path.basename(intact[0]),
+            all_model_checkpoint_paths=[os.path.basename(p) for p in reversed(intact)],
         )
     elif os.path.exists(state):
         os.replace(state, state + ".damaged")
     return restored
+
+
+class StopRequest:
+    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
+    so the checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at
+    once."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        self.requested, self.signal = True, signum
+        signal.signal(signum, self._previous[signum])
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        return False
+
+
+class SaverCheckpoint:
+    """A v1 `tf.compat.v1.train.Saver` in a session, restorable by `restore_newest_intact`.
+
+    Args:
+      saver: the Saver (made with `save_relative_paths=True`).
+      session: the session whose variables it restores.
+      graph: the Saver's graph.
+    """
+
+    def __init__(self, saver, session, graph):
+        self.saver, self.session, self.graph = saver, session, graph
+
+    def restore(self, prefix):
+        with self.graph.as_default():
+            self.saver.restore(self.session, prefix)
+        return self
+
+    def assert_existing_objects_matched(self):  # a v1 restore fails on any mismatch itself
+        return self
+
+
+def _current_bindings():
+    """`{'selector.param': value text}` of every gin binding in force (scope-qualified)."""
+    import gin
+
+    out = {}
+    for (scope, selector), params in gin.config._CONFIG.items():
+        name = selector.split(".")[-1]
+        prefix = f"{scope}/{name}" if scope else name
+        for param, value in params.items():
+            out[f"{prefix}.{param}"] = repr(value)
+    return out
+
+
+def check_bindings(model_dir, resumable=()):
+    """Refuses to resume `model_dir` (it has checkpoints) with gin bindings other than those
+    it was started with (`bindings.json`): a restored optimizer would silently ignore a new
+    learning rate, a restored model a new width, and the operative config would misstate the
+    run. Only the bindings in `resumable` (schedule lengths, cadences) may change. Touches
+    nothing; call it before restoring."""
+    path = os.path.join(model_dir, "bindings.json")
+    prefixes = checkpoint_prefixes(os.path.join(model_dir, "checkpoints"))
+    if not prefixes or not os.path.exists(path):
+        return
+    with open(path) as f:
+        previous = json.load(f)
+    current = _current_bindings()
+    changed = sorted(
+        key
+        for key in set(previous) | set(current)
+        if previous.get(key) != current.get(key) and key not in resumable
+    )
+    if changed:
+        lines = [
+            f"{key}: {previous.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
+            for key in changed
+        ]
+        raise ChangedBindingsError(
+            f"{model_dir} holds a run (checkpoint {os.path.basename(prefixes[0])}) trained with "
+            "other gin bindings; resuming would not apply these changes:\n  "
+            + "\n  ".join(lines)
+            + "\nNothing in the folder was changed. Use a new --model_dir, or the original "
+            "bindings."
+            + (f" (Only {', '.join(resumable)} may change on resume.)" if resumable else "")
+        )
+
+
+def write_bindings(model_dir):
+    """`bindings.json`: the gin bindings of the accepted run (see `check_bindings`)."""
+    _write_json(os.path.join(model_dir, "bindings.json"), _current_bindings(), sort_keys=True)
+
+
+_COMMAND = {}
+
+
+def set_command(record):
+    """The command line's record (`command`, `gin_file`, `gin_param`) for `write_command`."""
+    _COMMAND.clear()
+    _COMMAND.update(record)
+
+
+def write_command(model_dir):
+    """`command.json`: the command line that made the run (the reproduction report prints it
+    beside each number), once the run is accepted; nothing when no command line set one."""
+    if _COMMAND:
+        _write_json(os.path.join(model_dir, "command.json"), dict(_COMMAND))
+
+
+def _write_json(path, value, **kwargs):
+    """Atomic: a kill mid-write leaves the previous file."""
+    temporary = f"{path}.tmp-{os.getpid()}"
+    with open(temporary, "w") as f:
+        json.dump(value, f, indent=1, **kwargs)
+    os.replace(temporary, path)

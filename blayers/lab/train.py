@@ -9,7 +9,6 @@ file and line. Re-running the same command resumes from the last checkpoint in `
 """
 
 import json
-import os
 import shlex
 import sys
 
@@ -48,13 +47,22 @@ def main(argv):
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
-    _write_command(FLAGS.model_dir)
+    _set_command()
     try:
         config.parse(FLAGS.gin_file, FLAGS.gin_param)
     except ValueError as error:
         logging.error("Bad gin configuration:\n%s", error)
         sys.exit(2)
-    if FLAGS.strategy == "mesh":
+    if FLAGS.strategy == "mesh" or config.binds("train_mesh"):
+        if FLAGS.strategy != "mesh" or not config.binds("train_mesh"):
+            logging.error(
+                "--strategy=mesh runs the Mesh TensorFlow loop (train_mesh), and a mesh config "
+                "(one that binds train_mesh, such as bayesian_transformer_mesh_smoke) needs it: "
+                "--strategy=%s with gin files %s.",
+                FLAGS.strategy,
+                ", ".join(FLAGS.gin_file) or "(none)",
+            )
+            sys.exit(2)
         _run_mesh()
         return
     if config.binds("train_planet"):
@@ -68,33 +76,38 @@ def main(argv):
     _train_and_report(lambda: trainer.train(FLAGS.model_dir, strategy=dist))
 
 
-def _write_command(model_dir):
-    """`command.json` in the run folder: the command line that made it (the reproduction report,
-    `python -m experiments.report`, prints it beside each number)."""
-    os.makedirs(model_dir, exist_ok=True)
-    record = {
-        "command": " ".join(
-            shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]
-        ),
-        "gin_file": list(FLAGS.gin_file),
-        "gin_param": list(FLAGS.gin_param),
-    }
-    with open(os.path.join(model_dir, "command.json"), "w") as f:
-        json.dump(record, f, indent=1)
+def _set_command():
+    """The command line for `command.json`, which the trainer writes once the run is accepted
+    (the reproduction report, `python -m experiments.report`, prints it beside each number)."""
+    from blayers.lab import run_files
+
+    run_files.set_command(
+        {
+            "command": " ".join(
+                shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]
+            ),
+            "gin_file": list(FLAGS.gin_file),
+            "gin_param": list(FLAGS.gin_param),
+        }
+    )
 
 
 def _train_and_report(train_fn):
     """Runs `train_fn()` and prints its final metrics; a failure becomes a logged error and an
-    exit code: 3 a non-finite loss, 4 a locked run folder or changed bindings on resume, 2 a
-    bad argument found while building (a binding, a shape)."""
-    from blayers.lab import run_files, trainer
+    exit code: 3 a non-finite loss, 4 a locked run folder, changed bindings on resume or a
+    folder of another model, 2 a bad argument found while building (a binding, a shape)."""
+    from blayers.lab import run_files
 
     try:
         metrics = train_fn()
     except FloatingPointError as error:  # NonFiniteLossError, and the mesh and agent loops'
         logging.error("%s", error)
         sys.exit(3)
-    except (run_files.RunLockedError, trainer.ChangedBindingsError) as error:
+    except (
+        run_files.RunLockedError,
+        run_files.ChangedBindingsError,
+        run_files.CheckpointMismatchError,
+    ) as error:
         logging.error("%s", error)
         sys.exit(4)
     except ValueError as error:

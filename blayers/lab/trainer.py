@@ -2,10 +2,11 @@
 
 `Trainer.run()` goes through the phases, each a method (dopamine's `Runner` is the model):
 
-    setup()              lock the run folder, build model and optimizer, the checkpoint
-    restore()            newest intact checkpoint (step, optimizer, seed-generator states)
-    check_bindings()     refuse a resume whose gin bindings changed in a way that cannot apply
-    write_operative_config()
+    lock the run folder; refuse a resume whose gin bindings changed in a way that cannot apply
+    setup()              build model and optimizer, the checkpoint
+    restore()            newest intact checkpoint (step, optimizer, seed-generator states); a
+                         checkpoint of another model is refused, nothing touched
+    bindings.json, command.json, write_operative_config()
     while step < train_steps:
         collect()        hook between training phases (a reinforcement-learning loop collects
                          episodes here); no-op by default
@@ -28,8 +29,6 @@ import inspect
 import json
 import math
 import os
-import signal
-import threading
 import time
 
 import gin
@@ -71,8 +70,7 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; the message names the step and the layer."""
 
 
-class ChangedBindingsError(ValueError):
-    """A resumed run's gin bindings differ from the checkpointed run's where they cannot apply."""
+ChangedBindingsError = run_files.ChangedBindingsError  # where callers look for it
 
 
 @gin.configurable(module="blayers.lab.trainer")
@@ -86,6 +84,8 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
         `LearningRateSchedule`, e.g. `@cosine_decay`.
       **kwargs: the optimizer's other arguments (`weight_decay`, `clipnorm`, ...).
     """
+    if not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
+        raise ValueError(f"make_optimizer.learning_rate must be positive, got {learning_rate!r}.")
     if schedule is not None:
         learning_rate = schedule(learning_rate)
     try:
@@ -152,47 +152,10 @@ def first_non_finite_layer(model, inputs):
     return None
 
 
-class _StopRequest:
-    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
-    so the checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at
-    once."""
-
-    def __init__(self):
-        self.requested = False
-        self.signal = None
-        self._previous = {}
-
-    def _handle(self, signum, frame):
-        self.requested, self.signal = True, signum
-        signal.signal(signum, self._previous[signum])
-
-    def __enter__(self):
-        if threading.current_thread() is threading.main_thread():
-            for signum in (signal.SIGINT, signal.SIGTERM):
-                self._previous[signum] = signal.signal(signum, self._handle)
-        return self
-
-    def __exit__(self, *exc):
-        for signum, previous in self._previous.items():
-            signal.signal(signum, previous)
-        return False
-
-
 def _jsonable(metrics):
     return {
         k: (float(v) if isinstance(v, (np.floating, float, int)) else v) for k, v in metrics.items()
     }
-
-
-def _bindings():
-    """`{'selector.param': value text}` of every gin binding in force (scope-qualified)."""
-    out = {}
-    for (scope, selector), params in gin.config._CONFIG.items():
-        name = selector.split(".")[-1]
-        prefix = f"{scope}/{name}" if scope else name
-        for param, value in params.items():
-            out[f"{prefix}.{param}"] = repr(value)
-    return out
 
 
 class Trainer:
@@ -254,6 +217,15 @@ class Trainer:
         self.optimizer_fn = optimizer
         self.num_train = int(data.num_train)
         self.batch_size = min(int(batch_size), self.num_train)
+        if self.batch_size < batch_size:
+            logging.warning(
+                "train.batch_size=%d is more than the %d training examples of %s: full batches "
+                "of %d (metrics.json records the batch size used).",
+                batch_size,
+                self.num_train,
+                getattr(data, "name", "the data"),
+                self.batch_size,
+            )
         self.steps_per_epoch = max(self.num_train // self.batch_size, 1)
         self.train_steps = int(train_steps)
         self.kl_schedule = kl_schedule
@@ -276,11 +248,14 @@ class Trainer:
         """All phases; returns the final test metrics (dict)."""
         os.makedirs(self.model_dir, exist_ok=True)
         with run_files.RunLock(self.model_dir):
+            # Refusals first: nothing in the folder is touched by a run that will not go on.
+            run_files.check_bindings(self.model_dir, self.resumable_bindings)
             self.setup()
             self.start_step = self.restore()
+            run_files.write_bindings(self.model_dir)
+            run_files.write_command(self.model_dir)
             # From here on a SIGTERM or Ctrl-C saves a checkpoint (even before the first step).
-            with _StopRequest() as self.stop:
-                self.check_bindings()
+            with run_files.StopRequest() as self.stop:
                 self.write_operative_config()
                 self.history = run_files.History(
                     os.path.join(self.model_dir, "history.jsonl"), self.start_step
@@ -344,36 +319,6 @@ class Trainer:
         if restored:
             print(f"Resumed from {restored} at step {self.step_value()}.")
         return self.step_value()
-
-    def check_bindings(self):
-        """On resume, refuses gin bindings that differ from the checkpointed run's (a restored
-        optimizer would silently ignore a new learning rate, and the operative config would
-        misstate the run); only `RESUMABLE_BINDINGS` may change."""
-        path = os.path.join(self.model_dir, "bindings.json")
-        current = _bindings()
-        if self.start_step > 0 and os.path.exists(path):
-            with open(path) as f:
-                previous = json.load(f)
-            changed = sorted(
-                key
-                for key in set(previous) | set(current)
-                if previous.get(key) != current.get(key) and key not in self.resumable_bindings
-            )
-            if changed:
-                lines = [
-                    f"{key}: {previous.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
-                    for key in changed
-                ]
-                raise ChangedBindingsError(
-                    f"{self.model_dir} holds a run at step {self.start_step} trained with other "
-                    "gin bindings; resuming would not apply these changes:\n  "
-                    + "\n  ".join(lines)
-                    + "\nUse a new --model_dir, or the original bindings. (Only "
-                    + ", ".join(self.resumable_bindings)
-                    + " may change on resume.)"
-                )
-        with open(path, "w") as f:
-            json.dump(current, f, indent=1, sort_keys=True)
 
     def write_operative_config(self):
         """`operative_config.gin`: every gin parameter the run used."""
@@ -482,7 +427,8 @@ class Trainer:
             for variable, value in zip(self.seed_states, saved):
                 variable.assign(value)
         current = self.step_value()
-        self.history.add({"kind": "eval", "step": current, **_jsonable(metrics)})
+        # put: a re-run of a finished run evaluates again, replacing its record at that step
+        self.history.put({"kind": "eval", "step": current, **_jsonable(metrics)})
         with self.writer.as_default(step=current):
             for key, value in metrics.items():
                 tf.summary.scalar(f"eval/{key}", value)
@@ -497,6 +443,7 @@ class Trainer:
             "data": self.data.name,
             "task": self.data.task.name,
             "num_train": self.num_train,
+            "batch_size": self.batch_size,
             "parameters": self.parameter_counts(),
             "train_seconds": self.train_seconds(),
             "final": _jsonable(metrics),

@@ -240,7 +240,7 @@ class PlanetTrainer(Trainer):
             "env_steps": float(self.buffer.num_steps * self.env.action_repeat),
         }
         step = self.step_value()
-        self.history.add({"kind": "eval", "step": step, **metrics})
+        self.history.put({"kind": "eval", "step": step, **metrics})
         with self.writer.as_default(step=step):
             for key, value in metrics.items():
                 tf.summary.scalar(f"eval/{key}", value)

@@ -3,9 +3,12 @@
 TF 2.21 has no `tf.estimator` (and Mesh TensorFlow's own Transformer needs TPUEstimator), so
 the loop is ours: one `mtf.Graph` lowered onto a placement mesh (logical CPU devices or GPUs)
 in a `tf.Graph` with a session of its own (the process stays eager), training batches streamed
-from `data.train` into placeholders as the Keras trainer draws them, master variables in a `tf.compat.v1.train.Saver` checkpoint (slices copied to the masters
-before each save, masters to slices after each restore), the per-example ELBO
-`NLL + beta * KL / N`, the run lock, `history.jsonl` and `tensorboard/` of the Keras trainer,
+from `data.train` into placeholders as the Keras trainer draws them, master variables in a
+`tf.compat.v1.train.Saver` checkpoint (slices copied to the masters before each save, masters
+to slices after each restore), the per-example ELBO `NLL + beta * KL / N`, and the run
+folder's promises of the Keras trainer (`blayers.lab.run_files`): the run lock, refusal of
+changed bindings on resume, the newest intact checkpoint (relative paths, so a copied folder
+restores its own), a checkpoint on SIGTERM or Ctrl-C, `history.jsonl` and `tensorboard/`,
 `operative_config.gin`, `training_curves.png`, `sequence_reliability.png` and `metrics.json`
 with the teacher-forced test token NLL, perplexity, accuracy and ECE under the
 Monte Carlo predictive (`num_eval_samples` weight draws), and greedy and beam decodes scored by
@@ -39,6 +42,16 @@ from blayers.lab.mesh.transformer import TransformerHParams, target_terms, trans
 from blayers.lab.tasks.sequence import SequenceToSequence, token_metrics, token_statistics
 
 __all__ = ["MeshRun", "parameter_bytes_per_device", "train_mesh"]
+
+
+# Bindings a resumed mesh run may change: lengths and cadences, not the model or the optimizer.
+RESUMABLE_BINDINGS = (
+    "train_mesh.train_steps",
+    "train_mesh.log_every",
+    "train_mesh.checkpoint_every",
+    "train_mesh.keep_checkpoints",
+    "train_mesh.num_eval_samples",
+)
 
 
 def _devices(mesh_shape, devices):
@@ -80,6 +93,7 @@ class MeshRun:
         schedule=None,
         beta_2=0.999,
         epsilon=1e-6,
+        keep_checkpoints=3,
     ):
         tf.compat.v1.set_random_seed(seed)
         self.batch_size = batch_size
@@ -142,7 +156,10 @@ class MeshRun:
             "correct": export(correct),
             "learning_rate": self.learning_rate,
         }
-        self.saver = tf.compat.v1.train.Saver(max_to_keep=3, sharded=False)
+        # Relative paths in the state file: a copied or moved run folder restores its own.
+        self.saver = tf.compat.v1.train.Saver(
+            max_to_keep=keep_checkpoints, sharded=False, save_relative_paths=True
+        )
         self.to_masters = self.lowering.copy_slices_to_masters()
         self.to_slices = self.lowering.copy_masters_to_slices()
         self.initializer = tf.compat.v1.global_variables_initializer()
@@ -192,6 +209,7 @@ def train_mesh(
     kl_weight=1.0,
     log_every=50,
     checkpoint_every=500,
+    keep_checkpoints=3,
     num_eval_samples=4,
     shuffle_buffer=10_000,
     seed=0,
@@ -219,6 +237,7 @@ def train_mesh(
       beta_2, epsilon: Adam's (the Transformer's: 0.98 and 1e-9).
       kl_weight: beta of `NLL + beta * KL / N`.
       log_every, checkpoint_every: steps between history records and checkpoints.
+      keep_checkpoints: checkpoints kept on disk.
       num_eval_samples: weight draws averaged into the test predictive.
       shuffle_buffer: training examples shuffled at a time.
       seed: the shuffle order, the initial weights and the weight noise.
@@ -238,11 +257,15 @@ def train_mesh(
     num_train = int(data.num_train)
     if batch_size > num_train:
         raise ValueError(f"train_mesh: batch_size={batch_size} exceeds the {num_train} examples.")
+    if not learning_rate > 0:
+        raise ValueError(f"train_mesh.learning_rate must be positive, got {learning_rate!r}.")
     steps_per_epoch = num_train // batch_size
     os.makedirs(model_dir, exist_ok=True)
     checkpoints = os.path.join(model_dir, "checkpoints")
     graph = tf.Graph()
     with run_files.RunLock(model_dir):
+        # Refusals first: nothing in the folder is touched by a run that will not go on.
+        run_files.check_bindings(model_dir, RESUMABLE_BINDINGS)
         with graph.as_default():
             run = MeshRun(
                 source_length,
@@ -259,19 +282,27 @@ def train_mesh(
                 schedule,
                 beta_2,
                 epsilon,
+                keep_checkpoints,
             )
         writer = tf.summary.create_file_writer(os.path.join(model_dir, "tensorboard"))
         # Not `with Session()`: that would make the graph the default, and the data stream
         # and summaries below are eager.
         session = tf.compat.v1.Session(graph=graph)
+        stop = run_files.StopRequest()
         try:
             session.run(run.initializer)
-            latest = tf.compat.v1.train.latest_checkpoint(checkpoints)
-            if latest:
-                with graph.as_default():  # a Saver in an eager process saves eagerly otherwise
-                    run.saver.restore(session, latest)
+            restored = run_files.restore_newest_intact(
+                run_files.SaverCheckpoint(run.saver, session, graph), checkpoints
+            )
+            if restored:  # keep-N goes on counting the checkpoints already on disk
+                run.saver.recover_last_checkpoints(
+                    list(reversed(run_files.checkpoint_prefixes(checkpoints)))
+                )
+                print(f"Resumed from {restored}.")
             session.run(run.to_slices)
             start = step = int(session.run(run.step))
+            run_files.write_bindings(model_dir)
+            run_files.write_command(model_dir)
             history = run_files.History(os.path.join(model_dir, "history.jsonl"), start)
             sums, window_start, clock = np.zeros(3), start, time.time()
 
@@ -286,6 +317,7 @@ def train_mesh(
                         write_meta_graph=False,
                     )
 
+            stop.__enter__()  # from here a SIGTERM or Ctrl-C checkpoints after the step
             while step < train_steps:
                 epoch, skip = divmod(step, steps_per_epoch)
                 batches = epoch_batches(data, batch_size, seed, epoch, skip, shuffle_buffer)
@@ -316,11 +348,20 @@ def train_mesh(
                         sums, window_start, clock = np.zeros(3), step, time.time()
                     if step % checkpoint_every == 0:
                         save()
-                    if step >= train_steps:
+                    if step >= train_steps or stop.requested:
                         break
+                if stop.requested:
+                    break
             save()
+            if stop.requested:
+                logging.warning(
+                    "Stopped by signal %s at step %d; checkpoint saved, re-run to resume.",
+                    stop.signal,
+                    step,
+                )
+                raise KeyboardInterrupt
             metrics, arrays = _evaluate(session, run, data, num_eval_samples)
-            history.add({"kind": "eval", "step": step, **metrics})
+            history.put({"kind": "eval", "step": step, **metrics})
             with writer.as_default(step=step):
                 for key, value in metrics.items():
                     tf.summary.scalar(f"eval/{key}", value)
@@ -330,6 +371,7 @@ def train_mesh(
                     plots.png_to_tensorboard(path)
             writer.flush()
         finally:
+            stop.__exit__()
             session.close()
     summary = {
         "status": "finished",
@@ -352,8 +394,9 @@ def _floats(values):
 
 
 def _check_layout(hparams, batch_size, mesh, layout):
-    """Every dimension a layout rule splits must divide by its mesh dimension (rules naming a
-    mesh dimension this mesh lacks split nothing, so one layout serves several meshes)."""
+    """Every layout rule names a dimension of the Transformer, and every dimension it splits
+    must divide by its mesh dimension (rules naming a mesh dimension this mesh lacks split
+    nothing, so one layout serves several meshes)."""
     sizes = {
         "batch": batch_size,
         "heads": hparams.num_heads,
@@ -364,6 +407,11 @@ def _check_layout(hparams, batch_size, mesh, layout):
     }
     mesh_sizes = {d.name: d.size for d in mesh.dims}
     for tensor_dim, mesh_dim in sorted(mtf.convert_to_layout_rules(layout)._pairs):
+        if tensor_dim not in sizes:  # a typo would silently split nothing
+            raise ValueError(
+                f"layout {layout!r}: the rule {tensor_dim}:{mesh_dim} names no dimension of the "
+                f"Transformer; the dimensions are {', '.join(sorted(sizes))}."
+            )
         if mesh_dim not in mesh_sizes:  # as Mesh TensorFlow: a rule for another mesh
             continue
         size = sizes.get(tensor_dim)
