@@ -62,7 +62,7 @@ def test_a_checkpoint_of_another_model_is_refused_not_taken_for_damage(tmp_path)
     from blayers.lab import data as data_lib
 
     digits = data_lib.digits()
-    quick = dict(train_steps=2, checkpoint_every=2, progress=False, num_eval_samples=1)
+    quick = {"train_steps": 2, "checkpoint_every": 2, "progress": False, "num_eval_samples": 1}
 
     def mlp(units):
         return lambda shape, n: models_lib.mlp(shape, n, hidden_units=(units,))
