@@ -179,6 +179,22 @@ def test_episode_buffer_survives_a_restart_and_a_torn_write(tmp_path):
         buffer.add(np.zeros((3, 2)), np.zeros((2, 1)), np.zeros(3))
 
 
+def test_a_damaged_episode_is_named_and_set_aside_with_the_later_ones(tmp_path, caplog):
+    buffer = EpisodeBuffer(str(tmp_path))
+    for episode in _linear_system_episodes(3, 10):
+        buffer.add(*episode)
+    (tmp_path / "000001.npz").write_bytes(b"not a zip file")  # a bad disk, a bad copy
+    with caplog.at_level("WARNING"):
+        again = EpisodeBuffer(str(tmp_path))
+    assert len(again) == 1  # collection resumes at episode 1, numbered as before
+    assert any("000001.npz" in r.getMessage() for r in caplog.records)
+    assert sorted(p.name for p in tmp_path.glob("*.damaged")) == [
+        "000001.npz.damaged",
+        "000002.npz.damaged",
+    ]
+    assert again.add(*_linear_system_episodes(1, 10)[0]) == 1
+
+
 def test_control_env_states_and_pixels_next_to_tensorflow():
     pytest.importorskip("dm_control")
     from blayers.lab.control.env import ControlEnv

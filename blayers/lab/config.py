@@ -31,6 +31,7 @@ from blayers.lab.mesh import trainer as mesh_trainer  # noqa: F401 - the mesh lo
 __all__ = [
     "config_search_path",
     "find_config_file",
+    "gin_imports",
     "parse",
     "validate_bindings",
 ]
@@ -173,12 +174,69 @@ def _first_unparsable(paths):
     return "none (a --gin_param binding)"
 
 
-def parse(gin_files=(), gin_params=()):
+def _statements(text, where):
+    from gin import config_parser
+
+    try:
+        return list(config_parser.ConfigParser(text, gin.config.ParserDelegate(skip_unknown=True)))
+    except (SyntaxError, tokenize.TokenError):
+        return []  # gin reports it, with its file and line, when it parses for real
+    except Exception as error:  # noqa: BLE001 - the real parse names the problem
+        logging.getLogger(__name__).debug("Could not pre-scan %s: %s", where, error)
+        return []
+
+
+def gin_imports(paths, gin_params=()):
+    """Every `import` (Python modules gin runs at parse time, and `from __gin__ import
+    dynamic_registration`, which lets a binding call any Python function) in the gin files,
+    their includes, and the bindings: `['file:line: statement', ...]`. Gin files are code; this
+    is what `--refuse_gin_imports` refuses."""
+    found, seen = [], set()
+
+    def scan(path):
+        if path in seen:
+            return
+        seen.add(path)
+        with open(path) as f:
+            statements = _statements(f.read(), path)
+        for statement in statements:
+            line = statement.location.line_num
+            if type(statement).__name__ == "ImportStatement":
+                found.append(f"{path}:{line}: {statement.location.line_content.strip()}")
+            elif type(statement).__name__ == "IncludeStatement":
+                beside = os.path.join(os.path.dirname(path), statement.filename)
+                try:
+                    scan(beside if os.path.exists(beside) else find_config_file(statement.filename))
+                except ValueError:
+                    pass  # gin names the missing include when it parses
+
+    for path in paths:
+        scan(path)
+    for number, binding in enumerate(gin_params, 1):
+        for statement in _statements(binding, "--gin_param"):
+            if type(statement).__name__ == "ImportStatement":
+                found.append(f"--gin_param #{number}: {statement.location.line_content.strip()}")
+    return found
+
+
+def parse(gin_files=(), gin_params=(), refuse_imports=False):
     """Parses gin files (names found on the search path, later files override earlier ones)
-    and then `gin_params` bindings, and validates every binding before anything runs."""
+    and then `gin_params` bindings, and validates every binding before anything runs.
+
+    Gin files are code: an `import` in one runs that module, and `from __gin__ import
+    dynamic_registration` lets a binding call any function. Run only configs you trust;
+    `refuse_imports=True` (`--refuse_gin_imports`) refuses every import, naming its file and
+    line, before anything is parsed. The operative config lists the imports a run used."""
     for folder in config_search_path():
         gin.add_config_file_search_path(folder)
     paths = [find_config_file(name) for name in gin_files]
+    if refuse_imports:
+        imports = gin_imports(paths, gin_params)
+        if imports:
+            raise ValueError(
+                "--refuse_gin_imports: these gin imports would run Python code at parse time "
+                "(gin files are code: run only configs you trust):\n  " + "\n  ".join(imports)
+            )
     with _quiet_gin_search():
         try:
             gin.parse_config_files_and_bindings(paths, list(gin_params))

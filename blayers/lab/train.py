@@ -20,6 +20,12 @@ FLAGS = flags.FLAGS
 flags.DEFINE_multi_string("gin_file", [], "Gin files (names on the search path, or paths).")
 flags.DEFINE_multi_string("gin_param", [], "Gin bindings, applied after the files.")
 flags.DEFINE_string("model_dir", None, "Output folder (checkpoints, metrics, plots, logs).")
+flags.DEFINE_bool(
+    "refuse_gin_imports",
+    False,
+    "Refuse gin files or bindings that import Python modules or use dynamic registration "
+    "(gin files are code: use this for configs from elsewhere).",
+)
 flags.DEFINE_enum(
     "strategy",
     "cpu",
@@ -49,7 +55,7 @@ def main(argv):
         raise app.UsageError("--model_dir is required.")
     _set_command()
     try:
-        config.parse(FLAGS.gin_file, FLAGS.gin_param)
+        config.parse(FLAGS.gin_file, FLAGS.gin_param, refuse_imports=FLAGS.refuse_gin_imports)
     except ValueError as error:
         logging.error("Bad gin configuration:\n%s", error)
         sys.exit(2)

@@ -152,6 +152,17 @@ def first_non_finite_layer(model, inputs):
     return None
 
 
+def _non_finite_rows(values, what):
+    """`'features are not finite in rows [3, 7]'`, or None for finite (or non-float) data."""
+    if not isinstance(values, (tf.Tensor, np.ndarray)) or not values.dtype.is_floating:
+        return None
+    values = np.asarray(values)
+    finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
+    if finite.all():
+        return None
+    return f"{what} are not finite in rows {np.flatnonzero(~finite)[:10].tolist()}"
+
+
 def _jsonable(metrics):
     return {
         k: (float(v) if isinstance(v, (np.floating, float, int)) else v) for k, v in metrics.items()
@@ -555,12 +566,15 @@ class Trainer:
 
     def _raise_non_finite(self, batch, step, nll, kl):
         x = self.strategy.experimental_local_results(batch[0])[0]
-        culprit = first_non_finite_layer(self.model, x)
-        where = (
-            f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
-            if culprit
-            else "no layer reproduced a non-finite value on a second pass"
-        )
+        y = self.strategy.experimental_local_results(batch[1])[0]
+        bad_data = _non_finite_rows(x, "features") or _non_finite_rows(y, "targets")
+        culprit = None if bad_data else first_non_finite_layer(self.model, x)
+        if bad_data:  # the data, not a layer: say which rows of the batch
+            where = f"the batch's {bad_data} of data {self.data.name!r}"
+        elif culprit:
+            where = f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
+        else:
+            where = "no layer reproduced a non-finite value on a second pass"
         raise NonFiniteLossError(
             f"Non-finite loss or gradient at step {step} (nll={nll}, kl={kl}): {where}. Training "
             f"stopped; the last good checkpoint is {self.manager.latest_checkpoint}."

@@ -11,8 +11,10 @@ the run's seed and the step: a resumed run draws the chunks the uninterrupted on
 
 import glob
 import os
+import zipfile
 
 import numpy as np
+from absl import logging
 
 __all__ = ["EpisodeBuffer"]
 
@@ -26,9 +28,27 @@ class EpisodeBuffer:
         for stale in glob.glob(os.path.join(directory, "*.tmp.npz")):
             os.remove(stale)  # an episode whose write a kill interrupted
         self.episodes = []
-        for path in sorted(glob.glob(os.path.join(directory, "*.npz"))):
-            with np.load(path) as f:
-                self.episodes.append({k: f[k] for k in f.files})
+        paths = sorted(glob.glob(os.path.join(directory, "*.npz")))
+        for number, path in enumerate(paths):
+            try:
+                with np.load(path) as f:
+                    self.episodes.append({k: f[k] for k in f.files})
+            except (OSError, ValueError, EOFError, zipfile.BadZipFile) as error:
+                # Episodes are numbered in collection order: this one and every later one are
+                # set aside (kept as *.damaged), and the run collects from here again.
+                later = paths[number:]
+                for damaged in later:
+                    os.replace(damaged, damaged + ".damaged")
+                logging.warning(
+                    "Episode file %s cannot be read (%s: %s); it and the %d later episode(s) "
+                    "are kept as *.npz.damaged, and the run collects from episode %d again.",
+                    path,
+                    type(error).__name__,
+                    str(error)[:200],
+                    len(later) - 1,
+                    number,
+                )
+                break
 
     def __len__(self):
         return len(self.episodes)

@@ -66,6 +66,8 @@ class Data:
             raise ValueError(f"Data {self.name!r}: {error}") from None
         if self.num_train <= 0:
             raise ValueError(f"Data {self.name!r} has no training examples.")
+        if self.num_test is not None and self.num_test <= 0:  # found now, not after training
+            raise ValueError(f"Data {self.name!r} has no test examples (num_test = 0).")
 
     @property
     def num_outputs(self):
@@ -82,6 +84,31 @@ def standardize(train, *others):
     return (mean, scale), [(a - mean) / scale for a in (train, *others)]
 
 
+def _check_arrays(name, x_train, y_train, x_test, y_test, num_classes, integer_targets):
+    for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
+        if len(x) == 0:
+            raise ValueError(f"Data {name!r}: the {split} split is empty.")
+        if len(x) != len(y):
+            raise ValueError(
+                f"Data {name!r}: {len(x)} {split} examples but {len(y)} {split} labels."
+            )
+        for what, array in (("features", x), ("targets", y)):
+            if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+                row, *column = np.argwhere(~np.isfinite(array))[0]
+                raise ValueError(
+                    f"Data {name!r}: {split} {what} are not finite at row {row}"
+                    + (f", column {', '.join(str(int(c)) for c in column)}" if column else "")
+                    + f" ({array[tuple([row, *column])]}); clean or impute them first."
+                )
+        if integer_targets and num_classes is not None:
+            bad = np.flatnonzero((y < 0) | (y >= num_classes))
+            if bad.size:
+                raise ValueError(
+                    f"Data {name!r}: {split} label {int(y.flat[bad[0]])} at row {bad[0]} is "
+                    f"outside [0, {num_classes}) ({bad.size} such labels)."
+                )
+
+
 def from_arrays(
     name,
     task,
@@ -94,16 +121,25 @@ def from_arrays(
     target_mean=0.0,
     target_scale=1.0,
 ):
-    """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d])."""
+    """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d]).
+
+    The arrays are checked here, before any training, naming the split, row and column: no
+    empty split, one label per example, finite features and targets, and class labels in
+    `[0, num_classes)`."""
     x_train, x_test = np.asarray(x_train, np.float32), np.asarray(x_test, np.float32)
     task = tasks_lib.get(task)
     if task.integer_targets:
+        for split, y in (("train", y_train), ("test", y_test)):
+            y = np.asarray(y)
+            if y.size and not np.all(np.equal(np.mod(y, 1), 0)):
+                raise ValueError(f"Data {name!r}: {split} labels must be whole class indices.")
         y_train, y_test = np.asarray(y_train, np.int32), np.asarray(y_test, np.int32)
         target_dim = None
     else:
         y_train = np.asarray(y_train, np.float32).reshape(len(y_train), -1)
         y_test = np.asarray(y_test, np.float32).reshape(len(y_test), -1)
         target_dim = y_train.shape[1]
+    _check_arrays(name, x_train, y_train, x_test, y_test, num_classes, task.integer_targets)
     ood_ds = None
     if ood is not None:
         ood_ds = tf.data.Dataset.from_tensor_slices(np.asarray(ood, np.float32))
