@@ -98,7 +98,7 @@ def _check_arrays(name, x_train, y_train, x_test, y_test, num_classes, integer_t
                 raise ValueError(
                     f"Data {name!r}: {split} {what} are not finite at row {row}"
                     + (f", column {', '.join(str(int(c)) for c in column)}" if column else "")
-                    + f" ({array[tuple([row, *column])]}); clean or impute them first."
+                    + f" ({array[(row, *column)]}); clean or impute them first."
                 )
         if integer_targets and num_classes is not None:
             bad = np.flatnonzero((y < 0) | (y >= num_classes))
