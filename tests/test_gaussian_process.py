@@ -329,6 +329,31 @@ def test_a_fixed_kernel_instance_makes_no_kernel_weights():
     assert len(exact.trainable_weights) == 1  # the constant mean alone
 
 
+def test_a_float32_kernel_instance_under_float64_cholesky():
+    """`cholesky_dtype='float64'` (the hint of the jitter error) works with a float32 kernel
+    instance, sums included: the kernel is rebuilt in float64 and the posterior is the float32
+    one to float32 precision."""
+    psd = tfp.math.psd_kernels
+    rng = np.random.RandomState(0)
+    x, y = rng.randn(8, 2).astype("float32"), rng.randn(8, 1).astype("float32")
+    test = rng.randn(5, 2).astype("float32")
+    kernel = psd.ExponentiatedQuadratic(np.float32(1.5), np.float32(0.7)) + psd.MaternFiveHalves(
+        np.float32(0.3), np.float32(1.0)
+    )
+    means = {}
+    for dtype in (None, "float64"):
+        layer = GaussianProcess(
+            1,
+            covariance_fn=kernel,
+            conditional_inputs=x,
+            conditional_outputs=y,
+            cholesky_dtype=dtype,
+        )
+        means[dtype] = layer(test).distribution.mean().numpy()
+        assert layer.kernel(tf.float64).dtype == tf.float64
+    np.testing.assert_allclose(means["float64"], means[None], rtol=1e-4, atol=1e-5)
+
+
 def test_kernel_instance_and_class_round_trip_through_keras(tmp_path):
     psd = tfp.math.psd_kernels
     for covariance_fn in (psd.MaternFiveHalves(amplitude=2.0, length_scale=0.5), psd.Linear):

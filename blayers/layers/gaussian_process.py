@@ -186,6 +186,36 @@ def _cholesky_from_value(target, value):
     return tf.identity(value), grad
 
 
+def kernel_in_dtype(kernel, dtype):
+    """A TFP kernel instance with its floating parameters in `dtype` (a float32 kernel under
+    `cholesky_dtype='float64'`); nested kernels (sums, products, feature transforms) too. The
+    kernel itself when it already is, or has no dtype."""
+    dtype = tf.as_dtype(dtype)
+    if kernel.dtype is None or tf.as_dtype(kernel.dtype) == dtype:
+        return kernel
+
+    def convert(value):
+        if isinstance(value, psd.PositiveSemidefiniteKernel):
+            return kernel_in_dtype(value, dtype)
+        if isinstance(value, (list, tuple)):
+            return type(value)(convert(v) for v in value)
+        if (tf.is_tensor(value) or isinstance(value, (float, np.ndarray, np.floating))) and (
+            tf.as_dtype(getattr(value, "dtype", tf.float32)).is_floating
+        ):
+            return tf.cast(value, dtype)
+        return value
+
+    parameters = {k: convert(v) for k, v in kernel.parameters.items()}
+    try:
+        return type(kernel)(**parameters)
+    except (TypeError, ValueError) as error:
+        raise ValueError(
+            f"The kernel {kernel.name} ({kernel.dtype.name}) could not be rebuilt in "
+            f"{dtype.name} for cholesky_dtype ({error}); make it in {dtype.name}, or leave "
+            "cholesky_dtype unset."
+        ) from None
+
+
 def jittered_cholesky(matrix, jitter=1e-6, max_tries=4, name="kernel matrix", level=None):
     """Cholesky factor of `matrix + j * mean(diag) * I` for `j = jitter, 10 jitter, ...`.
 
@@ -328,7 +358,7 @@ class _GPBase(NamedOutput, SeededLayer):
         """The layer's current TFP kernel (`make_kernel` of `covariance_fn` and the trainable
         amplitude and ARD length scales; a kernel instance as it is)."""
         if self.fixed_kernel:
-            return self.covariance_fn
+            return kernel_in_dtype(self.covariance_fn, dtype or self.compute_dtype)
         dtype = dtype or self.compute_dtype
         amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), dtype)
         length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), dtype)
