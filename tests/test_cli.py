@@ -144,6 +144,7 @@ def test_console_script_and_operative_config(tmp_path, entry):
     assert "train.train_steps = 2" in operative and "mlp.dense_layer = 'DenseFlipout'" in operative
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_sweep_runs_grid_tolerates_failures_and_skips_finished(tmp_path):
     root = tmp_path / "sweep"
     args = [

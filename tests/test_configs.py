@@ -49,6 +49,9 @@ def test_gin_file_parses(path):
     assert gin.config_str() or path.stat().st_size == 0
 
 
+_FEW_DECODES = ("SequenceToSequence.num_decode = 4", "SequenceToSequence.beam_size = 2")
+
+
 def _train_briefly(path, model_dir, steps, *bindings):
     """Trains the config at `path` for `steps` steps, one evaluation sample, no progress bar."""
     config.parse(
@@ -58,6 +61,8 @@ def _train_briefly(path, model_dir, steps, *bindings):
             "train.eval_every = None",
             "train.progress = False",
             "train.num_eval_samples = 1",
+            # a few decodes: the full evaluation is the smoke run's own (slow tests, README)
+            *(_FEW_DECODES if "SequenceToSequence" in _text_with_includes(path) else []),
             *bindings,
         ],
     )

@@ -166,7 +166,8 @@ def test_rank1_factors_are_drawn_from_their_posterior():
     alpha = layer.alpha_initializer.parameters()
     gamma = layer.gamma_initializer.parameters()
     kernel = np.asarray(layer.kernel)
-    draws = np.stack([layer(x).numpy() for _ in range(2000)])  # [n, E, 2]
+    draw = tf.function(lambda: layer(x))  # one draw of the factors per call, traced once
+    draws = np.stack([draw().numpy() for _ in range(2000)])  # [n, E, 2]
     # y_m = a_m W g_m with independent Normal factors: mean and variance in closed form.
     am, av = alpha["mean"].numpy()[:, 0], alpha["stddev"].numpy()[:, 0] ** 2
     gm, gv = gamma["mean"].numpy(), gamma["stddev"].numpy() ** 2

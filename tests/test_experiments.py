@@ -82,6 +82,7 @@ UCI_ROOT = ROOT.parent / "shared" / "data" / "uci"
 
 
 @pytest.mark.skipif(not UCI_ROOT.exists(), reason="../shared/data/uci not present")
+@pytest.mark.slow  # an end-to-end run
 def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
     from experiments import deep_gp_uci
 
@@ -109,6 +110,7 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
     assert "skipped (finished)" in (tmp_path / "svgp" / "runs.md").read_text()
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, monkeypatch):
     """MC dropout's per-split grid search (validation runs, then one test run with the best
     pair), Flipout and SVGP on a small data set in the 20-split format, at a few steps."""
@@ -216,6 +218,7 @@ def test_bayesian_planet_experiment_writes_the_figures_and_table(tmp_path):
         assert (tmp_path / name).exists(), name
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_cox_process_experiment_writes_its_table(tmp_path):
     """Both patterns (1-D and 2-D) through the experiment script at a few steps: the table of
     held-out log-likelihoods per event and each run's intensity plot."""
@@ -250,6 +253,7 @@ def test_uci_split_selection():
         parse_splits("a-b", 20)
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_uncertainty_baselines_experiment_writes_its_table(tmp_path):
     """All six methods through the comparison script at a few steps: one row each, with the
     ensembles' parameter overhead small and the mean-field BNN's about 2x."""

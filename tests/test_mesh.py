@@ -232,6 +232,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp_path):
     done = subprocess.run(
         [sys.executable, "-c", _MODEL_PARALLEL, *(str(tmp_path / d) for d in ("a", "b", "c"))],
@@ -272,6 +273,7 @@ def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp
     assert four.max() > 0.25 * one.max()  # not below 1/n
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_mesh_smoke_config_through_the_cli(tmp_path):
     """`python -m blayers.train --strategy=mesh`: the gin config, the mesh flags, the outputs."""
     done = subprocess.run(

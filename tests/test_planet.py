@@ -224,6 +224,7 @@ def _planet(model_dir, steps):
     return json.loads((model_dir / "metrics.json").read_text())
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_planet_agent_resumes_collection_exactly_with_its_buffer_intact(tmp_path):
     pytest.importorskip("dm_control")
     straight = _planet(tmp_path / "straight", 40)
@@ -247,6 +248,7 @@ def test_planet_agent_resumes_collection_exactly_with_its_buffer_intact(tmp_path
     assert train and all(h["weight_kl_per_sequence"] > 0 for h in train)
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_planet_smoke_config_through_the_cli(tmp_path):
     pytest.importorskip("dm_control")
     done = subprocess.run(

@@ -130,6 +130,7 @@ def test_kernel_intensity_integrates_to_the_count():
     assert 0.01 < bandwidth < 0.2
 
 
+@pytest.mark.slow  # an end-to-end run
 def test_cox_process_elbo_rises_and_beats_the_homogeneous_rate():
     tf.keras.utils.set_random_seed(0)
     data = data_lib.point_pattern("coal")

@@ -67,7 +67,7 @@ def test_conv_spectral_norm_is_the_operator_norm(strides, padding):
 def test_rff_features_approximate_the_rbf_kernel():
     layer = RandomFeatureGaussianProcess(1, num_inducing=8192, gp_kernel_scale=2.0, seed=3)
     x = RNG.randn(5, 3).astype("float32")
-    layer(x)
+    layer.build((None, 3))  # the features alone (no 8192 x 8192 covariance solve)
     phi = layer.features(x).numpy()
     sq = ((x[:, None] - x[None]) ** 2).sum(-1)
     # k(x, y) = exp(-|x - y|^2 / (2 l)); the features' error is O(1 / sqrt(D)).
