@@ -213,14 +213,17 @@ def _quarantine(prefix):
             os.replace(path, path + ".damaged")
 
 
-_DAMAGE = (
-    tf.errors.DataLossError,
-    tf.errors.OutOfRangeError,
-    tf.errors.NotFoundError,
-    tf.errors.InternalError,
-    tf.errors.UnknownError,
-    OSError,
-)
+def _is_mismatch(error):
+    """A checkpoint that was read but does not fit the model: a variable of another shape, or
+    objects the model does not have. Anything else (an `OpError`, a short read) is damage."""
+    if isinstance(error, AssertionError):
+        return True
+    text = str(error)
+    if isinstance(error, tf.errors.OpError):  # a v1 Saver's: another shape, a missing key
+        return "requires shapes" in text or "not found in checkpoint" in text
+    return isinstance(error, ValueError) and any(
+        word in text for word in ("shape", "incompatible", "Unresolved object")
+    )
 
 
 def _first_line(error):
@@ -242,7 +245,15 @@ def restore_newest_intact(checkpoint, directory):
         if restored is None:
             try:
                 checkpoint.restore(prefix).assert_existing_objects_matched()
-            except _DAMAGE as error:  # the bytes cannot be read: a kill mid-write, a bad disk
+            except Exception as error:  # noqa: BLE001 - sorted below: damage or mismatch
+                if _is_mismatch(error):  # read, but not this model: refuse, touch nothing
+                    raise CheckpointMismatchError(
+                        f"The checkpoint {prefix} does not fit this model: "
+                        f"{_first_line(error)}\nThe folder holds a run of another model (a "
+                        "changed model binding, or another config): nothing in it was changed. "
+                        "Use a new --model_dir, or the original configuration."
+                    ) from None
+                # The bytes cannot be read: a kill mid-write, a bad disk.
                 message = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 logging.warning(
                     "Checkpoint %s is damaged (%s: %s); falling back to an older one. Its files "
@@ -254,13 +265,6 @@ def restore_newest_intact(checkpoint, directory):
                 )
                 _quarantine(prefix)
                 continue
-            except (ValueError, AssertionError, TypeError) as error:  # read, but not this model
-                raise CheckpointMismatchError(
-                    f"The checkpoint {prefix} does not fit this model: "
-                    f"{_first_line(error)}\nThe folder holds a run of another model (a changed "
-                    "model binding, or another config): nothing in it was changed. Use a new "
-                    "--model_dir, or the original configuration."
-                ) from None
             restored = prefix
         intact.append(prefix)
     state = os.path.join(directory, "checkpoint")
