@@ -27,8 +27,9 @@ def _text_with_includes(path):
 
 # Full-scale configs whose data comes through TFDS: run end to end on mocked TFDS data.
 TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES + MESH and "tfds_" in _text_with_includes(p)]
-# ResNet-50 and Transformer-base: about 25 s each.
+# ResNet-50, the baselines' Wide ResNet and Transformer-base: about 25 s each.
 SLOW_TFDS = {
+    "uncertainty_baselines_cifar10.gin",
     "resnet50_imagenet.gin",
     "resnet50_cifar10.gin",
     "bayesian_transformer_wmt14.gin",
@@ -49,7 +50,11 @@ def test_gin_file_parses(path):
     assert gin.config_str() or path.stat().st_size == 0
 
 
-_FEW_DECODES = ("SequenceToSequence.num_decode = 4", "SequenceToSequence.beam_size = 2")
+_FEW_DECODES = (
+    "SequenceToSequence.num_decode = 4",
+    "SequenceToSequence.beam_size = 2",
+    "SequenceToSequence.max_decode_length = 4",
+)
 
 
 def _train_briefly(path, model_dir, steps, *bindings):

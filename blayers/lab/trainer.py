@@ -513,7 +513,8 @@ class Trainer:
         task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
         kl_schedule = self.kl_schedule
 
-        @tf.function
+        # reduce_retracing: batches of varying length (padded sequences) trace twice at most
+        @tf.function(reduce_retracing=True)
         def train_step(batch):
             def replica_step(x, y):
                 with tf.GradientTape() as tape:

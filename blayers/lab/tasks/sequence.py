@@ -124,12 +124,22 @@ class SequenceToSequence(Task):
 
     # -- evaluation ------------------------------------------------------------------------------
     def _mean_probs_fn(self, model):
-        @tf.function(reduce_retracing=True)
+        """`mean_probs(features, samples)`: the Monte Carlo predictive, traced once for every
+        batch size and length (evaluation batches, and each decoding step of greedy and beam
+        search), so decoding does not retrace the model at each new prefix length."""
+        traced = {}
+
         def probs(features):
             return tf.nn.softmax(tf.convert_to_tensor(model(features, training=False)), -1)
 
         def mean_probs(features, samples):
-            return sum(probs(features) for _ in range(samples)).numpy() / samples
+            features = tf.nest.map_structure(tf.convert_to_tensor, features)
+            if "fn" not in traced:
+                spec = tf.nest.map_structure(
+                    lambda v: tf.TensorSpec([None] * v.shape.rank, v.dtype), features
+                )
+                traced["fn"] = tf.function(probs, input_signature=[spec])
+            return sum(traced["fn"](features) for _ in range(samples)).numpy() / samples
 
         return mean_probs
 
@@ -153,14 +163,14 @@ class SequenceToSequence(Task):
                 result[key] = float(data.reference[key])
         arrays = {"token_confidence": confidences, "token_correct": correct}
         if self.num_decode > 0:
-            decoded = self._decode(model, data, sources, references, num_samples)
+            decoded = self._decode(model, data, sources, references, num_samples, mean_probs)
             result.update(decoded[0])
             arrays.update(decoded[1])
         return result, arrays
 
-    def _decode(self, model, data, sources, references, num_samples):
+    def _decode(self, model, data, sources, references, num_samples, mean_probs=None):
         samples = max(1, min(self.decode_samples, num_samples))
-        mean_probs = self._mean_probs_fn(model)
+        mean_probs = mean_probs or self._mean_probs_fn(model)
 
         def next_log_probs(src, prefix):
             p = mean_probs({"source": src, "target_in": prefix}, samples)[:, -1]
