@@ -23,7 +23,7 @@ from blayers.layers import (
     RandomFourierFeatures,
     SparseGaussianProcess,
 )
-from blayers.layers.gaussian_process import jittered_cholesky
+from blayers.layers.gp import jittered_cholesky
 
 RNG = np.random.RandomState(0)
 X = RNG.uniform(-2, 2, (12, 2))
@@ -239,7 +239,7 @@ def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-# -- issue 11: kernels as the paper says, arguments checked --------------------------------------
+# -- kernels as the paper says, arguments checked -----------------------------------------------
 
 
 def test_softplus_inverse_is_stable_and_written_once():

@@ -276,7 +276,7 @@ def test_embedding_rows_have_posterior_moments(tmp_path):
     np.testing.assert_array_equal(loaded.layers[0].embeddings_initializer.mean.numpy(), mean)
 
 
-# -- issue 11: contracts and defects ------------------------------------------------------------
+# -- contracts and defects ---------------------------------------------------------------------
 
 
 def test_paper_figure_1_order_initial_state_before_any_call():

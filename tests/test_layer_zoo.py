@@ -1,4 +1,4 @@
-"""Every layer of issue 15's families as a Keras citizen: `.keras` round trip, float64, masks,
+"""Every layer of the later families as a Keras citizen: `.keras` round trip, float64, masks,
 gin. (Their maths lives in test_ensembles, test_weight_priors, test_sngp_ncp and
 test_discrete_flows.)"""
 

@@ -1,4 +1,4 @@
-"""Mesh TensorFlow's core on TF 2.21 through blayers' compat shim (issue 12). Each check runs in
+"""Mesh TensorFlow's core on TF 2.21 through blayers' compat shim. Each check runs in
 a process of its own: graph mode and logical devices are process-wide settings."""
 
 import json

@@ -1,4 +1,4 @@
-"""Bayesian PlaNet (issue 13): the CEM planner, the RSSM world model and its Bayesian
+"""Bayesian PlaNet: the CEM planner, the RSSM world model and its Bayesian
 transition's KL, the on-disk episode buffer, the dm_control tasks, and the agent loop with an
 exact resume."""
 

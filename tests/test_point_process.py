@@ -1,4 +1,4 @@
-"""PoissonProcess (issue 14): log densities against closed forms, the quadrature rules against
+"""PoissonProcess: log densities against closed forms, the quadrature rules against
 their documented errors, thinning against Poisson moments; the shipped point patterns, the
 kernel-intensity baseline and the Cox process fitted by variational inference over programs."""
 

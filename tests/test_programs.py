@@ -1,4 +1,4 @@
-"""Probabilistic programs (issue 14): log joints against closed forms, composition with
+"""Probabilistic programs: log joints against closed forms, composition with
 `condition` and `tape`, variables made inside layers, and variational inference over a model
 program and a posterior program against exact posteriors (reparameterized and score-function)."""
 

@@ -162,7 +162,7 @@ def test_fast_standard_normal_is_standard_normal():
     assert block.shape == (7, 5) and block.dtype == np.float64 and set(np.unique(block)) <= {-1, 1}
 
 
-# -- the paper's figures as written (issue 11) ----------------------------------------------------
+# -- the paper's figures as written ----------------------------------------------------------
 
 
 def test_distribution_methods_are_forwarded():

@@ -20,7 +20,7 @@ from blayers.layers import (
     SpectralNormalization,
     SpectralNormalizationConv2D,
 )
-from blayers.layers.gaussian_process import mean_field_logits
+from blayers.layers.gp import mean_field_logits
 
 tfd = tfp.distributions
 RNG = np.random.RandomState(0)

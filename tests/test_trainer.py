@@ -225,7 +225,7 @@ def test_trains_on_mocked_tfds(tmp_path):
     assert 0.0 <= metrics["accuracy"] <= 1.0
 
 
-# -- nothing lost (issue 11) ---------------------------------------------------------------------
+# -- nothing lost ------------------------------------------------------------------------------
 
 _QUICK = {
     "batch_size": 64,

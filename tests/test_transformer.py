@@ -1,4 +1,4 @@
-"""The Keras Bayesian Transformer (issue 12): masks through the Bayesian layers, the switches,
+"""The Keras Bayesian Transformer: masks through the Bayesian layers, the switches,
 the sequence task's maths (masked and smoothed NLL, the synthetic channel's optimum reached by
 an oracle, calibration of its decodes), beam search, and a short training run."""
 

@@ -1,7 +1,7 @@
 """Bayesian layers, one module per family.
 
 `dense`, `convolutional`, `recurrent`, `attention`, `embeddings`, `dropout`,
-`gaussian_process` (GPs, random features, SNGP's head), `stochastic_output`, `reversible`,
+`gp` (exact, sparse, random features, SNGP's head, kernels), `stochastic_output`, `reversible`,
 `vector_quantizer`, and the rest of edward2's families: `ensemble` (the member-major batch),
 `batch_ensemble`, `rank1`, `variational_dropout`, `hierarchical`, `ncp`, `spectral_norm`,
 `heteroscedastic`, `discrete_flows`; the estimators' forward passes live once in `estimators`
@@ -26,7 +26,7 @@ _FAMILIES = (
     "attention",
     "embeddings",
     "dropout",
-    "gaussian_process",
+    "gp",
     "stochastic_output",
     "reversible",
     "vector_quantizer",

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from blayers import programs
-from blayers.layers.gaussian_process import GaussianProcess, SparseGaussianProcess
+from blayers.layers.gp import GaussianProcess, SparseGaussianProcess
 from blayers.layers.point_process import PoissonProcess, quadrature_rule
 
 __all__ = ["CoxProcess", "cox_process"]

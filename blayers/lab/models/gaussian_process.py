@@ -12,7 +12,7 @@ import keras
 import numpy as np
 
 from blayers.lab.tasks import Regression
-from blayers.layers.gaussian_process import GaussianLikelihood, SparseGaussianProcess
+from blayers.layers.gp import GaussianLikelihood, SparseGaussianProcess
 
 __all__ = ["deep_gp"]
 

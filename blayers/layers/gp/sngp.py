@@ -1,0 +1,249 @@
+"""SNGP's output layer (Liu et al., 2020): `RandomFeatureGaussianProcess`, a random-feature GP
+with a Laplace posterior, and `mean_field_logits`.
+"""
+
+import math
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import initializers as initializers_lib
+from blayers.layers.base import SeededLayer, register
+
+tfd = tfp.distributions
+psd = tfp.math.psd_kernels
+from blayers.layers.gp.kernels import positive_number
+
+__all__ = ["RandomFeatureGaussianProcess", "mean_field_logits"]
+
+
+def mean_field_logits(logits, variances, mean_field_factor=math.pi / 8.0):
+    """`logits / sqrt(1 + lambda var)`: the mean-field approximation of the posterior-mean
+    softmax `E[softmax(f)]` for `f ~ N(logits, var)` (Lu et al., 2020; `lambda = pi / 8` is the
+    probit approximation). `variances`: `[B]` (or `[B, 1]`), one per example."""
+    variances = tf.convert_to_tensor(variances, logits.dtype)
+    if variances.shape.rank == 1:
+        variances = variances[:, None]
+    return logits / tf.sqrt(1.0 + mean_field_factor * variances)
+
+
+@register
+class RandomFeatureGaussianProcess(SeededLayer):
+    """SNGP's output layer (Liu et al., 2020): a random-feature GP with a Laplace posterior.
+
+    `f(x) = phi(x)^T beta + b`, `phi(x) = sqrt(2 / D) cos(x W / sqrt(l) + c)` with fixed
+    orthogonal random features `W` (`orthogonal_random_features`), phases `c ~ U(0, 2 pi)`, and
+    `beta` trained as an ordinary dense kernel (MAP with an L2 penalty). The Laplace posterior
+    of `beta` has precision `P`, accumulated in training from the features:
+
+    * `momentum > 0`: `P <- m P + (1 - m) Phi^T Phi / B` (a moving average, no reset needed);
+    * `momentum <= 0`: `P <- P + Phi^T Phi`, the exact sum over the examples seen since the
+      last `reset_covariance()`; the blayers trainer calls `begin_epoch()` at each epoch's
+      start, which resets it, so the posterior is the last epoch's (with `model.fit`, call
+      `reset_covariance()` from a callback's `on_epoch_begin`),
+
+    with a multiplier `p (1 - p)` per example for `likelihood='binary_logistic'` (`exp(f)` for
+    `'poisson'`). At prediction (`training` falsy) the predictive covariance is
+    `Phi (ridge^-1 P + I)^-1 Phi^T` and, with `mean_field_factor`, the returned logits are
+    `mean_field_logits(logits, diag covariance)`: the layer is a drop-in replacement of a
+    classifier's last `Dense`.
+
+    Args:
+      units: outputs (classes).
+      num_inducing: random features `D`.
+      gp_kernel_scale: the RBF kernel's length scale `l` (inputs are divided by `sqrt(l)`).
+      gp_output_bias: the output bias's value; `gp_output_bias_trainable` makes it trained.
+      normalize_input: layer-normalize the inputs first (SNGP's default for Transformers).
+      scale_random_features: multiply `phi` by `sqrt(2 / D)` (the kernel approximation's
+        scale); without it the features are O(1) and the output layer learns `D / 2` times
+        faster, with a prior `D / 2` times wider.
+      gp_cov_momentum: `m` above.
+      gp_cov_ridge_penalty: the prior precision `ridge` of `beta` (N(0, ridge^-1 I) ... in
+        the Laplace covariance).
+      gp_cov_likelihood: `'gaussian'`, `'binary_logistic'` or `'poisson'`.
+      l2_regularization: L2 penalty of `beta` (added to `losses`).
+      mean_field_factor: `lambda` of the mean-field logits at prediction (None: raw logits).
+      return_covariance: return `(logits, covariance [B, B])` instead of the logits.
+      seed: seeds the random features.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    _LIKELIHOODS = ("gaussian", "binary_logistic", "poisson")
+
+    def __init__(
+        self,
+        units,
+        num_inducing=1024,
+        gp_kernel_scale=1.0,
+        gp_output_bias=0.0,
+        gp_output_bias_trainable=False,
+        normalize_input=False,
+        scale_random_features=True,
+        gp_cov_momentum=0.999,
+        gp_cov_ridge_penalty=1.0,
+        gp_cov_likelihood="gaussian",
+        l2_regularization=1e-6,
+        mean_field_factor=math.pi / 8.0,
+        return_covariance=False,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        name = f"RandomFeatureGaussianProcess ({self.name})"
+        for argument, value in (("units", units), ("num_inducing", num_inducing)):
+            if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name}: {argument} must be a positive integer, got {value!r}.")
+        if gp_cov_likelihood not in self._LIKELIHOODS:
+            raise ValueError(
+                f"{name}: gp_cov_likelihood must be one of {self._LIKELIHOODS}, got "
+                f"{gp_cov_likelihood!r}."
+            )
+        if gp_cov_likelihood != "gaussian" and units != 1:
+            raise ValueError(f"{name}: gp_cov_likelihood={gp_cov_likelihood!r} needs units=1.")
+        self.units, self.num_inducing = int(units), int(num_inducing)
+        self.gp_kernel_scale = positive_number(name, "gp_kernel_scale", gp_kernel_scale)
+        self.gp_output_bias = float(gp_output_bias)
+        self.gp_output_bias_trainable = gp_output_bias_trainable
+        self.normalize_input = normalize_input
+        self.scale_random_features = scale_random_features
+        self.gp_cov_momentum = float(gp_cov_momentum)
+        self.gp_cov_ridge_penalty = positive_number(
+            name, "gp_cov_ridge_penalty", gp_cov_ridge_penalty
+        )
+        self.gp_cov_likelihood = gp_cov_likelihood
+        self.l2_regularization = float(l2_regularization)
+        self.mean_field_factor = mean_field_factor
+        self.return_covariance = return_covariance
+        self.input_norm = (
+            keras.layers.LayerNormalization(name="gp_input_normalization")
+            if (normalize_input)
+            else None
+        )
+
+    def build(self, input_shape):
+        d = input_shape[-1]
+        if d is None:
+            raise ValueError(
+                f"RandomFeatureGaussianProcess ({self.name}) needs a known input size."
+            )
+        if self.input_norm is not None:
+            self.input_norm.build(input_shape)
+        seed = self.seed if self.seed is not None else np.random.randint(2**31 - 1)
+        self.random_features = self.add_weight(
+            name="random_features",
+            shape=(d, self.num_inducing),
+            initializer=initializers_lib.OrthogonalRandomFeatures(stddev=1.0, seed=seed),
+            trainable=False,
+        )
+        self.random_phases = self.add_weight(
+            name="random_phases",
+            shape=(self.num_inducing,),
+            initializer=keras.initializers.RandomUniform(0.0, 2.0 * math.pi, seed=seed + 1),
+            trainable=False,
+        )
+        self.beta = self.add_weight(
+            name="output_kernel",
+            shape=(self.num_inducing, self.units),
+            initializer="glorot_uniform",
+            regularizer=keras.regularizers.L2(self.l2_regularization)
+            if self.l2_regularization
+            else None,
+        )
+        self.bias = self.add_weight(
+            name="output_bias",
+            shape=(self.units,),
+            initializer=keras.initializers.Constant(self.gp_output_bias),
+            trainable=self.gp_output_bias_trainable,
+        )
+        self.precision = self.add_weight(
+            name="precision_matrix",
+            shape=(self.num_inducing, self.num_inducing),
+            initializer="zeros",
+            trainable=False,
+        )
+
+    def features(self, inputs):
+        """`phi(x)`, `[B, D]`."""
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        if self.input_norm is not None:
+            x = self.input_norm(x)
+        x = x / math.sqrt(self.gp_kernel_scale)
+        features = tf.cos(tf.matmul(x, self.random_features) + self.random_phases)
+        if self.scale_random_features:
+            features *= math.sqrt(2.0 / self.num_inducing)
+        return features
+
+    def reset_covariance(self):
+        """Zeroes the precision (start of an epoch, with `gp_cov_momentum <= 0`)."""
+        self.precision.assign(tf.zeros_like(self.precision))
+
+    def begin_epoch(self):
+        """Called by the trainer at each epoch's start: with `gp_cov_momentum <= 0` the
+        precision restarts, so at the end it is the last epoch's exact sum (as in SNGP)."""
+        if self.gp_cov_momentum <= 0:
+            self.reset_covariance()
+
+    def _update_precision(self, phi, logits):
+        if self.gp_cov_likelihood == "binary_logistic":
+            p = tf.sigmoid(logits)
+            phi = phi * tf.sqrt(p * (1.0 - p))
+        elif self.gp_cov_likelihood == "poisson":
+            phi = phi * tf.sqrt(tf.exp(logits))
+        batch = tf.matmul(phi, phi, transpose_a=True)
+        if self.gp_cov_momentum > 0:
+            size = tf.cast(tf.shape(phi)[0], phi.dtype)
+            m = self.gp_cov_momentum
+            new = m * self.precision + (1.0 - m) * batch / size
+        else:
+            new = self.precision + batch
+        self.precision.assign(tf.stop_gradient(new))
+
+    def feature_covariance(self):
+        """`(ridge^-1 P + I)^-1`, the posterior covariance of `beta` (per output)."""
+        eye = tf.eye(self.num_inducing, dtype=self.precision.dtype)
+        matrix = eye + tf.convert_to_tensor(self.precision) / self.gp_cov_ridge_penalty
+        return tf.linalg.cholesky_solve(tf.linalg.cholesky(matrix), eye)
+
+    def predictive_covariance(self, phi):
+        """`Phi Sigma Phi^T`, `[B, B]`."""
+        return tf.matmul(phi, tf.matmul(self.feature_covariance(), phi, transpose_b=True))
+
+    def call(self, inputs, training=None):
+        phi = self.features(inputs)
+        logits = tf.matmul(phi, self.beta) + self.bias
+        if training:
+            self._update_precision(tf.stop_gradient(phi), tf.stop_gradient(logits))
+            if self.return_covariance:
+                return logits, tf.zeros(tf.stack([tf.shape(phi)[0]] * 2), logits.dtype)
+            return logits
+        if self.return_covariance:
+            return logits, self.predictive_covariance(phi)
+        if self.mean_field_factor is None:
+            return logits
+        sigma = self.feature_covariance()
+        variances = tf.reduce_sum(tf.matmul(phi, sigma) * phi, axis=-1)
+        return mean_field_logits(logits, variances, self.mean_field_factor)
+
+    def compute_output_shape(self, input_shape):
+        shape = tuple(input_shape[:-1]) + (self.units,)
+        return (shape, (input_shape[0], input_shape[0])) if self.return_covariance else shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "num_inducing": self.num_inducing,
+            "gp_kernel_scale": self.gp_kernel_scale,
+            "gp_output_bias": self.gp_output_bias,
+            "gp_output_bias_trainable": self.gp_output_bias_trainable,
+            "normalize_input": self.normalize_input,
+            "scale_random_features": self.scale_random_features,
+            "gp_cov_momentum": self.gp_cov_momentum,
+            "gp_cov_ridge_penalty": self.gp_cov_ridge_penalty,
+            "gp_cov_likelihood": self.gp_cov_likelihood,
+            "l2_regularization": self.l2_regularization,
+            "mean_field_factor": self.mean_field_factor,
+            "return_covariance": self.return_covariance,
+        }

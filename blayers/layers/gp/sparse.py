@@ -1,0 +1,265 @@
+"""`SparseGaussianProcess`: the inducing-point variational GP (Hensman et al., 2013), whose
+stacked layers form the doubly stochastic deep GP (Salimbeni & Deisenroth, 2017).
+"""
+
+import keras
+import numpy as np
+import tensorflow as tf
+import tensorflow_probability as tfp
+
+from blayers import distributions as rv_lib
+from blayers.layers.base import AddsKL, register
+
+tfd = tfp.distributions
+psd = tfp.math.psd_kernels
+from blayers.layers.gp.base import GaussianProcessBase
+from blayers.layers.gp.kernels import float_softplus_inverse, non_negative_number, positive_number
+
+__all__ = ["SparseGaussianProcess"]
+
+
+@register
+class SparseGaussianProcess(AddsKL, GaussianProcessBase):
+    """Sparse variational GP layer (Hensman et al., 2013) for scalable and deep GPs.
+
+    Inducing inputs `Z` `[num_inducing, d]` (trainable) and, per output unit, `q(v) = N(m, L L^T)`
+    over whitened inducing outputs `v = L_Z^{-1} u` (`whiten=True`, prior `N(0, I)`) or over `u`
+    itself (`whiten=False`, prior `N(0, K_ZZ)`). With `A = L_Z^{-1} K_Zx` the marginals are
+
+    `mu(x) = m(x) + A^T m`, `sigma^2(x) = k(x, x) - ||A_x||^2 + ||L^T A_x||^2` (whitened),
+
+    and `KL[q || p]` (analytic, TFP) is added to `layer.losses` on every call.
+
+    Args:
+      units: independent output functions.
+      num_inducing: number of inducing points M (a positive integer).
+      mean_fn: `'zero'`, `'constant'` or `'linear'` (inner layers of a deep GP).
+      covariance_fn: a kernel name, a `tfp.math.psd_kernels` class or instance, or a callable
+        `fn(amplitude, length_scale) -> kernel` (as `GaussianProcess`).
+      whiten: parameterize `q` over whitened inducing outputs.
+      variational: `'full'` (Cholesky `L`) or `'mean_field'` (diagonal `L`).
+      initial_variational_scale: initial diagonal of `L` (small values start inner layers of a
+        deep GP near deterministic, as Salimbeni & Deisenroth).
+      inducing_inputs_initializer: Keras initializer of `Z` (e.g. a `Constant` of data points),
+        or `'kmeans'`: k-means centres of the layer's inputs in its first training call (a
+        data-dependent initialization, as Salimbeni & Deisenroth's `kmeans2`; with a deep GP
+        each layer clusters what reaches it).
+      full_covariance: False returns the marginals `N(mu(x), sigma^2(x))` (independent across
+        the batch); True returns the joint `q(f(X))` over the batch, per unit
+        `N(mu, K_XX - A^T A + A_u^T L L^T A_u)` (a `MultivariateNormalTriL` per unit, transposed
+        to `[batch, units]`), the variable a posterior program hands to a model's exact
+        `GaussianProcess` (`blayers.programs`, the Cox process).
+      add_kl_loss: add `scale_factor * KL[q(u) || p(u)]` to `layer.losses` on every call (the
+        Keras-model ELBO). A posterior program sets False: there `log p(f) - log q(f)` carries
+        the KL.
+      scale_factor: multiplies the KL in `layer.losses` (default 1; `1 / N` gives the
+        per-example ELBO's KL term in `model.fit`, which `blayers.set_kl_scale` sets, as it
+        does for every weight's KL regularizer).
+      output_name: name of the returned random variable (default: the layer's name).
+      **kwargs: `GaussianProcess`'s kernel arguments (`amplitude`, `length_scale`, `jitter`,
+        `cholesky_dtype`, `seed`) and `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        units,
+        num_inducing=100,
+        mean_fn="zero",
+        covariance_fn="exponentiated_quadratic",
+        whiten=True,
+        variational="full",
+        initial_variational_scale=1e-2,
+        inducing_inputs_initializer="random_normal",
+        full_covariance=False,
+        add_kl_loss=True,
+        scale_factor=1.0,
+        **kwargs,
+    ):
+        super().__init__(units, mean_fn=mean_fn, covariance_fn=covariance_fn, **kwargs)
+        self.full_covariance, self.add_kl_loss = bool(full_covariance), bool(add_kl_loss)
+        name = f"SparseGaussianProcess ({self.name})"
+        self.scale_factor = non_negative_number(name, "scale_factor", scale_factor)
+        if variational not in ("full", "mean_field"):
+            raise ValueError(
+                f"SparseGaussianProcess: variational must be 'full' or "
+                f"'mean_field', got {variational!r}."
+            )
+        name = f"SparseGaussianProcess ({self.name})"
+        if (
+            not isinstance(num_inducing, (int, np.integer))
+            or isinstance(num_inducing, bool)
+            or num_inducing < 1
+        ):
+            raise ValueError(
+                f"{name}: num_inducing must be a positive integer, got {num_inducing!r}."
+            )
+        self.num_inducing, self.whiten = int(num_inducing), bool(whiten)
+        self.variational = variational
+        self.initial_variational_scale = positive_number(
+            name, "initial_variational_scale", initial_variational_scale
+        )
+        self.kmeans = inducing_inputs_initializer == "kmeans"
+        self.inducing_inputs_initializer = keras.initializers.get(
+            "random_normal" if self.kmeans else inducing_inputs_initializer
+        )
+
+    def build(self, input_shape):
+        m = self.num_inducing
+        self._build_kernel_and_mean(input_shape[-1])
+        self.inducing_inputs = self.add_weight(
+            name="inducing_inputs",
+            shape=(m, input_shape[-1]),
+            initializer=self.inducing_inputs_initializer,
+        )
+        if self.kmeans:  # set once, from the first training batch; saved with the layer
+            self.kmeans_done = self.add_weight(
+                name="kmeans_done", shape=(), initializer="zeros", trainable=False
+            )
+        self.variational_mean = self.add_weight(
+            name="variational_mean", shape=(self.units, m), initializer="zeros"
+        )
+        raw_diag = float_softplus_inverse(self.initial_variational_scale)
+        if self.variational == "full":
+            init = np.zeros((self.units, m, m), "float32")
+            init[:, np.arange(m), np.arange(m)] = raw_diag
+            self.variational_scale = self.add_weight(
+                name="variational_scale",
+                shape=(self.units, m, m),
+                initializer=keras.initializers.Constant(init),
+            )
+        else:
+            self.variational_scale = self.add_weight(
+                name="variational_scale",
+                shape=(self.units, m),
+                initializer=keras.initializers.Constant(raw_diag),
+            )
+
+    def variational_scale_tril(self, dtype=None):
+        """`L` of `q`: lower-triangular `[units, M, M]` with a softplus-positive diagonal."""
+        raw = tf.cast(self.variational_scale, dtype or self.compute_dtype)
+        if self.variational == "mean_field":
+            return tf.linalg.diag(tf.nn.softplus(raw))
+        lower = tf.linalg.band_part(raw, -1, 0)
+        return tf.linalg.set_diag(lower, tf.nn.softplus(tf.linalg.diag_part(raw)))
+
+    def kl_divergence(self, chol_zz=None):
+        """`sum_units KL[q(u) || p(u)]`; whitened, in closed form in O(M^2):
+        `1/2 (||L||_F^2 + ||m||^2 - M) - sum log diag L` per unit."""
+        dtype = self._linalg_dtype()
+        scale = self.variational_scale_tril(dtype)
+        mean = tf.cast(self.variational_mean, dtype)
+        if self.whiten:
+            m = float(self.num_inducing)
+            return 0.5 * (
+                tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(mean)) - m * self.units
+            ) - tf.reduce_sum(tf.math.log(tf.abs(tf.linalg.diag_part(scale))))
+        q = tfd.MultivariateNormalTriL(mean, scale)
+        if chol_zz is None:
+            z = tf.cast(self.inducing_inputs, dtype)
+            chol_zz = self._cholesky(
+                self.covariance(self.kernel(dtype), z, z), "inducing covariance"
+            )
+        prior = tfd.MultivariateNormalTriL(tf.zeros([self.num_inducing], dtype), chol_zz)
+        return tf.reduce_sum(tfd.kl_divergence(q, prior))
+
+    def predict_marginals(self, inputs):
+        """`(mu, sigma^2)` of `q(f(x))`, each `[batch, units]`, and the KL."""
+        mean, prior_var, explained, kl = self._predict(inputs, full_covariance=False)
+        variance = prior_var[:, None] + tf.transpose(explained)
+        out = self.compute_dtype
+        return tf.cast(mean, out), tf.cast(tf.maximum(variance, 1e-12), out), tf.cast(kl, out)
+
+    def predict_joint(self, inputs):
+        """`(mu [batch, units], L [units, batch, batch], KL)`: the mean and the jittered
+        Cholesky factor of each unit's joint covariance of `q(f(X))` over the batch."""
+        mean, prior_cov, explained, kl = self._predict(inputs, full_covariance=True)
+        chol = self._cholesky(prior_cov[None] + explained, "joint posterior covariance")
+        out = self.compute_dtype
+        return tf.cast(mean, out), tf.cast(chol, out), tf.cast(kl, out)
+
+    def _predict(self, inputs, full_covariance):
+        x = self._inputs(inputs)
+        dtype = self._linalg_dtype()
+        kernel = self.kernel(dtype)
+        xd, z = tf.cast(x, dtype), tf.cast(self.inducing_inputs, dtype)
+        chol_zz = self._cholesky(self.covariance(kernel, z, z), "inducing covariance")
+        a = tf.linalg.triangular_solve(chol_zz, self.covariance(kernel, z, xd))  # [M, B]
+        if not self.whiten:  # project through K_ZZ^{-1} K_Zx
+            a_u = tf.linalg.triangular_solve(chol_zz, a, adjoint=True)
+        else:
+            a_u = a
+        q_mean = tf.cast(self.variational_mean, dtype)  # [units, M]
+        scale = self.variational_scale_tril(dtype)  # [units, M, M]
+        mean = tf.cast(self.mean(x), dtype) + tf.transpose(tf.matmul(q_mean, a_u))
+        projected = tf.matmul(scale, a_u[None], transpose_a=True)  # L^T A_u, [units, M, B]
+        kl = self.kl_divergence(chol_zz)
+        if full_covariance:  # K_XX - A^T A and A_u^T L L^T A_u
+            prior = self.covariance(kernel, xd, xd) - tf.matmul(a, a, transpose_a=True)
+            return mean, prior, tf.matmul(projected, projected, transpose_a=True), kl
+        prior_var = self.covariance(kernel, xd) - tf.reduce_sum(tf.square(a), 0)
+        return mean, prior_var, tf.reduce_sum(tf.square(projected), 1), kl
+
+    def kmeans_inducing_inputs(self, inputs, iterations=10):
+        """`M` k-means centres of `inputs` (Lloyd's algorithm from `M` distinct random rows, as
+        `scipy.cluster.vq.kmeans2(x, M, minit='points')` in Salimbeni & Deisenroth's code); with
+        fewer rows than `M`, the rows and then the current inducing inputs."""
+        x = tf.convert_to_tensor(inputs, self.inducing_inputs.dtype)
+        m = self.num_inducing
+        rows = tf.random.experimental.stateless_shuffle(x, self.next_seed())
+        current = tf.convert_to_tensor(self.inducing_inputs)
+        centres = tf.concat([rows, current], 0)[:m]
+        if x.shape[0] is not None and x.shape[0] < m:
+            return centres
+        for _ in range(iterations):
+            distances = tf.reduce_sum(tf.square(x[:, None, :] - centres[None]), -1)
+            assignment = tf.argmin(distances, axis=1, output_type=tf.int32)
+            sums = tf.math.unsorted_segment_sum(x, assignment, m)
+            counts = tf.math.unsorted_segment_sum(tf.ones_like(x[:, :1]), assignment, m)
+            # An empty cluster keeps its centre.
+            centres = tf.where(counts > 0, sums / tf.maximum(counts, 1.0), centres)
+        return centres
+
+    def _initialize_by_kmeans(self, inputs):
+        def run():
+            self.inducing_inputs.assign(self.kmeans_inducing_inputs(inputs))
+            self.kmeans_done.assign(1.0)
+            return tf.constant(True)
+
+        tf.cond(self.kmeans_done > 0, lambda: tf.constant(False), run)
+
+    def call(self, inputs, training=None):
+        if self.kmeans and training:
+            # A random-variable input (a deep GP's inner layer) is drawn here, outside the cond.
+            self._initialize_by_kmeans(tf.convert_to_tensor(inputs, self.compute_dtype))
+        if not self.full_covariance:
+            mean, variance, kl = self.predict_marginals(inputs)
+            if self.add_kl_loss:
+                self.add_loss(tf.cast(self.scale_factor, kl.dtype) * kl)
+            return rv_lib.Normal(
+                loc=mean, scale=tf.sqrt(variance), seed=self.next_seed(), name=self.output_name
+            )
+        mean, chol, kl = self.predict_joint(inputs)
+        if self.add_kl_loss:
+            self.add_loss(tf.cast(self.scale_factor, kl.dtype) * kl)
+        per_unit = tfd.MultivariateNormalTriL(loc=tf.transpose(mean), scale_tril=chol)
+        return rv_lib.TransformedDistribution(
+            distribution=tfd.Independent(per_unit, reinterpreted_batch_ndims=1),
+            bijector=tfp.bijectors.Transpose(perm=[1, 0]),
+            seed=self.next_seed(),
+            name=self.output_name,
+        )
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_inducing": self.num_inducing,
+            "whiten": self.whiten,
+            "variational": self.variational,
+            "initial_variational_scale": self.initial_variational_scale,
+            "inducing_inputs_initializer": "kmeans"
+            if self.kmeans
+            else keras.initializers.serialize(self.inducing_inputs_initializer),
+            "full_covariance": self.full_covariance,
+            "add_kl_loss": self.add_kl_loss,
+            "scale_factor": self.scale_factor,
+        }
