@@ -2,6 +2,7 @@
 parse, a layout rule that matches no dimension, a non-positive learning rate, a loop that does
 not fit the config; a batch larger than the data is said, not silently clamped."""
 
+import os
 import pathlib
 import subprocess
 import sys
@@ -52,7 +53,14 @@ def test_a_batch_larger_than_the_data_is_said(caplog):
 
 
 def test_the_loop_must_fit_the_config(tmp_path):
-    """`--strategy=mesh` with a Keras config, or a mesh config without it, fails at once."""
+    """`--strategy=mesh` with a Keras config, or a mesh config without it, fails at once. (The
+    command line also removes the temporary folder a killed blayers process left.)"""
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    stale = tmp_path / "system_tmp" / f"blayers-{gone.pid}"
+    stale.mkdir(parents=True)
+    (stale / "__autograph_generated_file1234.py").write_text("x = 1\n")
+    env = dict(os.environ, TMPDIR=str(tmp_path / "system_tmp"))
     for strategy, gin_file in (
         ("mesh", "digits_mlp_smoke"),
         ("cpu", "bayesian_transformer_mesh_smoke"),
@@ -70,10 +78,12 @@ def test_the_loop_must_fit_the_config(tmp_path):
             capture_output=True,
             text=True,
             check=False,
+            env=env,
         )
         assert done.returncode == 2, done.stderr[-2000:]
         assert "--strategy=mesh runs the Mesh TensorFlow loop" in done.stderr
         assert not (tmp_path / strategy / "command.json").exists()
+    assert os.listdir(tmp_path / "system_tmp") == []  # the stale folder and its own: gone
     gin.clear_config()
 
 

@@ -6,6 +6,11 @@ heavy, so the command lines call `prepare()` first: `python -m blayers.train` (o
 `blayers-train`) in `blayers.train.run`, the experiment scripts in `experiments/__init__.py`
 (`prepare_if_cli`: that package is also imported by tests). The library never calls it.
 
+`prepare()` also gives the process a temporary folder of its own, `blayers-<pid>` under the
+system's (`tempfile.tempdir`): TensorFlow's autograph writes a `__autograph_generated_file*.py`
+per converted function there and deletes it at exit, which a `kill -9` prevents. Each command
+line removes the folders of blayers processes that are gone, so nothing piles up.
+
 On the CPU (the default strategy) the CLI sets level 3, which also hides the
 `cuInit ... UNKNOWN ERROR (303)` line TensorFlow prints on a machine without a GPU; with a GPU,
 TPU or multi-worker strategy it sets 2 (warnings off, errors shown). A value the user set wins.
@@ -14,10 +19,13 @@ start-up lines (an import error still raises, and its traceback is printed after
 module imports nothing heavy itself.
 """
 
+import atexit
 import os
+import shutil
 import sys
+import tempfile
 
-__all__ = ["is_cli", "prepare", "prepare_if_cli"]
+__all__ = ["is_cli", "prepare", "prepare_if_cli", "private_tempdir"]
 
 _CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
 _CLI_SCRIPTS = ("blayers-train",)
@@ -43,11 +51,38 @@ def prepare_if_cli():
 
 
 def prepare():
-    """Quiets TensorFlow's C++ log for a command line (see the module docstring)."""
+    """Quiets TensorFlow's C++ log for a command line and gives it a temporary folder of its
+    own (see the module docstring)."""
+    private_tempdir()
     on_cpu = not any(a.startswith("--strategy=") and a.split("=", 1)[1] != "cpu" for a in sys.argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if on_cpu else "2")
     if "tensorflow" not in sys.modules:
         _import_tensorflow_quietly()
+
+
+def _pid_alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def private_tempdir():
+    """`tempfile.tempdir = <system temp>/blayers-<pid>`, after removing the folders of
+    blayers processes that no longer run (a `kill -9` leaves autograph's files behind)."""
+    if os.path.basename(tempfile.gettempdir()).startswith("blayers-"):
+        return  # done already in this process
+    system = tempfile.gettempdir()
+    for name in os.listdir(system):
+        if name.startswith("blayers-") and name[8:].isdigit() and not _pid_alive(int(name[8:])):
+            shutil.rmtree(os.path.join(system, name), ignore_errors=True)
+    own = os.path.join(system, f"blayers-{os.getpid()}")
+    os.makedirs(own, exist_ok=True)
+    tempfile.tempdir = own
+    atexit.register(shutil.rmtree, own, ignore_errors=True)
 
 
 def _import_tensorflow_quietly():
