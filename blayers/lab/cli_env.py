@@ -25,7 +25,7 @@ import shutil
 import sys
 import tempfile
 
-__all__ = ["is_cli", "prepare", "prepare_if_cli", "private_tempdir"]
+__all__ = ["is_cli", "pid_alive", "prepare", "prepare_if_cli", "private_tempdir"]
 
 _CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
 _CLI_SCRIPTS = ("blayers-train",)
@@ -60,7 +60,8 @@ def prepare():
         _import_tensorflow_quietly()
 
 
-def _pid_alive(pid):
+def pid_alive(pid):
+    """Whether process `pid` runs on this host (the run lock's test too)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -77,7 +78,7 @@ def private_tempdir():
         return  # done already in this process
     system = tempfile.gettempdir()
     for name in os.listdir(system):
-        if name.startswith("blayers-") and name[8:].isdigit() and not _pid_alive(int(name[8:])):
+        if name.startswith("blayers-") and name[8:].isdigit() and not pid_alive(int(name[8:])):
             shutil.rmtree(os.path.join(system, name), ignore_errors=True)
     own = os.path.join(system, f"blayers-{os.getpid()}")
     os.makedirs(own, exist_ok=True)

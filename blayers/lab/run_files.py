@@ -32,6 +32,8 @@ import time
 import tensorflow as tf
 from absl import logging
 
+from blayers.lab.cli_env import pid_alive
+
 __all__ = [
     "ChangedBindingsError",
     "CheckpointMismatchError",
@@ -59,16 +61,6 @@ class ChangedBindingsError(ValueError):
 
 class CheckpointMismatchError(ValueError):
     """The folder's checkpoint is intact but belongs to another model."""
-
-
-def _pid_alive(pid):
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class RunLock:
@@ -100,7 +92,7 @@ class RunLock:
                     raise RunLockedError(
                         f"{os.path.dirname(self.path)} is already being trained by this process."
                     ) from None
-                if holder and (holder.get("host") != me["host"] or _pid_alive(holder["pid"])):
+                if holder and (holder.get("host") != me["host"] or pid_alive(holder["pid"])):
                     raise RunLockedError(
                         f"Another trainer holds {self.path} (PID {holder.get('pid')} on host "
                         f"{holder.get('host')}, since "
