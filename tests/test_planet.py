@@ -179,6 +179,19 @@ def test_episode_buffer_survives_a_restart_and_a_torn_write(tmp_path):
         buffer.add(np.zeros((3, 2)), np.zeros((2, 1)), np.zeros(3))
 
 
+def test_truncating_the_buffer_sets_later_episodes_aside(tmp_path):
+    buffer = EpisodeBuffer(str(tmp_path))
+    for episode in _linear_system_episodes(3, 10):
+        buffer.add(*episode)
+    buffer.truncate(1)
+    assert len(buffer) == 1 and len(EpisodeBuffer(str(tmp_path))) == 1
+    assert sorted(p.name for p in tmp_path.glob("*.superseded")) == [
+        "000001.npz.superseded",
+        "000002.npz.superseded",
+    ]
+    assert buffer.add(*_linear_system_episodes(1, 10)[0]) == 1
+
+
 def test_a_damaged_episode_is_named_and_set_aside_with_the_later_ones(tmp_path, caplog):
     buffer = EpisodeBuffer(str(tmp_path))
     for episode in _linear_system_episodes(3, 10):
@@ -215,11 +228,11 @@ def test_control_env_states_and_pixels_next_to_tensorflow():
         ControlEnv("cartpole", "balance", "rgb")
 
 
-def _planet(model_dir, steps):
+def _planet(model_dir, steps, *bindings):
     from blayers.lab.control import planet
 
     gin.clear_config()
-    config.parse(["bayesian_planet_smoke"], [f"train_planet.train_steps = {steps}"])
+    config.parse(["bayesian_planet_smoke"], [f"train_planet.train_steps = {steps}", *bindings])
     planet.train_planet(str(model_dir))
     return json.loads((model_dir / "metrics.json").read_text())
 
@@ -246,6 +259,27 @@ def test_planet_agent_resumes_collection_exactly_with_its_buffer_intact(tmp_path
     history = [json.loads(line) for line in (tmp_path / "straight" / "history.jsonl").open()]
     train = [h for h in history if h["kind"] == "train"]
     assert train and all(h["weight_kl_per_sequence"] > 0 for h in train)
+
+
+@pytest.mark.slow  # an end-to-end run
+def test_planet_resumes_exactly_from_an_older_checkpoint(tmp_path):
+    """The newest checkpoints lost (damaged, deleted): the run resumes from an older one, sets
+    aside the episodes collected after it, collects them again and ends as the uninterrupted
+    run."""
+    pytest.importorskip("dm_control")
+    every = ("train_planet.checkpoint_every = 10", "train_planet.keep_checkpoints = 5")
+    straight = _planet(tmp_path / "straight", 40, *every)
+    _planet(tmp_path / "cut", 40, *every)
+    checkpoints = tmp_path / "cut" / "checkpoints"
+    for step in (20, 30, 40):
+        for path in checkpoints.glob(f"ckpt-{step}.*"):
+            path.unlink()
+    resumed = _planet(tmp_path / "cut", 40, *every)
+    assert resumed["resumed_from_step"] == 10
+    assert list((tmp_path / "cut" / "episodes").glob("*.npz.superseded"))
+    np.testing.assert_allclose(resumed["episode_returns"], straight["episode_returns"], rtol=1e-5)
+    for key in ("eval_return", "open_loop_mse"):
+        assert resumed["final"][key] == pytest.approx(straight["final"][key], rel=1e-4), key
 
 
 @pytest.mark.slow  # an end-to-end run

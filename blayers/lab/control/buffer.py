@@ -81,6 +81,15 @@ class EpisodeBuffer:
         self.episodes.append(episode)
         return index
 
+    def truncate(self, count):
+        """Keeps the first `count` episodes; later ones are set aside on disk as
+        `*.npz.superseded` (kept, not deleted) and forgotten here."""
+        for index in range(count, len(self.episodes)):
+            path = os.path.join(self.directory, f"{index:06d}.npz")
+            if os.path.exists(path):
+                os.replace(path, path + ".superseded")
+        del self.episodes[count:]
+
     def returns(self):
         """Each episode's total reward, in collection order."""
         return [float(e["rewards"].sum()) for e in self.episodes]

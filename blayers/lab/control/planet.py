@@ -139,12 +139,43 @@ class PlanetTrainer(Trainer):
         self.seed_states = [
             v for v in self.model.variables if v.path.endswith("seed_generator_state")
         ]
+        # The buffer's length when a checkpoint was written: a resume drops later episodes.
+        self.episodes_saved = tf.Variable(-1, dtype=tf.int64, trainable=False, name="episodes")
         self.checkpoint_object = tf.train.Checkpoint(
-            model=self.model, optimizer=self.optimizer, step=self.step, seed_states=self.seed_states
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step,
+            seed_states=self.seed_states,
+            episodes=self.episodes_saved,
         )
         self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
         self._filter_fn = tf.function(self._filter)
         self._plan_fn = tf.function(self._plan)
+
+    def save_checkpoint(self):
+        self.episodes_saved.assign(len(self.buffer))
+        super().save_checkpoint()
+
+    def restore(self):
+        """The newest intact checkpoint, and the buffer as it was when it was written: episodes
+        collected after it (by a run killed later, or whose newer checkpoints are damaged) are
+        set aside (`*.npz.superseded`) and collected again, exactly as the uninterrupted run
+        collected them, so collection advances the random streams as it did."""
+        step = super().restore()
+        kept = int(self.episodes_saved.numpy())
+        if kept < 0:  # no checkpoint (or one from before the count): what its step implies
+            kept = min(len(self.buffer), self.expected_episodes(step))
+        if len(self.buffer) > kept:
+            logging.warning(
+                "Resuming at step %d, whose checkpoint saw %d episodes: episodes %d-%d are set "
+                "aside as *.npz.superseded and collected again.",
+                step,
+                kept,
+                kept,
+                len(self.buffer) - 1,
+            )
+            self.buffer.truncate(kept)
+        return step
 
     def expected_episodes(self, step):
         """Episodes the buffer holds once `collect()` has run at `step`."""
