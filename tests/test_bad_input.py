@@ -27,9 +27,13 @@ def test_an_unclosed_bracket_names_the_file_and_line(tmp_path):
 
 
 def test_a_non_positive_learning_rate_is_refused():
-    for rate in (-1.0, 0.0):
+    for rate in (-1.0, 0.0, -1):
         with pytest.raises(ValueError, match="learning_rate must be positive"):
             trainer.make_optimizer(learning_rate=rate)
+    import keras
+
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
+    assert trainer.make_optimizer(learning_rate=schedule)  # a schedule is not a number
 
 
 def test_a_layout_rule_matching_no_dimension_is_refused():

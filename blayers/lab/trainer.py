@@ -28,6 +28,7 @@ uninterrupted one from any checkpoint.
 import inspect
 import json
 import math
+import numbers
 import os
 import time
 
@@ -84,7 +85,7 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
         `LearningRateSchedule`, e.g. `@cosine_decay`.
       **kwargs: the optimizer's other arguments (`weight_decay`, `clipnorm`, ...).
     """
-    if not isinstance(learning_rate, (int, float)) or not learning_rate > 0:
+    if isinstance(learning_rate, numbers.Real) and not learning_rate > 0:  # a schedule passes
         raise ValueError(f"make_optimizer.learning_rate must be positive, got {learning_rate!r}.")
     if schedule is not None:
         learning_rate = schedule(learning_rate)
@@ -154,7 +155,7 @@ def first_non_finite_layer(model, inputs):
 
 def _non_finite_rows(values, what):
     """`'features are not finite in rows [3, 7]'`, or None for finite (or non-float) data."""
-    if not isinstance(values, (tf.Tensor, np.ndarray)) or not values.dtype.is_floating:
+    if not isinstance(values, (tf.Tensor, np.ndarray)) or not tf.as_dtype(values.dtype).is_floating:
         return None
     values = np.asarray(values)
     finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
