@@ -180,10 +180,7 @@ class History:
         if len(kept) == len(self.records):
             return self.add(record)
         self.records = [*kept, record]
-        temporary = f"{self.path}.tmp-{os.getpid()}"
-        with open(temporary, "w") as f:
-            f.writelines(json.dumps(r) + "\n" for r in self.records)
-        os.replace(temporary, self.path)
+        _write_atomically(self.path, "".join(json.dumps(r) + "\n" for r in self.records))
 
 
 def _checkpoint_number(prefix):
@@ -246,13 +243,12 @@ def restore_newest_intact(checkpoint, directory):
                         "Use a new --model_dir, or the original configuration."
                     ) from None
                 # The bytes cannot be read: a kill mid-write, a bad disk.
-                message = str(error).strip().splitlines()[0] if str(error).strip() else ""
                 logging.warning(
                     "Checkpoint %s is damaged (%s: %s); falling back to an older one. Its files "
                     "are kept as %s.*.damaged.",
                     prefix,
                     type(error).__name__,
-                    message[:200],
+                    _first_line(error),
                     os.path.basename(prefix),
                 )
                 _quarantine(prefix)
@@ -386,8 +382,12 @@ def write_command(model_dir):
 
 
 def _write_json(path, value, **kwargs):
-    """Atomic: a kill mid-write leaves the previous file."""
+    _write_atomically(path, json.dumps(value, indent=1, **kwargs))
+
+
+def _write_atomically(path, text):
+    """A kill mid-write leaves the previous file, never a torn one."""
     temporary = f"{path}.tmp-{os.getpid()}"
     with open(temporary, "w") as f:
-        json.dump(value, f, indent=1, **kwargs)
+        f.write(text)
     os.replace(temporary, path)
