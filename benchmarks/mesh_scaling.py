@@ -43,7 +43,7 @@ def main(argv=None):
         tf.config.set_logical_device_configuration(
             cpu, [tf.config.LogicalDeviceConfiguration()] * max(args.sizes)
         )
-    from blayers.lab.mesh import trainer as mesh_trainer
+    from blayers.lab.mesh import graph as mesh_graph
     from blayers.lab.mesh.transformer import TransformerHParams
 
     rng = np.random.RandomState(0)
@@ -66,7 +66,7 @@ def main(argv=None):
             devices = [f"/{kind.lower()}:{i}" for i in range(size)]
             graph = tf.Graph()
             with graph.as_default():
-                run = mesh_trainer.MeshRun(
+                run = mesh_graph.MeshRun(
                     args.length,
                     args.length,
                     hparams,
@@ -90,8 +90,8 @@ def main(argv=None):
                         start = time.perf_counter()
                         session.run(run.train_op, feed)
                         times.append(time.perf_counter() - start)
-                memory = mesh_trainer.parameter_bytes_per_device(run, include_optimizer=True)
-                params = mesh_trainer.parameter_bytes_per_device(run)
+                memory = mesh_graph.parameter_bytes_per_device(run, include_optimizer=True)
+                params = mesh_graph.parameter_bytes_per_device(run)
             row = {
                 "bayesian": bayesian,
                 "mesh_size": size,

@@ -1,13 +1,12 @@
 """Trainer throughput on the main job's model: deterministic MLP vs Bayesian (Flipout) MLP.
 
-Runs `blayers.lab.trainer.train` on `configs/digits_mlp.gin` for each `mlp.dense_layer` and reports
+Runs `blayers.lab.loop.train` on `configs/digits_mlp.gin` for each `mlp.dense_layer` and reports
 training steps per second (after the first logging interval, which includes tracing) as JSON.
 
     python benchmarks/trainer_steps.py --out benchmarks/results/trainer_steps.json
 """
 
 import argparse
-import json
 import os
 import tempfile
 
@@ -17,7 +16,7 @@ import gin
 import numpy as np
 from common import write_json
 
-from blayers.lab import config, trainer
+from blayers.lab import config, loop, runs
 
 
 def steps_per_second(dense_layer, steps, log_every):
@@ -30,14 +29,13 @@ def steps_per_second(dense_layer, steps, log_every):
             "train.eval_every = None",
             f"train.log_every = {log_every}",
             "train.progress = False",
-            "train.num_eval_samples = 1",
+            "SupervisedLearner.num_eval_samples = 1",
         ],
     )
     with tempfile.TemporaryDirectory() as model_dir:
-        trainer.train(model_dir)
-        with open(os.path.join(model_dir, "history.jsonl")) as f:
-            records = [json.loads(line) for line in f]
-    rates = [r["steps_per_second"] for r in records if r["kind"] == "train"][1:]
+        loop.train(model_dir)
+        records = runs.RunDir(model_dir).records("train")
+    rates = [r["steps_per_second"] for r in records][1:]
     return float(np.median(rates))
 
 

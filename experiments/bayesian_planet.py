@@ -27,6 +27,7 @@ import numpy as np
 from absl import app, flags
 
 from blayers.lab import plots
+from blayers.lab.runs import RunDir
 from launch import sweep
 
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}
@@ -50,14 +51,9 @@ def plan(seeds):
     for model, layer in MODELS.items():
         for seed in seeds:
             name = f"{model}_seed{seed}"
-            runs.append((name, {"transition": layer, "train_planet.seed": str(seed)}))
+            runs.append((name, {"transition": layer, "train.seed": str(seed)}))
             models[name] = model
     return runs, models
-
-
-def _history(run_dir):
-    with open(os.path.join(run_dir, "history.jsonl")) as f:
-        return [json.loads(line) for line in f if line.strip()]
 
 
 def summarize(root, results, models):
@@ -65,8 +61,7 @@ def summarize(root, results, models):
     finished = [n for n, _, status, _ in results if status.startswith(("finished", "skipped"))]
     summaries = {}
     for name in finished:
-        with open(os.path.join(root, name, "metrics.json")) as f:
-            summaries[name] = json.load(f)
+        summaries[name] = RunDir(os.path.join(root, name)).metrics()
     curves = {}
     for name, summary in summaries.items():
         curves.setdefault(models[name], []).append(summary["episode_returns"])
@@ -74,7 +69,7 @@ def summarize(root, results, models):
         plots.episode_returns(curves, os.path.join(root, "score.png"))
     bayesian = sorted(n for n in summaries if models[n] == "Bayesian")
     if bayesian:
-        train = [h for h in _history(os.path.join(root, bayesian[0])) if h["kind"] == "train"]
+        train = RunDir(os.path.join(root, bayesian[0])).records("train")
         plots.curve(
             [h["step"] for h in train],
             [h["weight_kl_per_sequence"] for h in train],

@@ -20,6 +20,8 @@ import re
 
 from absl import app, flags
 
+from blayers.lab.runs import RunDir
+
 FLAGS = flags.FLAGS
 
 
@@ -150,7 +152,8 @@ def collect(root):
     runs, experiments = [], []
     for directory, _, files in sorted(os.walk(root)):
         inside = any(os.path.commonpath([e["dir"], directory]) == e["dir"] for e in experiments)
-        if "experiment.json" in files and not inside:  # a part of an experiment is not another
+        run = RunDir(directory)
+        if RunDir.EXPERIMENT in files and not inside:  # a part of an experiment is not another
             table = None
             if "results.md" in files:
                 with open(os.path.join(directory, "results.md")) as f:
@@ -158,18 +161,14 @@ def collect(root):
             experiments.append(
                 {
                     "dir": directory,
-                    "record": _load(os.path.join(directory, "experiment.json")) or {},
+                    "record": run.experiment() or {},
                     "table": table,
                     "runs": [],
                 }
             )
-        if "metrics.json" in files:
+        if RunDir.METRICS in files:
             runs.append(
-                {
-                    "dir": directory,
-                    "metrics": _load(os.path.join(directory, "metrics.json")) or {},
-                    "command": _load(os.path.join(directory, "command.json")) or {},
-                }
+                {"dir": directory, "metrics": run.metrics() or {}, "command": run.command() or {}}
             )
     loose = []
     for run in runs:

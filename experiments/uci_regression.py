@@ -294,7 +294,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
                     )
                     if validation:
                         name = f"validation/{name}_rate{rate}_tau{tau}"
-                        run_bindings["train.num_eval_samples"] = str(GRID_EVAL_SAMPLES)
+                        run_bindings["SupervisedLearner.num_eval_samples"] = str(GRID_EVAL_SAMPLES)
                 runs.append((name, run_bindings))
                 keys[name] = (dataset, split, pair)
     return runs, keys

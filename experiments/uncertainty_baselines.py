@@ -19,6 +19,7 @@ import os
 
 from absl import app, flags
 
+from blayers.lab.runs import RunDir
 from launch import sweep
 
 METHODS = ("deterministic", "mc_dropout", "flipout", "rank1", "batch_ensemble", "sngp")
@@ -62,8 +63,7 @@ def summarize(results, root):
     for name, _, status, final in results:
         if not status.startswith(("finished", "skipped")):
             continue
-        with open(os.path.join(root, name, "metrics.json")) as f:
-            summary = json.load(f)
+        summary = RunDir(os.path.join(root, name)).metrics()
         rows.append(
             {
                 "method": name,

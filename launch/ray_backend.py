@@ -37,6 +37,7 @@ import subprocess
 import threading
 import time
 
+from blayers.lab.runs import RunDir
 from launch import local, results
 
 __all__ = ["require_ray", "run_grid"]
@@ -105,7 +106,7 @@ def _trial(config):
     cwd = spec["cwd"] if os.path.isdir(spec["cwd"]) else None
     trainer = _Trainer(command, log, cwd)
     log.close()
-    history = os.path.join(model_dir, "history.jsonl")
+    history = RunDir(model_dir).file(RunDir.HISTORY)
     # A resumed run's earlier records were reported by its earlier trial: start after its last
     # complete line (the trainer drops a torn one when it resumes).
     _, offset = _records(history, 0)
@@ -311,7 +312,7 @@ def _stop_trials(stop_file, specs, limit=300.0):
         f.write("stop\n")
     end = time.monotonic() + limit
     while time.monotonic() < end:
-        if not any(os.path.exists(os.path.join(s["model_dir"], "LOCK")) for s in specs):
+        if not any(RunDir(s["model_dir"]).is_locked() for s in specs):
             break
         time.sleep(POLL_SECONDS)
     os.remove(stop_file)

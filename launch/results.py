@@ -4,11 +4,12 @@ sweep's exit status. Shared by every backend and by the experiment scripts.
 """
 
 import csv
-import json
 import math
 import os
 import shlex
 import sys
+
+from blayers.lab.runs import RunDir
 
 __all__ = [
     "DEFAULT_COLUMNS",
@@ -36,12 +37,9 @@ DEFAULT_COLUMNS = (
 
 
 def finished(model_dir):
-    path = os.path.join(model_dir, "metrics.json")
-    if not os.path.exists(path):
-        return None
-    with open(path) as f:
-        summary = json.load(f)
-    return summary if summary.get("status") == "finished" else None
+    """A finished run's summary (`metrics.json`), or None."""
+    summary = RunDir(model_dir).metrics()
+    return summary if summary and summary.get("status") == "finished" else None
 
 
 def stopped_status(model_dir):
@@ -118,10 +116,8 @@ def write_hparams(results, root):
 def write_experiment_record(root, **fields):
     """`root/experiment.json`: the running experiment's command and `fields`, which the
     reproduction report (`experiments.report`) reads."""
-    os.makedirs(root, exist_ok=True)
     record = {"command": " ".join(shlex.quote(a) for a in _experiment_argv()), **fields}
-    with open(os.path.join(root, "experiment.json"), "w") as f:
-        json.dump(record, f, indent=1)
+    RunDir(root).write_experiment(record)
 
 
 def _experiment_argv():

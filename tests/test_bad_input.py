@@ -11,8 +11,9 @@ import gin
 import numpy as np
 import pytest
 
-from blayers.lab import config, trainer
+from blayers.lab import config, loop
 from blayers.lab import data as data_lib
+from blayers.lab.learners import supervised
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 
@@ -29,35 +30,36 @@ def test_an_unclosed_bracket_names_the_file_and_line(tmp_path):
 def test_a_non_positive_learning_rate_is_refused():
     for rate in (-1.0, 0.0, -1):
         with pytest.raises(ValueError, match="learning_rate must be positive"):
-            trainer.make_optimizer(learning_rate=rate)
+            supervised.make_optimizer(learning_rate=rate)
     import keras
 
     schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.9)
-    assert trainer.make_optimizer(learning_rate=schedule)  # a schedule is not a number
+    assert supervised.make_optimizer(learning_rate=schedule)  # a schedule is not a number
 
 
 def test_a_layout_rule_matching_no_dimension_is_refused():
-    from blayers.lab.mesh import trainer as mesh_trainer
+    from blayers.lab.mesh import graph as mesh_graph
     from blayers.lab.mesh.random import mtf
     from blayers.lab.mesh.transformer import TransformerHParams
 
     hparams = TransformerHParams(vocab_size=16, d_model=32, d_ff=64, num_heads=4)
     mesh = mtf.convert_to_shape("model:2")
-    mesh_trainer._check_layout(hparams, 32, mesh, "heads:model;d_ff:model")
+    mesh_graph.check_layout(hparams, 32, mesh, "heads:model;d_ff:model")
     with pytest.raises(ValueError, match=r"haeds:model names no dimension.*heads"):
-        mesh_trainer._check_layout(hparams, 32, mesh, "haeds:model")
+        mesh_graph.check_layout(hparams, 32, mesh, "haeds:model")
 
 
 def test_a_batch_larger_than_the_data_is_said(caplog):
     digits = data_lib.digits()
     with caplog.at_level("WARNING"):
-        run = trainer.Trainer("unused", digits, model=None, batch_size=100_000)
+        run = supervised.SupervisedLearner(digits, model=None, batch_size=100_000)
     assert run.batch_size == digits.num_train
     assert any("batch_size=100000" in r.getMessage() for r in caplog.records)
 
 
 def test_the_loop_must_fit_the_config(tmp_path):
-    """`--strategy=mesh` with a Keras config, or a mesh config without it, fails at once. (The
+    """`--strategy=mesh` with a Keras config, or a mesh config with a tf.distribute strategy,
+    fails at once, naming the strategy and the config's learner. (The
     command line also removes the temporary folder a killed blayers process left.)"""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
@@ -85,7 +87,8 @@ def test_the_loop_must_fit_the_config(tmp_path):
             env=env,
         )
         assert done.returncode == 2, done.stderr[-2000:]
-        assert "--strategy=mesh runs the Mesh TensorFlow loop" in done.stderr
+        learner = "SupervisedLearner" if strategy == "mesh" else "MeshLearner"
+        assert f"--strategy={strategy} cannot run {learner}" in done.stderr
         assert not (tmp_path / strategy / "command.json").exists()
     assert os.listdir(tmp_path / "system_tmp") == []  # the stale folder and its own: gone
     gin.clear_config()
@@ -158,10 +161,10 @@ def test_a_non_finite_input_is_blamed_on_the_data_not_a_layer(tmp_path):
         num_classes=2,
     )
     with pytest.raises(
-        trainer.NonFiniteLossError,
+        loop.NonFiniteLossError,
         match=r"features are not finite in rows \[\d+\] of data 'streamed'",
     ):
-        trainer.train(
+        loop.fit(
             str(tmp_path),
             data=data,
             model=lambda shape, n: models.mlp(shape, n, hidden_units=(4,)),

@@ -290,7 +290,7 @@ def test_two_workers_on_localhost_match_one_worker(tmp_path):
         "--gin_param=mlp.dense_layer = 'Dense'",
         "--gin_param=train.train_steps = 20",
         "--gin_param=train.log_every = 5",
-        "--gin_param=train.num_eval_samples = 2",
+        "--gin_param=SupervisedLearner.num_eval_samples = 2",
     ]
     cluster = [f"localhost:{port}" for port in _free_ports(2)]
     workers = []

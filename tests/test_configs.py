@@ -8,15 +8,15 @@ import gin
 import pytest
 
 import blayers
-from blayers.lab import config, trainer
+from blayers.lab import config, loop
 
 CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
 SMOKES = [p for p in CONFIGS if p.name.endswith("_smoke.gin")]
-# Mesh TensorFlow configs: trained by `train_mesh` (tests below and tests/test_mesh.py).
-MESH = [p for p in CONFIGS if "train_mesh." in p.read_text()]
-# PlaNet configs: trained by `train_planet` (tests/test_planet.py).
-PLANET = [p for p in CONFIGS if "train_planet." in p.read_text()]
+# Mesh TensorFlow configs: the mesh learner (tests below and tests/test_mesh.py).
+MESH = [p for p in CONFIGS if "MeshLearner." in p.read_text()]
+# PlaNet configs: the PlaNet learner (tests/test_planet.py).
+PLANET = [p for p in CONFIGS if "PlanetLearner." in p.read_text()]
 
 
 def _text_with_includes(path):
@@ -65,13 +65,13 @@ def _train_briefly(path, model_dir, steps, *bindings):
             f"train.train_steps = {steps}",
             "train.eval_every = None",
             "train.progress = False",
-            "train.num_eval_samples = 1",
+            "SupervisedLearner.num_eval_samples = 1",
             # a few decodes: the full evaluation is the smoke run's own (slow tests, README)
             *(_FEW_DECODES if "SequenceToSequence" in _text_with_includes(path) else []),
             *bindings,
         ],
     )
-    metrics = trainer.train(str(model_dir))
+    metrics = loop.fit(str(model_dir))
     assert metrics and all(math.isfinite(v) for v in metrics.values())
 
 
@@ -97,27 +97,28 @@ def test_full_scale_tfds_config_trains_on_mock_data(path, tmp_path):
     import tensorflow_datasets as tfds
 
     with tfds.testing.mock_data(num_examples=8):  # fewer test images than a plot's grid
-        _train_briefly(path, tmp_path, 2, "train.batch_size = 4", *_tfds_bindings(path, tmp_path))
+        _train_briefly(
+            path, tmp_path, 2, "SupervisedLearner.batch_size = 4", *_tfds_bindings(path, tmp_path)
+        )
     assert list(tmp_path.glob("*.png"))
 
 
 def _train_mesh_briefly(path, model_dir, steps, *bindings):
-    """`train_mesh` on the config at `path` for `steps` steps, its heads, d_ff and vocabulary
+    """The mesh learner on the config at `path` for `steps` steps, its heads, d_ff and vocabulary
     split over two mesh processors (both on this process's one CPU device)."""
-    from blayers.lab.mesh import trainer as mesh_trainer
-
     config.parse(
         [str(path.relative_to(CONFIG_DIR))],
         [
-            f"train_mesh.train_steps = {steps}",
-            "train_mesh.num_eval_samples = 1",
-            "train_mesh.mesh_shape = 'model:2'",
+            f"train.train_steps = {steps}",
+            "MeshLearner.num_eval_samples = 1",
+            "MeshLearner.mesh_shape = 'model:2'",
+            "MeshLearner.devices = ['/cpu:0', '/cpu:0']",
             "SequenceToSequence.num_decode = 2",
             "SequenceToSequence.beam_size = 2",
             *bindings,
         ],
     )
-    metrics = mesh_trainer.train_mesh(str(model_dir), devices=["/cpu:0", "/cpu:0"])
+    metrics = loop.train(str(model_dir))
     assert metrics and all(math.isfinite(v) for v in metrics.values())
     assert (model_dir / "sequence_reliability.png").exists()
 
@@ -132,7 +133,7 @@ def test_mesh_config_trains(path, tmp_path):
     """Mesh configs train in-process: the loop builds its own graph and the process stays
     eager. Full-scale ones run two steps (TFDS mocked, small batches)."""
     full = path not in SMOKES
-    bindings = ["train_mesh.batch_size = 4"] if full else []
+    bindings = ["MeshLearner.batch_size = 4"] if full else []
     if full and "tfds_translation" in _text_with_includes(path):
         bindings.append("tfds_translation.max_length = 16")  # decoding steps, not the model
     if "tfds_" not in _text_with_includes(path):

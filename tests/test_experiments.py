@@ -95,7 +95,7 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
         "gin_params": [
             "train.train_steps = 20",
             "deep_gp.num_inducing = 10",
-            "train.num_eval_samples = 2",
+            "SupervisedLearner.num_eval_samples = 2",
         ],
         "parallel": 2,
     }
@@ -125,7 +125,7 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
         "datasets": ["toy"],
         "splits": "1",
         "gin_params": [
-            "train.num_eval_samples = 3",
+            "SupervisedLearner.num_eval_samples = 3",
             "svgp: train.train_steps = 10",
             "svgp: deep_gp.num_inducing = 5",
         ],
@@ -147,7 +147,7 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
     val = json.loads(
         (runs / "mc_dropout" / "validation" / validation[0] / "bindings.json").read_text()
     )
-    assert val["uci.validation"] == "True" and val["train.num_eval_samples"] == "1000"
+    assert val["uci.validation"] == "True" and val["SupervisedLearner.num_eval_samples"] == "1000"
     flipout = json.loads((runs / "flipout" / "toy_split1" / "bindings.json").read_text())
     assert flipout["train.train_steps"] == "2" and flipout["mlp.hidden_units"] == "(50,)"
     svgp = json.loads((runs / "svgp" / "toy_split1" / "metrics.json").read_text())
@@ -210,7 +210,7 @@ def test_bayesian_planet_experiment_writes_the_figures_and_table(tmp_path):
     from experiments import bayesian_planet
 
     rows = bayesian_planet.run_experiment(
-        str(tmp_path), "bayesian_planet_smoke", ["train_planet.train_steps = 20"], ["0"], 2
+        str(tmp_path), "bayesian_planet_smoke", ["train.train_steps = 20"], ["0"], 2
     )
     assert [r["model"] for r in rows] == ["Bayesian", "deterministic"]
     assert all(np.isfinite(r["eval_return"]) and r["seeds"] == 1 for r in rows)
@@ -229,7 +229,11 @@ def test_cox_process_experiment_writes_its_table(tmp_path):
         ["coal", "brambles"],
         1,
         "cox_process_smoke",
-        ["train.train_steps = 5", "train.num_eval_samples = 5", "cox_process.num_inducing = 8"],
+        [
+            "train.train_steps = 5",
+            "VariationalProgramLearner.num_eval_samples = 5",
+            "cox_process.num_inducing = 8",
+        ],
         2,
     )
     assert [r["pattern"] for r in rows] == ["coal", "brambles"]
@@ -263,7 +267,7 @@ def test_uncertainty_baselines_experiment_writes_its_table(tmp_path):
         str(tmp_path),
         list(uncertainty_baselines.METHODS),
         "uncertainty_baselines_smoke",
-        ["train.train_steps = 4", "train.num_eval_samples = 2", "train.log_every = 2"],
+        ["train.train_steps = 4", "SupervisedLearner.num_eval_samples = 2", "train.log_every = 2"],
         2,
     )
     by_method = {r["method"]: r for r in rows}

@@ -16,7 +16,7 @@ import tensorflow_probability as tfp
 
 import blayers
 from blayers.lab import data as data_lib
-from blayers.lab import trainer
+from blayers.lab import loop
 from blayers.layers import (
     GaussianLikelihood,
     GaussianProcess,
@@ -218,7 +218,7 @@ def _deep_gp(input_shape, num_outputs):
 
 def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
     toy = data_lib.heteroscedastic_1d(num_train=128, num_test=64)
-    metrics = trainer.train(
+    metrics = loop.fit(
         str(tmp_path),
         data=toy,
         model=_deep_gp,

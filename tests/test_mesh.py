@@ -153,7 +153,9 @@ import tensorflow as tf
 cpu = tf.config.list_physical_devices("CPU")[0]
 tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 4)
 from blayers.lab.data import synthetic_translation
-from blayers.lab.mesh.trainer import MeshRun, parameter_bytes_per_device, train_mesh
+from blayers.lab.learners import MeshLearner
+from blayers.lab.loop import train
+from blayers.lab.mesh.graph import MeshRun, parameter_bytes_per_device
 from blayers.lab.mesh.random import NoiseSource
 from blayers.lab.mesh.transformer import TransformerHParams, transformer_loss, mtf
 
@@ -164,15 +166,17 @@ data = synthetic_translation(
     num_train=256, num_test=64, vocab_size=13, max_length=6, noise=0.0, pad_to=8
 )
 hparams = TransformerHParams(vocab_size=16, d_model=16, d_ff=32, num_heads=4, num_layers=1)
-kwargs = dict(hparams=hparams, mesh_shape="model:2", batch_size=16, log_every=5,
-              checkpoint_every=10, num_eval_samples=2, learning_rate=3e-3)
-out["first"] = train_mesh(sys.argv[1], data, train_steps=20, **kwargs)
-out["resumed"] = train_mesh(sys.argv[1], data, train_steps=40, **kwargs)
-out["straight"] = train_mesh(sys.argv[2], data, train_steps=40, **kwargs)
-train_mesh(sys.argv[3], data, train_steps=20, **kwargs)
-out["relaid"] = train_mesh(
-    sys.argv[3], data, train_steps=40, **{**kwargs, "mesh_shape": "model:1", "layout": ""}
-)
+kwargs = dict(hparams=hparams, mesh_shape="model:2", batch_size=16, num_eval_samples=2,
+              learning_rate=3e-3)
+def train_mesh(model_dir, steps, **changes):
+    learner = MeshLearner(data, **{**kwargs, **changes})
+    return train(model_dir, learner=learner, train_steps=steps, log_every=5,
+                 checkpoint_every=10, progress=False)
+out["first"] = train_mesh(sys.argv[1], 20)
+out["resumed"] = train_mesh(sys.argv[1], 40)
+out["straight"] = train_mesh(sys.argv[2], 40)
+train_mesh(sys.argv[3], 20)
+out["relaid"] = train_mesh(sys.argv[3], 40, mesh_shape="model:1", layout="")
 
 # The same weights and noise on 1, 2, 4 and 2x2 devices give the same loss, with deterministic
 # and with Bayesian (Flipout attention, local-reparameterization feed-forward) layers.
@@ -285,8 +289,8 @@ def test_mesh_smoke_config_through_the_cli(tmp_path):
             "--num_cpu_devices=2",
             "--mesh_shape=model:2",
             "--gin_file=bayesian_transformer_mesh_smoke",
-            "--gin_param=train_mesh.train_steps = 20",
-            "--gin_param=train_mesh.log_every = 10",
+            "--gin_param=train.train_steps = 20",
+            "--gin_param=train.log_every = 10",
             f"--model_dir={tmp_path}",
         ],
         cwd=ROOT,

@@ -229,11 +229,11 @@ def test_control_env_states_and_pixels_next_to_tensorflow():
 
 
 def _planet(model_dir, steps, *bindings):
-    from blayers.lab.control import planet
+    from blayers.lab import loop
 
     gin.clear_config()
-    config.parse(["bayesian_planet_smoke"], [f"train_planet.train_steps = {steps}", *bindings])
-    planet.train_planet(str(model_dir))
+    config.parse(["bayesian_planet_smoke"], [f"train.train_steps = {steps}", *bindings])
+    loop.train(str(model_dir))
     return json.loads((model_dir / "metrics.json").read_text())
 
 
@@ -267,7 +267,7 @@ def test_planet_resumes_exactly_from_an_older_checkpoint(tmp_path):
     aside the episodes collected after it, collects them again and ends as the uninterrupted
     run."""
     pytest.importorskip("dm_control")
-    every = ("train_planet.checkpoint_every = 10", "train_planet.keep_checkpoints = 5")
+    every = ("train.checkpoint_every = 10", "train.keep_checkpoints = 5")
     straight = _planet(tmp_path / "straight", 40, *every)
     _planet(tmp_path / "cut", 40, *every)
     checkpoints = tmp_path / "cut" / "checkpoints"
@@ -291,7 +291,7 @@ def test_planet_smoke_config_through_the_cli(tmp_path):
             "-m",
             "blayers.train",
             "--gin_file=bayesian_planet_smoke",
-            "--gin_param=train_planet.train_steps = 20",
+            "--gin_param=train.train_steps = 20",
             f"--model_dir={tmp_path}",
         ],
         cwd=ROOT,

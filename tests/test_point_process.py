@@ -175,11 +175,11 @@ def test_cox_smoke_run_elbo_rises(tmp_path):
     rises, the intensity plot is written and the held-out pattern beats a constant rate."""
     import gin
 
-    from blayers.lab import config, trainer
+    from blayers.lab import config, loop
 
     config.parse(["cox_process_smoke.gin"], ["train.progress = False"])
     try:
-        metrics = trainer.train(str(tmp_path))
+        metrics = loop.fit(str(tmp_path))
     finally:
         gin.clear_config()
     lines = (tmp_path / "history.jsonl").read_text().splitlines()

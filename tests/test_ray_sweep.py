@@ -17,7 +17,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = [
     "--gin_file=digits_mlp_smoke",
     "--gin_param=train.progress = False",
-    "--gin_param=train.num_eval_samples = 2",
+    "--gin_param=SupervisedLearner.num_eval_samples = 2",
 ]
 RAY = ["--backend=ray", "--ray_num_cpus=2"]
 

@@ -1,23 +1,21 @@
 """A run folder's promises when it is reused: a run of another model is refused before anything
-in the folder changes, a refused command line leaves `command.json` alone, and the Mesh
-TensorFlow loop keeps the Keras loop's promises (changed bindings refused, the newest intact
-checkpoint, a copied folder restores its own, a checkpoint on SIGTERM)."""
+in the folder changes, and a refused command line leaves `command.json` alone. The promises
+every learner keeps are tested in `tests/test_loop_promises.py`; the mesh learner's SIGTERM
+through the command line is a slow test here."""
 
 import hashlib
 import json
 import os
 import pathlib
-import shutil
 import signal
 import subprocess
 import sys
 import time
 
 import gin
-import numpy as np
 import pytest
 
-from blayers.lab import config, run_files, trainer
+from blayers.lab import config, loop, runs
 from blayers.lab import models as models_lib
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -42,18 +40,18 @@ def _digits(*params):
 
 def test_a_changed_model_binding_is_refused_before_anything_changes(tmp_path):
     _digits()
-    trainer.train(str(tmp_path))
+    loop.fit(str(tmp_path))
     before = _snapshot(tmp_path)
     _digits("mlp.hidden_units = (64,)")  # another model in the same folder
-    with pytest.raises(run_files.ChangedBindingsError, match=r"mlp.hidden_units: \(32,\) -> "):
-        trainer.train(str(tmp_path))
+    with pytest.raises(runs.ChangedBindingsError, match=r"mlp.hidden_units: \(32,\) -> "):
+        loop.fit(str(tmp_path))
     assert _snapshot(tmp_path) == before  # no .damaged files, history and metrics intact
     _digits()  # re-running the finished run evaluates again, replacing its record
-    trainer.train(str(tmp_path))
+    loop.fit(str(tmp_path))
     records = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
     assert [r["step"] for r in records if r["kind"] == "eval"] == [4]
     _digits("train.train_steps = 6")  # the same model resumes
-    trainer.train(str(tmp_path))
+    loop.fit(str(tmp_path))
     assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_step"] == 4
 
 
@@ -67,10 +65,10 @@ def test_a_checkpoint_of_another_model_is_refused_not_taken_for_damage(tmp_path)
     def mlp(units):
         return lambda shape, n: models_lib.mlp(shape, n, hidden_units=(units,))
 
-    trainer.train(str(tmp_path), data=digits, model=mlp(8), **quick)
+    loop.fit(str(tmp_path), data=digits, model=mlp(8), **quick)
     before = _snapshot(tmp_path)
-    with pytest.raises(run_files.CheckpointMismatchError, match=r"ckpt-2 does not fit"):
-        trainer.train(str(tmp_path), data=digits, model=mlp(16), **dict(quick, train_steps=4))
+    with pytest.raises(runs.CheckpointMismatchError, match=r"ckpt-2 does not fit"):
+        loop.fit(str(tmp_path), data=digits, model=mlp(16), **dict(quick, train_steps=4))
     assert _snapshot(tmp_path) == before
 
 
@@ -96,11 +94,11 @@ def test_a_refused_invocation_leaves_the_command_record(tmp_path):
     """The run is made in-process (its command record set as the CLI sets it); the two
     invocations that must change nothing go through the command line."""
     _digits()
-    run_files.set_command({"command": "python -m blayers.train (the first run)"})
+    runs.set_command({"command": "python -m blayers.train (the first run)"})
     try:
-        trainer.train(str(tmp_path))
+        loop.fit(str(tmp_path))
     finally:
-        run_files.set_command({})
+        runs.set_command({})
     command = (tmp_path / "command.json").read_text()
     assert "the first run" in command
     refused = _cli(tmp_path, "train.train_steps = 2", "make_optimizer.learning_rate = 0.5")
@@ -110,75 +108,19 @@ def test_a_refused_invocation_leaves_the_command_record(tmp_path):
     assert (tmp_path / "command.json").read_text() == command
 
 
-# -- the Mesh TensorFlow loop --------------------------------------------------------------------
-
-
-def _mesh(model_dir, *params):
-    from blayers.lab.mesh import trainer as mesh_trainer
-
-    gin.clear_config()
-    config.parse(
-        ["bayesian_transformer_mesh_smoke"],
-        [
-            "train_mesh.train_steps = 6",
-            "train_mesh.checkpoint_every = 2",
-            "train_mesh.log_every = 2",
-            "train_mesh.num_eval_samples = 1",
-            "synthetic_translation.num_train = 128",
-            "synthetic_translation.num_test = 8",
-            "SequenceToSequence.num_decode = 2",
-            "SequenceToSequence.decode_samples = 1",
-            *params,
-        ],
-    )
-    return mesh_trainer.train_mesh(str(model_dir))
-
-
-def _train_losses(model_dir):
-    lines = (pathlib.Path(model_dir) / "history.jsonl").read_text().splitlines()
-    return [(r["step"], r["loss"]) for r in map(json.loads, lines) if r["kind"] == "train"]
-
-
-def test_mesh_run_folder_promises(tmp_path):
-    straight, cut = tmp_path / "straight", tmp_path / "cut"
-    _mesh(straight)
-    _mesh(cut, "train_mesh.train_steps = 4")
-    # A changed binding that cannot apply is refused, naming it; nothing changes.
-    before = _snapshot(cut)
-    with pytest.raises(run_files.ChangedBindingsError, match="train_mesh.learning_rate"):
-        _mesh(cut, "train_mesh.learning_rate = 0.05")
-    assert _snapshot(cut) == before
-    # A copied folder restores its own checkpoint (relative paths), even with the original gone;
-    # the newest checkpoint truncated, it falls back to the newest intact one, naming it.
-    moved = tmp_path / "moved"
-    shutil.copytree(cut, moved)
-    shutil.rmtree(cut)
-    data_file = next((moved / "checkpoints").glob("model.ckpt-4.data-*"))
-    data_file.write_bytes(data_file.read_bytes()[:50])
-    _mesh(moved)
-    summary = json.loads((moved / "metrics.json").read_text())
-    assert summary["step"] == 6 and summary["resumed_from_step"] == 2
-    assert list((moved / "checkpoints").glob("model.ckpt-4.*.damaged"))
-    # ... and continues exactly where the uninterrupted run is at that step.
-    np.testing.assert_allclose(_train_losses(moved), _train_losses(straight), rtol=1e-5)
-    # keep-N counts the checkpoints already on disk after a resume
-    kept = sorted((moved / "checkpoints").glob("model.ckpt-*.index"))
-    assert len(kept) <= 3
-
-
 def test_the_seed_macro_reaches_every_learner():
-    """`--sweep seed=[0,1]` varies every kind of run: each config's entry point reads `%seed`."""
-    entries = {
-        "digits_mlp_smoke": "train.seed",
-        "bayesian_transformer_mesh_smoke": "train_mesh.seed",
-        "bayesian_transformer_lm_mesh_smoke": "train_mesh.seed",
-        "bayesian_planet_smoke": "train_planet.seed",
-        "cox_process_smoke": "train.seed",
-    }
-    for gin_file, entry in entries.items():
+    """`--sweep seed=[0,1]` varies every kind of run: the Loop's `train.seed` reads `%seed` in
+    every config, whatever its learner."""
+    for gin_file in (
+        "digits_mlp_smoke",
+        "bayesian_transformer_mesh_smoke",
+        "bayesian_transformer_lm_mesh_smoke",
+        "bayesian_planet_smoke",
+        "cox_process_smoke",
+    ):
         gin.clear_config()
         config.parse([gin_file], ["seed = 7"])
-        value = gin.query_parameter(entry)
+        value = gin.query_parameter("train.seed")
         assert repr(value) == "%seed", (gin_file, value)
         assert gin.query_parameter("%seed") == 7, gin_file
 
@@ -191,9 +133,9 @@ def test_mesh_sigterm_checkpoints_and_the_rerun_finishes(tmp_path):
         "blayers.train",
         "--strategy=mesh",
         "--gin_file=bayesian_transformer_mesh_smoke",
-        "--gin_param=train_mesh.train_steps = 100000",
-        "--gin_param=train_mesh.checkpoint_every = 100000",
-        "--gin_param=train_mesh.log_every = 5",
+        "--gin_param=train.train_steps = 100000",
+        "--gin_param=train.checkpoint_every = 100000",
+        "--gin_param=train.log_every = 5",
         f"--model_dir={tmp_path}",
     ]
     process = subprocess.Popen(command, cwd=ROOT, stderr=subprocess.PIPE, text=True)
@@ -206,7 +148,7 @@ def test_mesh_sigterm_checkpoints_and_the_rerun_finishes(tmp_path):
     _, stderr = process.communicate(timeout=120)
     assert "checkpoint saved" in stderr, stderr[-3000:]
     assert not (tmp_path / "LOCK").exists()
-    prefixes = run_files.checkpoint_prefixes(str(tmp_path / "checkpoints"))
+    prefixes = runs.checkpoint_prefixes(str(tmp_path / "checkpoints"))
     step = int(prefixes[0].rsplit("-", 1)[1])
     assert step >= 10  # the step it stopped at, not the last periodic checkpoint (none)
     assert os.path.exists(tmp_path / "command.json")

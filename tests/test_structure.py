@@ -131,13 +131,44 @@ def test_the_library_does_not_import_the_lab():
         "blayers.train": ["blayers.lab.cli_env", "blayers.lab.train"]
     }
     assert graph["blayers.registry"] == set()
-    # Parsing gin is the command line's; the Keras trainer is the base of PlaNet's.
+    # Parsing gin is the command line's; the Loop is what it runs.
     assert sorted(n for n, t in graph.items() if "blayers.lab.config" in t) == ["blayers.lab.train"]
-    assert sorted(n for n, t in graph.items() if "blayers.lab.trainer" in t) == [
+    assert sorted(n for n, t in graph.items() if "blayers.lab.loop" in t) == [
         "blayers.lab.config",
-        "blayers.lab.control.planet",
         "blayers.lab.train",
     ]
+
+
+def test_the_loop_knows_no_learner_and_only_runs_touches_a_run_folder():
+    """The Loop imports no learner but the default one (the supervised learner, when
+    `train.learner` is unbound), and no learner imports the Loop; no code outside
+    `blayers/lab/runs/` names a run folder's files (launchers, report and experiments read
+    runs through `RunDir`)."""
+    graph = _import_graph()
+    learners = {n for n in graph if n.startswith("blayers.lab.learners.")}
+    assert sorted(t for t in graph["blayers.lab.loop"] if t in learners) == [
+        "blayers.lab.learners.supervised"
+    ]
+    assert not any("blayers.lab.loop" in graph[n] for n in learners)
+    names = {
+        "LOCK",
+        "bindings.json",
+        "checkpoints",
+        "command.json",
+        "experiment.json",
+        "history.jsonl",
+        "metrics.json",
+        "operative_config.gin",
+    }
+    found = []
+    for path in sorted(REPOSITORY.rglob("*.py")):
+        relative = path.relative_to(REPOSITORY).as_posix()
+        if relative.startswith(("blayers/lab/runs/", "tests/", ".")):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{relative}:{node.lineno} {node.value!r}")
+    assert found == []
 
 
 _IMPORT_PROBE = """

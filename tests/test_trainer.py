@@ -17,7 +17,8 @@ import tensorflow as tf
 import blayers
 from blayers import objectives
 from blayers.lab import data as data_lib
-from blayers.lab import models, trainer
+from blayers.lab import loop, models, runs
+from blayers.lab.learners import supervised
 from blayers.layers import DenseFlipout
 
 
@@ -31,7 +32,7 @@ def _mlp(input_shape, num_outputs):
 
 def test_outputs_metrics_and_plots(tmp_path):
     model_dir = str(tmp_path / "run")
-    metrics = trainer.train(
+    metrics = loop.fit(
         model_dir,
         data=_small_digits(),
         model=_mlp,
@@ -79,7 +80,7 @@ def test_outputs_metrics_and_plots(tmp_path):
 
 def test_regression_writes_1d_plot_and_metrics(tmp_path):
     toy = data_lib.heteroscedastic_1d(num_train=64, num_test=32)
-    metrics = trainer.train(
+    metrics = loop.fit(
         str(tmp_path),
         data=toy,
         model=_mlp,
@@ -94,7 +95,7 @@ def test_regression_writes_1d_plot_and_metrics(tmp_path):
 
 def test_kl_is_divided_by_dataset_size_and_annealed(tmp_path):
     toy = data_lib.heteroscedastic_1d(num_train=64, num_test=8)
-    trainer.train(
+    loop.fit(
         str(tmp_path),
         data=toy,
         model=_mlp,
@@ -138,8 +139,8 @@ def test_non_finite_loss_names_step_and_layer_and_keeps_checkpoint(tmp_path):
             ]
         )
 
-    with pytest.raises(trainer.NonFiniteLossError) as error:
-        trainer.train(
+    with pytest.raises(loop.NonFiniteLossError) as error:
+        loop.fit(
             str(tmp_path),
             data=_small_digits(),
             model=model_fn,
@@ -161,7 +162,7 @@ def test_first_non_finite_layer_checks_kl_too():
     model(np.ones((2, 4), "float32"))
     # softplus(-200) underflows to 0: a finite parameter, an infinite KL.
     layer.kernel_initializer.stddev.assign(tf.fill([4, 3], -200.0))
-    assert trainer.first_non_finite_layer(model, np.ones((2, 4), "float32")) == (
+    assert supervised.first_non_finite_layer(model, np.ones((2, 4), "float32")) == (
         "bad_kl",
         "KL / regularization loss",
     )
@@ -185,9 +186,9 @@ def test_resume_continues_from_the_checkpoint(tmp_path, augment):
         "progress": False,
         "seed": 3,
     }
-    trainer.train(str(tmp_path / "a"), train_steps=10, **kwargs)
-    trainer.train(str(tmp_path / "a"), train_steps=20, **kwargs)  # resumes at 10
-    trainer.train(str(tmp_path / "b"), train_steps=20, **kwargs)  # uninterrupted twin
+    loop.fit(str(tmp_path / "a"), train_steps=10, **kwargs)
+    loop.fit(str(tmp_path / "a"), train_steps=20, **kwargs)  # resumes at 10
+    loop.fit(str(tmp_path / "b"), train_steps=20, **kwargs)  # uninterrupted twin
     summary = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert summary["resumed_from_step"] == 10 and summary["step"] == 20
 
@@ -204,8 +205,8 @@ def test_resume_continues_from_the_checkpoint(tmp_path, augment):
 
 def test_optimizer_errors():
     with pytest.raises(ValueError, match="Unknown optimizer 'adamm'"):
-        trainer.make_optimizer("adamm")
-    assert isinstance(trainer.make_optimizer("sgd", 0.1), keras.optimizers.SGD)
+        supervised.make_optimizer("adamm")
+    assert isinstance(supervised.make_optimizer("sgd", 0.1), keras.optimizers.SGD)
 
 
 def test_trains_on_mocked_tfds(tmp_path):
@@ -213,7 +214,7 @@ def test_trains_on_mocked_tfds(tmp_path):
 
     with tfds.testing.mock_data(num_examples=64):
         mnist = data_lib.tfds_dataset("mnist", flatten=True)
-        metrics = trainer.train(
+        metrics = loop.fit(
             str(tmp_path),
             data=mnist,
             model=_mlp,
@@ -245,7 +246,7 @@ def _train_records(model_dir, key="nll"):
 def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage, caplog):
     digits = _small_digits()
     run = tmp_path / "run"
-    trainer.train(str(run), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK)
+    loop.fit(str(run), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK)
     ckpts = run / "checkpoints"
     if damage == "truncated_data":
         data_file = next(ckpts.glob("ckpt-10.data-*"))
@@ -258,9 +259,7 @@ def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage,
         (ckpts / "checkpoint").write_text("")
         damaged = None
     with caplog.at_level("WARNING"):
-        trainer.train(
-            str(run), data=digits, model=_mlp, train_steps=15, checkpoint_every=5, **_QUICK
-        )
+        loop.fit(str(run), data=digits, model=_mlp, train_steps=15, checkpoint_every=5, **_QUICK)
     summary = json.loads((run / "metrics.json").read_text())
     assert summary["step"] == 15
     if damaged:
@@ -275,13 +274,11 @@ def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage,
 
 def test_torn_history_line_is_dropped_with_a_warning(tmp_path, caplog):
     digits = _small_digits()
-    trainer.train(
-        str(tmp_path), data=digits, model=_mlp, train_steps=5, checkpoint_every=5, **_QUICK
-    )
+    loop.fit(str(tmp_path), data=digits, model=_mlp, train_steps=5, checkpoint_every=5, **_QUICK)
     with open(tmp_path / "history.jsonl", "a") as f:
         f.write('{"kind": "train", "step": 6, "nl')  # killed mid-write
     with caplog.at_level("WARNING"):
-        trainer.train(
+        loop.fit(
             str(tmp_path), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK
         )
     assert any("torn line" in r.getMessage() for r in caplog.records)
@@ -290,7 +287,7 @@ def test_torn_history_line_is_dropped_with_a_warning(tmp_path, caplog):
 
 
 def test_second_trainer_on_a_model_dir_refuses(tmp_path):
-    from blayers.lab.run_files import RunLock, RunLockedError
+    from blayers.lab.runs import RunLock, RunLockedError
 
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -299,13 +296,13 @@ def test_second_trainer_on_a_model_dir_refuses(tmp_path):
             json.dumps({"pid": holder.pid, "host": socket.gethostname(), "started": time.time()})
         )
         with pytest.raises(RunLockedError, match=f"PID {holder.pid} on host"):
-            trainer.train(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
+            loop.fit(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
         assert not (tmp_path / "history.jsonl").exists()  # nothing was touched
     finally:
         holder.kill()
         holder.wait()
     # The holder is dead now: its lock is taken over, and released at the end.
-    trainer.train(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
+    loop.fit(str(tmp_path), data=_small_digits(), model=_mlp, train_steps=2, **_QUICK)
     assert not (tmp_path / "LOCK").exists()
     with RunLock(str(tmp_path)), pytest.raises(RunLockedError, match="this process"):
         RunLock(str(tmp_path)).acquire()
@@ -318,11 +315,9 @@ def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
     weight noise, so both finish with the same losses and metrics."""
     digits = _small_digits()
     common = dict(_QUICK, log_every=1, eval_every=5, checkpoint_every=stop_at)
-    twin = trainer.train(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
-    trainer.train(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
-    resumed = trainer.train(
-        str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=20, **common
-    )
+    twin = loop.fit(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
+    loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
+    resumed = loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=20, **common)
     np.testing.assert_allclose(
         _train_records(tmp_path / "cut"), _train_records(tmp_path / "twin"), rtol=1e-5
     )
@@ -334,11 +329,11 @@ def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
 def test_partial_log_window_after_resume_is_averaged_over_its_own_steps(tmp_path):
     digits = _small_digits()
     common = dict(_QUICK, log_every=5, checkpoint_every=3)
-    trainer.train(
+    loop.fit(
         str(tmp_path / "b"), data=digits, model=_mlp, train_steps=10, **dict(common, log_every=1)
     )
-    trainer.train(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **common)
-    trainer.train(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **common)
+    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **common)
+    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **common)
     per_step = _train_records(tmp_path / "b")  # steps 1..10
     records = [
         json.loads(line)
@@ -359,7 +354,7 @@ def test_a_binding_changed_on_resume_refuses_and_the_config_is_not_rewritten(tmp
     from blayers.lab import config  # noqa: F401 - registers the configurables
 
     _parse("train.train_steps = 4", "train.checkpoint_every = 2")
-    trainer.train(str(tmp_path))
+    loop.fit(str(tmp_path))
     before = (tmp_path / "operative_config.gin").read_text()
     gin.clear_config()
     _parse(
@@ -367,25 +362,25 @@ def test_a_binding_changed_on_resume_refuses_and_the_config_is_not_rewritten(tmp
         "train.checkpoint_every = 2",
         "make_optimizer.learning_rate = 0.5",  # cannot apply: restored with the optimizer
     )
-    with pytest.raises(trainer.ChangedBindingsError, match="make_optimizer.learning_rate"):
-        trainer.train(str(tmp_path))
+    with pytest.raises(runs.ChangedBindingsError, match="make_optimizer.learning_rate"):
+        loop.fit(str(tmp_path))
     assert (tmp_path / "operative_config.gin").read_text() == before
     gin.clear_config()
     _parse("train.train_steps = 6", "train.checkpoint_every = 2")
-    assert trainer.train(str(tmp_path))  # the original bindings (and a longer run) resume
+    assert loop.fit(str(tmp_path))  # the original bindings (and a longer run) resume
 
 
 def test_a_binding_the_model_builder_overrides_fails_loudly(tmp_path):
     _parse("DenseFlipout.units = 'ten'")
     with pytest.raises(ValueError, match="DenseFlipout.units = 'ten'"):
-        trainer.train(str(tmp_path))
+        loop.fit(str(tmp_path))
 
 
 def test_outputs_a_researcher_reads(tmp_path):
     """Calibration plot for multi-input regression, the KL weight and local loss in the
     history, and the plots as TensorBoard images."""
     regression = data_lib.diabetes()
-    trainer.train(
+    loop.fit(
         str(tmp_path / "reg"),
         data=regression,
         model=_mlp,
@@ -414,7 +409,7 @@ def test_vae_latent_kl_is_logged_where_it_lives(tmp_path, capsys):
     from blayers.lab.models import vae
 
     data = data_lib.binarized_digits()
-    trainer.train(
+    loop.fit(
         str(tmp_path),
         data=data,
         model=lambda s, n: vae(s, n, latent_dim=2, filters=(4,), hidden_units=16),
@@ -486,27 +481,25 @@ def test_set_kl_scale_scales_every_kl_blayers_adds(make):
         assert layer.get_config()["scale_factor"] == 0.01
 
 
-def test_an_experiment_overrides_one_phase(tmp_path):
-    """A reinforcement-learning loop collects between training phases: `collect` runs before
-    each phase of `phase_steps` steps, and the subclass is chosen by `train.trainer_class`."""
+def test_a_learner_collects_between_phases(tmp_path):
+    """A reinforcement-learning learner collects between training phases: the Loop calls
+    `collect` before each phase that `batches` yields, whatever the phase's length."""
     calls = []
 
-    class Collecting(trainer.Trainer):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, **kwargs)
-            self.phase_steps = 4
-
+    class Collecting(supervised.SupervisedLearner):
         def collect(self):
-            calls.append(self.step_value())
+            calls.append(self.step)
 
-    trainer.train(
-        str(tmp_path),
-        data=_small_digits(),
-        model=_mlp,
-        trainer_class=Collecting,
-        train_steps=10,
-        **dict(_QUICK, log_every=2),
-    )
+        def batches(self):  # phases of 4 steps
+            for i, batch in enumerate(super().batches()):
+                if i == 4:
+                    return
+                yield batch
+
+    mine = ("batch_size", "num_eval_samples")
+    learner = Collecting(_small_digits(), _mlp, **{k: _QUICK[k] for k in mine})
+    quick = {k: v for k, v in _QUICK.items() if k not in mine}
+    loop.train(str(tmp_path), learner=learner, train_steps=10, **dict(quick, log_every=2))
     assert calls == [0, 4, 8]
     assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 10
 

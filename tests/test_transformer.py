@@ -11,7 +11,8 @@ import tensorflow as tf
 
 import blayers
 from blayers.lab import data as data_lib
-from blayers.lab import decoding, models, trainer
+from blayers.lab import decoding, loop, models
+from blayers.lab.learners import supervised
 from blayers.lab.tasks import SequenceToSequence
 
 SMALL = {"num_layers": 1, "d_model": 16, "d_ff": 32, "num_heads": 2, "dropout": 0.0}
@@ -157,11 +158,11 @@ def test_beam_search_beats_greedy_on_a_garden_path():
 
 def test_a_short_run_learns_the_channel(tmp_path):
     data = data_lib.synthetic_translation(num_train=1000, num_test=100, max_length=6, noise=0.0)
-    metrics = trainer.train(
+    metrics = loop.fit(
         str(tmp_path),
         data=data,
         model=lambda s, n: models.transformer(s, n, **dict(SMALL, d_model=32, num_heads=4)),
-        optimizer=lambda: trainer.make_optimizer("adam", 3e-3),
+        optimizer=lambda: supervised.make_optimizer("adam", 3e-3),
         train_steps=150,
         batch_size=64,
         num_eval_samples=2,

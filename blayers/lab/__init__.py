@@ -5,9 +5,12 @@
     data/           data sources (bundled, TFDS, UCI, synthetic, point patterns)
     tasks/          what a prediction means: likelihood, metrics, plots
     models/         model builders (mlp, resnet, transformer, deep GP, VAE, RealNVP, RSSM, Cox)
-    trainer         the Keras training loop; control/ (Bayesian PlaNet) and mesh/ (the Mesh
-                    TensorFlow Transformer) beside it
-    run_files, plots, strategy, decoding
+    learners/       what a step means: supervised ELBO, variational program, Mesh TensorFlow
+                    Transformer, Bayesian PlaNet (control/ and mesh/ hold their machinery)
+    loop            the one schedule: steps, log / eval / checkpoint cadence, signals,
+                    non-finite stop, progress
+    runs/           RunDir and Checkpointer: the only code that touches a run folder
+    plots, strategy, decoding
     train           the command line behind `python -m blayers.train`
 
 Importing `blayers.lab` itself loads nothing; its modules import what they need.

@@ -2,8 +2,8 @@
 operative config of a run.
 
 Importing this module imports the framework's configurables (the library's, through
-`blayers.lab.configurables`, then data sources, models, tasks, the trainers), so every name a gin
-file may use is registered before parsing. Nothing in the library imports it back: it sits at
+`blayers.lab.configurables`, then data sources, models, tasks, the loop and the learners), so
+every name a gin file may use is registered before parsing. Nothing in the library imports it back: it sits at
 the top with the CLIs (`blayers.train`, `launch.sweep`, experiment scripts).
 """
 
@@ -21,12 +21,12 @@ import keras
 from blayers.lab import (  # noqa: F401 - registers configurables
     configurables,
     data,
+    loop,
     models,
     tasks,
-    trainer,
 )
-from blayers.lab.control import env, planet, planner  # noqa: F401 - PlaNet's configurables
-from blayers.lab.mesh import trainer as mesh_trainer  # noqa: F401 - the mesh loop's configurables
+from blayers.lab.control import env, planner  # noqa: F401 - PlaNet's configurables
+from blayers.lab.learners import mesh, planet, supervised  # noqa: F401 - the learners
 
 __all__ = [
     "config_search_path",
@@ -148,12 +148,6 @@ def _quiet_gin_search():
         yield
     finally:
         root.removeFilter(quiet)
-
-
-def binds(name):
-    """Whether the parsed configuration binds a parameter of configurable `name`
-    (`'train_planet'`): how the CLI tells an agent's config from a supervised one."""
-    return any(selector.split(".")[-1] == name for _, selector in gin.config._CONFIG)
 
 
 def _first_unparsable(paths):

@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-__all__ = ["STRATEGIES", "get_strategy", "split_cpu", "worker_directory"]
+__all__ = ["STRATEGIES", "flag_name", "get_strategy", "split_cpu", "worker_directory"]
 
 STRATEGIES = ("cpu", "gpu", "mirrored", "multi_worker", "tpu")
 
@@ -63,3 +63,17 @@ def worker_directory(model_dir, strategy):
     if task_type == "chief" or (task_type == "worker" and task_id == 0 and not has_chief):
         return model_dir
     return os.path.join(model_dir, "workers", f"{task_type}-{task_id}")
+
+
+def flag_name(strategy):
+    """The `--strategy` name of a strategy object (`'cpu'`, `'mirrored'`, ...)."""
+    if isinstance(strategy, tf.distribute.OneDeviceStrategy):
+        device = strategy.extended.worker_devices[0].lower()
+        return "gpu" if "gpu" in device else "cpu"
+    if isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return "multi_worker"
+    if isinstance(strategy, tf.distribute.MirroredStrategy):
+        return "mirrored"
+    if isinstance(strategy, tf.distribute.TPUStrategy):
+        return "tpu"
+    return type(strategy).__name__

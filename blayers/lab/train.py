@@ -28,12 +28,17 @@ flags.DEFINE_bool(
 )
 flags.DEFINE_enum(
     "strategy",
-    "cpu",
+    None,
     ["cpu", "gpu", "mirrored", "multi_worker", "tpu", "mesh"],
-    "tf.distribute strategy, or `mesh`: Mesh TensorFlow model parallelism (train_mesh).",
+    "tf.distribute strategy for the config's learner (default: the learner's own: one device, "
+    "or MeshLearner's mesh); `mesh` names Mesh TensorFlow, which only MeshLearner runs on.",
 )
-flags.DEFINE_string("mesh_shape", None, "--strategy=mesh: e.g. 'model:2' or 'batch:2,model:4'.")
-flags.DEFINE_string("layout", None, "--strategy=mesh: layout rules, e.g. 'heads:model;d_ff:model'.")
+flags.DEFINE_string(
+    "mesh_shape", None, "MeshLearner's mesh, e.g. 'model:2' (binds MeshLearner.mesh_shape)."
+)
+flags.DEFINE_string(
+    "layout", None, "MeshLearner's layout rules, e.g. 'heads:model' (binds MeshLearner.layout)."
+)
 flags.DEFINE_string("tpu", None, "TPU name or address for --strategy=tpu.")
 flags.DEFINE_integer(
     "num_cpu_devices", None, "Split the CPU into this many logical devices (mirrored tests)."
@@ -47,47 +52,48 @@ def format_metrics(metrics):
 def main(argv):
     del argv
     # Import after absl parsed flags: TF and the configurables load here.
-    from blayers.lab import config, strategy, trainer
+    from blayers.lab import config, loop, strategy
 
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
     _set_command()
+    # The mesh flags are bindings of the mesh learner (a resume may change them).
+    mesh_params = [
+        f"MeshLearner.{name} = {value!r}"
+        for name, value in (("mesh_shape", FLAGS.mesh_shape), ("layout", FLAGS.layout))
+        if value
+    ]
     try:
-        config.parse(FLAGS.gin_file, FLAGS.gin_param, refuse_imports=FLAGS.refuse_gin_imports)
+        config.parse(
+            FLAGS.gin_file,
+            [*FLAGS.gin_param, *mesh_params],
+            refuse_imports=FLAGS.refuse_gin_imports,
+        )
     except ValueError as error:
         logging.error("Bad gin configuration:\n%s", error)
         sys.exit(2)
-    if FLAGS.strategy == "mesh" or config.binds("train_mesh"):
-        if FLAGS.strategy != "mesh" or not config.binds("train_mesh"):
-            logging.error(
-                "--strategy=mesh runs the Mesh TensorFlow loop (train_mesh), and a mesh config "
-                "(one that binds train_mesh, such as bayesian_transformer_mesh_smoke) needs it: "
-                "--strategy=%s with gin files %s.",
-                FLAGS.strategy,
-                ", ".join(FLAGS.gin_file) or "(none)",
-            )
-            sys.exit(2)
-        _run_mesh()
-        return
-    if config.binds("train_planet"):
-        _run_planet()
-        return
-    dist = strategy.get_strategy(FLAGS.strategy, FLAGS.tpu, FLAGS.num_cpu_devices)
-    print(
-        f"Strategy {type(dist).__name__} with {dist.num_replicas_in_sync} replica(s); "
-        f"model_dir {FLAGS.model_dir}."
-    )
-    _train_and_report(lambda: trainer.train(FLAGS.model_dir, strategy=dist))
+    name = FLAGS.strategy
+    if name in (None, "mesh"):  # the learner's own devices
+        if FLAGS.num_cpu_devices:
+            strategy.split_cpu(FLAGS.num_cpu_devices)
+        dist = name
+    else:
+        dist = strategy.get_strategy(name, FLAGS.tpu, FLAGS.num_cpu_devices)
+        print(
+            f"Strategy {type(dist).__name__} with {dist.num_replicas_in_sync} replica(s); "
+            f"model_dir {FLAGS.model_dir}."
+        )
+    _train_and_report(lambda: loop.train(FLAGS.model_dir, strategy=dist))
 
 
 def _set_command():
-    """The command line for `command.json`, which the trainer writes once the run is accepted
+    """The command line for `command.json`, which the Loop writes once the run is accepted
     (the reproduction report, `python -m experiments.report`, prints it beside each number)."""
-    from blayers.lab import run_files
+    from blayers.lab import runs
 
-    run_files.set_command(
+    runs.set_command(
         {
             "command": " ".join(
                 shlex.quote(a) for a in ["python", "-m", "blayers.train", *sys.argv[1:]]
@@ -102,17 +108,17 @@ def _train_and_report(train_fn):
     """Runs `train_fn()` and prints its final metrics; a failure becomes a logged error and an
     exit code: 3 a non-finite loss, 4 a locked run folder, changed bindings on resume or a
     folder of another model, 2 a bad argument found while building (a binding, a shape)."""
-    from blayers.lab import run_files
+    from blayers.lab import runs
 
     try:
         metrics = train_fn()
-    except FloatingPointError as error:  # NonFiniteLossError, and the mesh and agent loops'
+    except FloatingPointError as error:  # the Loop's NonFiniteLossError
         logging.error("%s", error)
         sys.exit(3)
     except (
-        run_files.RunLockedError,
-        run_files.ChangedBindingsError,
-        run_files.CheckpointMismatchError,
+        runs.RunLockedError,
+        runs.ChangedBindingsError,
+        runs.CheckpointMismatchError,
     ) as error:
         logging.error("%s", error)
         sys.exit(4)
@@ -121,29 +127,6 @@ def _train_and_report(train_fn):
         sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
     print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))
-
-
-def _run_planet():
-    """The PlaNet agent (`blayers.lab.control.planet.train_planet`), configured by gin."""
-    from blayers.lab.control import planet
-
-    print(f"PlaNet agent; model_dir {FLAGS.model_dir}.")
-    _train_and_report(lambda: planet.train_planet(FLAGS.model_dir))
-
-
-def _run_mesh():
-    """The Mesh TensorFlow loop (`blayers.lab.mesh.trainer.train_mesh`), configured by gin; the
-    `--mesh_shape` and `--layout` flags override its bindings."""
-    from blayers.lab import strategy
-    from blayers.lab.mesh import trainer as mesh_trainer
-
-    if FLAGS.num_cpu_devices:
-        strategy.split_cpu(FLAGS.num_cpu_devices)
-    overrides = {k: v for k, v in (("mesh_shape", FLAGS.mesh_shape), ("layout", FLAGS.layout)) if v}
-    print(
-        f"Mesh TensorFlow {overrides or '(shape and layout from gin)'}; model_dir {FLAGS.model_dir}."
-    )
-    _train_and_report(lambda: mesh_trainer.train_mesh(FLAGS.model_dir, **overrides))
 
 
 def run():

@@ -1,35 +1,34 @@
-"""Bayesian PlaNet (paper Section 3.2): the agent loop as the trainer's phases.
+"""Bayesian PlaNet (paper Section 3.2): the agent as a Learner under the Loop.
 
-`PlanetTrainer` is a `blayers.lab.trainer.Trainer` whose phases are PlaNet's (Hafner et al., 2019):
+`PlanetLearner`'s calls are PlaNet's (Hafner et al., 2019):
 
     collect()         seed episodes of random actions at step 0, then one episode planned by
                       the cross-entropy method in the world model's latent space (with Gaussian
                       exploration noise) after every `collect_interval` training steps
-    train_phase()     `collect_interval` world-model steps on `[batch, chunk]` sequences drawn
-                      from the episode buffer
+    batches()         `[batch, chunk]` sequences drawn from the episode buffer until the next
+                      collection
     evaluate()        a noise-free planned episode's return, a 50-step open-loop prediction
                       against the true observations, and the velocity probe (a linear
                       regression from latent states to the true joint velocities, fitted on
                       collected episodes, R^2 on the evaluation episode)
-    write_outputs()   metrics.json, score.png (return per episode), weight_kl.png (the
-                      transition's weight KL over training), open_loop.png (true frames or
-                      states above predicted ones), all also in TensorBoard
+    outputs()         score.png (return per episode), weight_kl.png (the transition's weight
+                      KL over training), open_loop.png (true frames or states above predicted
+                      ones), training_curves.png
 
 The loss per sequence is PlaNet's (reconstruction + reward NLL + latent KL with free nats,
 and latent overshooting when `WorldModel.overshooting` is on)
 plus `kl_weight * KL[q(W) || p(W)] / N`, the transition weights' KL over `N` the number of
-training sequences (buffer steps / chunk length), as the paper adds it. Episodes live on disk
-in `model_dir/episodes/` (written whole as each ends), so a killed run loses no experience and
-a resumed one continues collecting where it stopped.
+training sequences (buffer steps / chunk length), as the paper adds it. Episodes live in the
+run folder's `episodes/` (written whole as each ends), so a killed run loses no experience; a
+checkpoint records how many episodes the buffer held, so a run resumed from an older
+checkpoint sets the later ones aside and collects them again (the episode in progress at a
+kill is replayed), ending as the uninterrupted run.
 
 From the command line: `python -m blayers.train --gin_file=bayesian_planet_smoke
---model_dir=runs/planet` (the CLI dispatches to `train_planet` when the config binds it).
+--model_dir=runs/planet` (the config binds `train.learner = @PlanetLearner()`).
 """
 
-import inspect
-import json
 import os
-import time
 
 import gin
 import keras
@@ -41,10 +40,11 @@ from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.control.buffer import EpisodeBuffer
 from blayers.lab.control.planner import cem
+from blayers.lab.learners.base import Learner, refuse_strategy
+from blayers.lab.learners.supervised import first_non_finite_layer
 from blayers.lab.models.rssm import WorldModel
-from blayers.lab.trainer import RESUMABLE_BINDINGS, Trainer
 
-__all__ = ["PlanetTrainer", "train_planet"]
+__all__ = ["PlanetLearner"]
 
 _TERMS = (
     "loss",
@@ -56,39 +56,37 @@ _TERMS = (
 )
 
 
-class PlanetTrainer(Trainer):
-    """PlaNet's agent loop with a (Bayesian) world model; see the module docstring.
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"PlanetLearner.{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+@gin.configurable(module="blayers.lab.learners")
+class PlanetLearner(Learner):
+    """PlaNet's agent with a (Bayesian) world model; see the module docstring.
 
     Args:
-      model_dir: output folder; an existing run there is resumed.
-      env: a `blayers.lab.control.env.ControlEnv` (in gin: `train_planet.env = @control_env()`).
+      env: a `blayers.lab.control.env.ControlEnv` (in gin: `PlanetLearner.env = @control_env()`).
       seed_episodes: random-action episodes before the first training step (PlaNet: 5).
       collect_interval: training steps between collected episodes (PlaNet: 100).
       batch_size, chunk_length: sequences a step and their length (PlaNet: 50 and 50).
-      train_steps: world-model steps in total.
       learning_rate, adam_epsilon, clipnorm: Adam's (PlaNet: 1e-3, 1e-4, 1000).
       kl_weight: the weight of the transition weights' `KL / N`.
       action_noise: stddev of the Gaussian exploration noise on planned actions (PlaNet: 0.3).
       open_loop_context, open_loop_steps: observed then predicted steps of the open-loop
         evaluation (the paper's strip: 5 and 50).
-      eval_every: steps between evaluations (default: only at the end).
-      log_every, checkpoint_every, keep_checkpoints, seed, progress: as `Trainer`.
     """
 
-    resumable_bindings = RESUMABLE_BINDINGS + tuple(
-        f"train_planet.{name}"
-        for name in ("train_steps", "eval_every", "checkpoint_every", "log_every", "progress")
-    )
+    progress_scalars = (("loss", "loss"), ("latent_kl", "latent_kl"))
 
     def __init__(
         self,
-        model_dir,
         env=gin.REQUIRED,
         seed_episodes=5,
         collect_interval=100,
         batch_size=50,
         chunk_length=50,
-        train_steps=100_000,
         learning_rate=1e-3,
         adam_epsilon=1e-4,
         clipnorm=1000.0,
@@ -96,73 +94,60 @@ class PlanetTrainer(Trainer):
         action_noise=0.3,
         open_loop_context=5,
         open_loop_steps=50,
-        eval_every=None,
-        log_every=50,
-        checkpoint_every=None,
-        keep_checkpoints=3,
-        seed=0,
-        progress=False,
     ):
-        for name, value in (
-            ("seed_episodes", seed_episodes),
-            ("collect_interval", collect_interval),
-            ("batch_size", batch_size),
-            ("chunk_length", chunk_length),
-            ("train_steps", train_steps),
-            ("log_every", log_every),
-        ):
-            if not isinstance(value, (int, np.integer)) or value <= 0:
-                raise ValueError(f"train_planet.{name} must be a positive integer, got {value!r}.")
-        self.model_dir, self.env = model_dir, env
-        self.seed_episodes, self.collect_interval = int(seed_episodes), int(collect_interval)
-        self.batch_size, self.chunk_length = int(batch_size), int(chunk_length)
-        self.train_steps = int(train_steps)
+        self.env = env
+        self.seed_episodes = _positive("seed_episodes", seed_episodes)
+        self.collect_interval = _positive("collect_interval", collect_interval)
+        self.batch_size = _positive("batch_size", batch_size)
+        self.chunk_length = _positive("chunk_length", chunk_length)
         self.learning_rate, self.adam_epsilon, self.clipnorm = learning_rate, adam_epsilon, clipnorm
         self.kl_weight, self.action_noise = float(kl_weight), float(action_noise)
         self.open_loop_context, self.open_loop_steps = int(open_loop_context), int(open_loop_steps)
-        self.eval_every, self.log_every = eval_every, int(log_every)
-        self.checkpoint_every = checkpoint_every or max(min(eval_every or train_steps, 500), 1)
-        self.keep_checkpoints, self.seed, self.progress = keep_checkpoints, int(seed), progress
-        self.phase_steps = None  # train_phase stops at the next collection itself
-        self.eval_episodes = []
 
-    # -- phases --------------------------------------------------------------------------------
-    def setup(self):
+    # -- build and state -------------------------------------------------------------------------
+    def build(self, context):
+        if context.strategy_name == "mesh" or context.strategy.num_replicas_in_sync > 1:
+            refuse_strategy(self, context, "one device (the default strategy)")
+        self.context, self.seed = context, context.seed
         seeds.set_seed(self.seed)
-        self.buffer = EpisodeBuffer(os.path.join(self.model_dir, "episodes"))
+        self.buffer = EpisodeBuffer(context.run.file("episodes"))
         self.model = WorldModel(self.env.observation_shape, self.env.action_dim)
         self.optimizer = keras.optimizers.Adam(
             self.learning_rate, epsilon=self.adam_epsilon, clipnorm=self.clipnorm
         )
         self.optimizer.build(self.model.trainable_variables)
-        self.step = tf.Variable(0, dtype=tf.int64, trainable=False, name="global_step")
+        self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
         self.seed_states = [
             v for v in self.model.variables if v.path.endswith("seed_generator_state")
         ]
         # The buffer's length when a checkpoint was written: a resume drops later episodes.
         self.episodes_saved = tf.Variable(-1, dtype=tf.int64, trainable=False, name="episodes")
-        self.checkpoint_object = tf.train.Checkpoint(
-            model=self.model,
-            optimizer=self.optimizer,
-            step=self.step,
-            seed_states=self.seed_states,
-            episodes=self.episodes_saved,
-        )
         self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
         self._filter_fn = tf.function(self._filter)
         self._plan_fn = tf.function(self._plan)
 
-    def save_checkpoint(self):
-        self.episodes_saved.assign(len(self.buffer))
-        super().save_checkpoint()
+    def state(self):
+        return tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step_variable,
+            seed_states=self.seed_states,
+            episodes=self.episodes_saved,
+        )
 
-    def restore(self):
-        """The newest intact checkpoint, and the buffer as it was when it was written: episodes
-        collected after it (by a run killed later, or whose newer checkpoints are damaged) are
-        set aside (`*.npz.superseded`) and collected again, exactly as the uninterrupted run
-        collected them, so collection advances the random streams as it did."""
-        step = super().restore()
-        kept = int(self.episodes_saved.numpy())
+    @property
+    def step(self):
+        return int(self.step_variable.numpy())
+
+    def before_save(self):
+        self.episodes_saved.assign(len(self.buffer))
+
+    def restored(self):
+        """The buffer as it was when the restored checkpoint was written: episodes collected
+        after it (by a run killed later, or whose newer checkpoints are damaged) are set aside
+        (`*.npz.superseded`) and collected again, exactly as the uninterrupted run collected
+        them, so collection advances the random streams as it did."""
+        step, kept = self.step, int(self.episodes_saved.numpy())
         if kept < 0:  # no checkpoint (or one from before the count): what its step implies
             kept = min(len(self.buffer), self.expected_episodes(step))
         if len(self.buffer) > kept:
@@ -175,8 +160,8 @@ class PlanetTrainer(Trainer):
                 len(self.buffer) - 1,
             )
             self.buffer.truncate(kept)
-        return step
 
+    # -- collecting and training -----------------------------------------------------------------
     def expected_episodes(self, step):
         """Episodes the buffer holds once `collect()` has run at `step`."""
         return self.seed_episodes + step // self.collect_interval
@@ -184,7 +169,7 @@ class PlanetTrainer(Trainer):
     def collect(self):
         """Random episodes up to `seed_episodes`, then one planned episode per phase; episodes
         already on disk (a resumed run) count."""
-        while len(self.buffer) < self.expected_episodes(self.step_value()):
+        while len(self.buffer) < self.expected_episodes(self.step):
             index = len(self.buffer)
             planned = index >= self.seed_episodes
             episode = self.run_episode(index, planned=planned, noise=self.action_noise)
@@ -200,68 +185,50 @@ class PlanetTrainer(Trainer):
                 "planned" if planned else "random",
                 episode["return"],
             )
-            with self.writer.as_default(step=self.step_value()):
-                tf.summary.scalar("episode/return", episode["return"])
+            self.context.scalars(self.step, "episode", {"return": episode["return"]})
 
-    def train_phase(self, end_step):
-        """World-model steps until the next collection (or `end_step`)."""
-        end = min(
-            end_step, (self.step_value() // self.collect_interval + 1) * self.collect_interval
+    def batches(self):
+        """Sequences from the buffer until the next collection. They come from the episodes
+        the step implies, not any collected after a checkpoint by a run that was then killed
+        (a resume stays the uninterrupted run)."""
+        step = self.step
+        end = (step // self.collect_interval + 1) * self.collect_interval
+        episodes = self.expected_episodes(step)
+        sequences = tf.constant(
+            max(self.buffer.steps_in(episodes) / self.chunk_length, 1.0), tf.float32
         )
-        # The episodes this phase trains on: those its step implies, not any collected after a
-        # checkpoint by a run that was then killed (a resume stays the uninterrupted run).
-        episodes = self.expected_episodes(self.step_value())
-        sequences = max(self.buffer.steps_in(episodes) / self.chunk_length, 1.0)
-        while self.step_value() < end and not self.stop.requested:
-            batch = self.buffer.sample(
-                self.batch_size, self.chunk_length, self.seed, self.step_value(), episodes
+        for at in range(step, end):
+            yield (
+                *self.buffer.sample(self.batch_size, self.chunk_length, self.seed, at, episodes),
+                sequences,
             )
-            values = self._train_step_fn(*batch, tf.constant(sequences, tf.float32))
-            self.after_step(batch, *[float(v) for v in values])
 
-    def after_step(self, batch, *values):
-        step = self.step_value()
-        if not np.all(np.isfinite(values)):
-            raise FloatingPointError(
-                f"Non-finite PlaNet loss at step {step}: "
-                + ", ".join(f"{k}={v}" for k, v in zip(_TERMS, values))
-            )
-        start, clock, sums = self._window
-        sums = (sums if len(sums) == len(values) else np.zeros(len(values))) + values
-        if step % self.log_every == 0 or step == self.train_steps:
-            count = max(step - start, 1)
-            record = {k: float(v) / count for k, v in zip(_TERMS, sums)}
-            record.update(
-                kind="train",
-                step=step,
-                episodes=len(self.buffer),
-                steps_per_second=count / max(time.time() - clock, 1e-9),
-            )
-            self.history.add(record)
-            with self.writer.as_default(step=step):
-                for key in _TERMS:
-                    tf.summary.scalar(f"train/{key}", record[key])
-            self._window = (step, time.time(), np.zeros(len(values)))
-        else:
-            self._window = (start, clock, sums)
-        if step % self.checkpoint_every == 0:
-            self.save_checkpoint()
-        if self.eval_every and step % self.eval_every == 0 and step < self.train_steps:
-            self.evaluate()
+    def train_step(self, batch):
+        return dict(zip(_TERMS, (float(v) for v in self._train_step_fn(*batch))))
 
+    def log_extras(self):
+        return {"episodes": len(self.buffer)}
+
+    def diagnose_non_finite(self, batch):
+        del batch
+        culprit = first_non_finite_layer(self.model)
+        if culprit:
+            return f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
+        return "every world-model weight is finite (the loss of this batch is not)"
+
+    # -- evaluation and outputs ------------------------------------------------------------------
     def evaluate(self):
         """A noise-free planned episode: its return, the open-loop prediction error from its
         first `open_loop_context` steps, and the velocity probe's R^2. The training random
         streams are restored afterwards."""
         saved = [v.numpy() for v in self.seed_states]
         try:
-            episode = self.run_episode(self.step_value(), planned=True, noise=0.0, eval=True)
+            episode = self.run_episode(self.step, planned=True, noise=0.0, eval=True)
             open_loop = self.open_loop(episode)
             probe = self.velocity_probe(episode)
         finally:
             for variable, value in zip(self.seed_states, saved):
                 variable.assign(value)
-        self.eval_episodes.append({"step": self.step_value(), "return": episode["return"]})
         metrics = {
             "eval_return": episode["return"],
             "open_loop_mse": open_loop["mse"],
@@ -270,32 +237,17 @@ class PlanetTrainer(Trainer):
             "episodes": float(len(self.buffer)),
             "env_steps": float(self.buffer.num_steps * self.env.action_repeat),
         }
-        step = self.step_value()
-        self.history.put({"kind": "eval", "step": step, **metrics})
-        with self.writer.as_default(step=step):
-            for key, value in metrics.items():
-                tf.summary.scalar(f"eval/{key}", value)
         return metrics, {"open_loop": open_loop, "episode": episode}
 
-    def write_outputs(self, metrics, arrays):
-        summary = {
-            "status": "finished",
-            "step": self.step_value(),
-            "resumed_from_step": self.start_step,
-            "env": self.env.name,
-            "transition": self.model.transition_name,
-            "episode_returns": self.buffer.returns(),
-            "final": metrics,
-        }
-        with open(os.path.join(self.model_dir, "metrics.json"), "w") as f:
-            json.dump(summary, f, indent=2)
+    def outputs(self, run, records, metrics, arrays):
+        del metrics
         paths = {
-            name: os.path.join(self.model_dir, f"{name}.png")
+            name: run.file(f"{name}.png")
             for name in ("training_curves", "score", "weight_kl", "open_loop")
         }
-        plots.history_panels(self.history.records, _TERMS, paths["training_curves"])
+        plots.history_panels(records, _TERMS, paths["training_curves"])
         plots.episode_returns({self.model.transition_name: [self.buffer.returns()]}, paths["score"])
-        train = [r for r in self.history.records if r["kind"] == "train"]
+        train = [r for r in records if r["kind"] == "train"]
         plots.curve(
             [r["step"] for r in train],
             [r["weight_kl_per_sequence"] for r in train],
@@ -303,20 +255,22 @@ class PlanetTrainer(Trainer):
             "transition weight KL / N",
             paths["weight_kl"],
         )
+        name = os.path.basename(os.path.normpath(run.path))
         plots.open_loop_strip(
             arrays["open_loop"]["true"],
             arrays["open_loop"]["predicted"],
             paths["open_loop"],
             title=(
-                f"{os.path.basename(os.path.normpath(self.model_dir))}: {self.env.name}, "
-                f"{self.model.transition_name} transition, open-loop prediction after "
-                f"{self.open_loop_context} observed steps"
+                f"{name}: {self.env.name}, {self.model.transition_name} transition, open-loop "
+                f"prediction after {self.open_loop_context} observed steps"
             ),
         )
-        with self.writer.as_default(step=self.step_value()):
-            for path in paths.values():
-                plots.png_to_tensorboard(path)
-        self.writer.flush()
+        summary = {
+            "env": self.env.name,
+            "transition": self.model.transition_name,
+            "episode_returns": self.buffer.returns(),
+        }
+        return summary, list(paths.values())
 
     # -- the world model and the planner -----------------------------------------------------------
     def _train_step(self, observations, actions, rewards, sequences):
@@ -326,7 +280,7 @@ class PlanetTrainer(Trainer):
             loss, weight_term = self.model.objective(terms, weight_kl, sequences, self.kl_weight)
         grads = tape.gradient(loss, self.model.trainable_variables)
         self.optimizer.apply_gradients(zip(grads, self.model.trainable_variables))
-        self.step.assign_add(1)
+        self.step_variable.assign_add(1)
         return (
             loss,
             terms["reconstruction"],
@@ -418,15 +372,3 @@ class PlanetTrainer(Trainer):
         y = np.concatenate([e["velocities"] for e in fitted])
         probe = Ridge(alpha=1.0).fit(x, y)
         return float(probe.score(self.latent_features(episode), episode["velocities"]))
-
-
-def train_planet(model_dir, **kwargs):
-    """Runs `PlanetTrainer(model_dir, **kwargs)`; returns the final metrics. The gin entry
-    point: `train_planet.env = @control_env()`, `train_planet.train_steps = ...`."""
-    return PlanetTrainer(model_dir, **kwargs).run()
-
-
-train_planet.__signature__ = inspect.Signature(
-    list(inspect.signature(PlanetTrainer.__init__).parameters.values())[1:]
-)
-train_planet = gin.configurable(module="blayers.lab.control", denylist=["model_dir"])(train_planet)

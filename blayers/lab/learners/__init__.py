@@ -1,0 +1,35 @@
+"""Learners: what a training step means, under the one Loop (`blayers.lab.loop`).
+
+* `SupervisedLearner`: the ELBO of a Keras model on a data set's task (the default).
+* `VariationalProgramLearner`: the ELBO of a model program and a posterior program.
+* `MeshLearner`: the Mesh TensorFlow Bayesian Transformer (graph mode, model parallel).
+* `PlanetLearner`: Bayesian PlaNet (collects episodes, trains a world model, plans).
+
+Chosen in gin by `train.learner = @PlanetLearner()`; each imports only what it needs, so
+importing this package loads the heavy ones (Mesh TensorFlow, dm-control) on first use.
+"""
+
+import importlib
+
+from blayers.lab.learners.base import Learner
+
+__all__ = [
+    "Learner",
+    "MeshLearner",
+    "PlanetLearner",
+    "SupervisedLearner",
+    "VariationalProgramLearner",
+]
+
+_MODULES = {
+    "SupervisedLearner": "supervised",
+    "VariationalProgramLearner": "supervised",
+    "MeshLearner": "mesh",
+    "PlanetLearner": "planet",
+}
+
+
+def __getattr__(name):
+    if name in _MODULES:
+        return getattr(importlib.import_module(f"blayers.lab.learners.{_MODULES[name]}"), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,88 @@
+"""The Learner contract: what a step means. The Loop (`blayers.lab.loop`) owns the schedule
+and the run folder; a learner owns the model and answers these calls, in this order:
+
+    build(context)         the model, optimizer, step, random streams; from `context.seed`
+    state()                what a checkpoint holds: a `tf.train.Checkpoint`, or a
+                           `blayers.lab.runs.SaverState` (a graph-mode learner's v1 Saver)
+    restored()             after the Checkpointer restored `state()` (or found none)
+    collect()              between phases (reinforcement learning); no-op by default
+    batches()              the batches of one phase, from the data position `step` implies
+    train_step(batch)      one optimizer step -> `{name: float}` (a `non_finite` > 0 marks a
+                           step the learner found non-finite without a non-finite scalar)
+    diagnose_non_finite(batch)  where a non-finite step came from (a layer, the data's rows)
+    before_save()          before each checkpoint (copy state the checkpoint holds)
+    evaluate()             `(metrics, arrays)`; never advances the training random streams
+    outputs(run, records, metrics, arrays)  plots in the run folder -> (summary fields for
+                           `metrics.json`, image paths for TensorBoard)
+    close()                release what `build` opened (a session)
+
+`step` is the number of optimizer steps taken (part of the state). A learner is configured by
+gin under its class name (`SupervisedLearner.batch_size = 128`) and chosen by
+`train.learner = @SupervisedLearner()`.
+"""
+
+__all__ = ["Learner", "refuse_strategy"]
+
+
+class Learner:
+    """Base class: the optional calls' defaults (see the module docstring)."""
+
+    # Gin bindings of this learner that a resumed run may change (cadences, not the model).
+    resumable_bindings = ()
+    # Scalars logged as their last value in a record, not averaged (a schedule's weight).
+    instant_scalars = ()
+    # `(scalar, label)` pairs on the progress bar.
+    progress_scalars = (("loss", "loss"),)
+    # Scalars left off the progress bar while zero (a latent KL the model does not have).
+    progress_if_nonzero = ()
+
+    @property
+    def step(self):
+        raise NotImplementedError(f"{type(self).__name__} does not count its steps.")
+
+    def build(self, context):
+        raise NotImplementedError(f"{type(self).__name__} does not build.")
+
+    def state(self):
+        raise NotImplementedError(f"{type(self).__name__} has no checkpoint state.")
+
+    def restored(self):
+        """After the Checkpointer restored `state()` (or found no checkpoint)."""
+
+    def collect(self):
+        """Between training phases: nothing to collect."""
+
+    def batches(self):
+        raise NotImplementedError(f"{type(self).__name__} has no batches.")
+
+    def train_step(self, batch):
+        raise NotImplementedError(f"{type(self).__name__} has no train step.")
+
+    def diagnose_non_finite(self, batch):
+        del batch
+        return "no diagnosis"
+
+    def before_save(self):
+        """Before each checkpoint."""
+
+    def log_extras(self):
+        """Fields added to each training record (PlaNet's episode count)."""
+        return {}
+
+    def evaluate(self):
+        raise NotImplementedError(f"{type(self).__name__} does not evaluate.")
+
+    def outputs(self, run, records, metrics, arrays):
+        del run, records, metrics, arrays
+        return {}, []
+
+    def close(self):
+        """After the run (also a failed one)."""
+
+
+def refuse_strategy(learner, context, runs_on):
+    """A `ValueError` naming a `--strategy` this learner cannot use and what it runs on."""
+    raise ValueError(
+        f"--strategy={context.strategy_name} cannot run {type(learner).__name__} (the config's "
+        f"train.learner); it runs on {runs_on}."
+    )

@@ -1,0 +1,406 @@
+"""The supervised ELBO learner, and the variational-program learner built on it.
+
+Per example, `loss = NLL + local + beta_t * KL / N`: the task's negative log-likelihood, the
+per-example local losses (a VAE's latent KL), and the weights' KL divided by the number of
+training examples and weighted by `kl_schedule` (the paper's Section 2 objective; a
+`tf.distribute` strategy splits the batch).
+"""
+
+import numbers
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from blayers import objectives, seeds
+from blayers.lab import plots
+from blayers.lab.configurables import unapplied_layer_bindings
+from blayers.lab.data.stream import epoch_batches
+from blayers.lab.learners.base import Learner, refuse_strategy
+from blayers.random_variable import RandomVariable
+
+__all__ = [
+    "SupervisedLearner",
+    "VariationalProgramLearner",
+    "first_non_finite_layer",
+    "make_optimizer",
+]
+
+
+@gin.configurable(module="blayers.lab.learners")
+def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
+    """A Keras optimizer by name (`'adam'`, `'sgd'`, `'rmsprop'`, `'adamw'`, ...).
+
+    Args:
+      name: a `keras.optimizers` name.
+      learning_rate: the (initial) learning rate.
+      schedule: optional callable `schedule(learning_rate)` returning a Keras
+        `LearningRateSchedule`, e.g. `@cosine_decay`.
+      **kwargs: the optimizer's other arguments (`weight_decay`, `clipnorm`, ...).
+    """
+    if isinstance(learning_rate, numbers.Real) and not learning_rate > 0:  # a schedule passes
+        raise ValueError(f"make_optimizer.learning_rate must be positive, got {learning_rate!r}.")
+    if schedule is not None:
+        learning_rate = schedule(learning_rate)
+    try:
+        cls = keras.optimizers.get(name).__class__
+    except ValueError:
+        raise ValueError(
+            f"Unknown optimizer {name!r} (a keras.optimizers name such as 'adam', 'sgd')."
+        ) from None
+    return cls(learning_rate=learning_rate, **kwargs)
+
+
+def _register_schedules():
+    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay`."""
+    schedules = keras.optimizers.schedules
+    for name, cls in (
+        ("cosine_decay", schedules.CosineDecay),
+        ("exponential_decay", schedules.ExponentialDecay),
+        ("polynomial_decay", schedules.PolynomialDecay),
+    ):
+        gin.external_configurable(cls, name=name, module="keras.optimizers.schedules")
+
+
+_register_schedules()
+
+
+def _is_finite(value):
+    value = tf.convert_to_tensor(value)
+    return bool(np.all(np.isfinite(value.numpy()))) if value.dtype.is_floating else True
+
+
+def first_non_finite_layer(model, inputs=None):
+    """Replays a forward pass layer by layer; returns `(layer name, what)` for the first layer
+    whose weights, KL (`layer.losses`) or output is non-finite, or None. Without `inputs` (or
+    for a subclassed model) only the weights are checked."""
+    if hasattr(model, "non_finite_culprit") and inputs is not None:
+        return model.non_finite_culprit(inputs)
+    layers = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    if inputs is not None and isinstance(model, keras.Sequential):
+        outputs, h = [], inputs
+        for layer in layers:
+            h = layer(h, training=True)
+            outputs.append(h)
+    elif inputs is not None and getattr(model, "inputs", None):  # functional: a probe model
+        probe = keras.Model(model.inputs, [layer.output for layer in layers])
+        outputs = probe(inputs, training=True)
+        outputs = outputs if isinstance(outputs, (list, tuple)) else [outputs]
+    else:  # subclassed: no layer-by-layer replay; weights only
+        outputs = [None] * len(layers)
+    for layer, output in zip(layers, outputs):
+        for weight in layer.weights:
+            if not _is_finite(weight):
+                return layer.name, f"weight '{weight.path}'"
+        for loss in layer.losses if output is not None else ():
+            if not _is_finite(loss):
+                return layer.name, "KL / regularization loss"
+        value = output.value if isinstance(output, RandomVariable) else output
+        for leaf in tf.nest.flatten(value) if value is not None else []:
+            if not _is_finite(leaf):
+                return layer.name, "output"
+    return None
+
+
+def _non_finite_rows(values, what):
+    """`'features are not finite in rows [3, 7]'`, or None for finite (or non-float) data."""
+    if not isinstance(values, (tf.Tensor, np.ndarray)) or not tf.as_dtype(values.dtype).is_floating:
+        return None
+    values = np.asarray(values)
+    finite = np.isfinite(values).reshape(len(values), -1).all(axis=1)
+    if finite.all():
+        return None
+    return f"{what} are not finite in rows {np.flatnonzero(~finite)[:10].tolist()}"
+
+
+def _positive(name, value):
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"SupervisedLearner.{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+@gin.configurable(module="blayers.lab.learners")
+class SupervisedLearner(Learner):
+    """Trains `model(data.input_shape, data.num_outputs)` on `data` with the ELBO (module
+    docstring); the data's task owns the likelihood, the metrics and the plots.
+
+    Args:
+      data: a `blayers.lab.data.Data`.
+      model: model builder `fn(input_shape, num_outputs)`.
+      optimizer: optimizer factory (default `make_optimizer`, Adam 1e-3).
+      batch_size: global batch size (split across replicas).
+      kl_schedule: `fn(step) -> beta_t`, the weight of `KL / N`.
+      num_eval_samples: Monte Carlo posterior draws per evaluation.
+      eval_batch_size: examples per evaluation batch.
+      shuffle_buffer: examples shuffled at a time.
+    """
+
+    resumable_bindings = (
+        "SupervisedLearner.num_eval_samples",
+        "SupervisedLearner.eval_batch_size",
+    )
+    instant_scalars = ("kl_weight",)
+    progress_scalars = (
+        ("loss", "loss"),
+        ("nll", "nll"),
+        ("local_loss", "latent_kl"),
+        ("kl_per_example", "weights_kl/N"),
+    )
+    progress_if_nonzero = ("local_loss",)
+
+    def __init__(
+        self,
+        data=gin.REQUIRED,
+        model=gin.REQUIRED,
+        optimizer=make_optimizer,
+        batch_size=128,
+        kl_schedule=objectives.constant_kl_weight,
+        num_eval_samples=10,
+        eval_batch_size=500,
+        shuffle_buffer=10_000,
+    ):
+        self.data, self.model_fn, self.optimizer_fn = data, model, optimizer
+        self.num_train = int(data.num_train)
+        requested = _positive("batch_size", batch_size)
+        self.batch_size = min(requested, self.num_train)
+        if self.batch_size < requested:
+            logging.warning(
+                "SupervisedLearner.batch_size=%d is more than the %d training examples of %s: "
+                "full batches of %d (metrics.json records the batch size used).",
+                requested,
+                self.num_train,
+                getattr(data, "name", "the data"),
+                self.batch_size,
+            )
+        self.steps_per_epoch = max(self.num_train // self.batch_size, 1)
+        self.kl_schedule = kl_schedule
+        self.num_eval_samples = _positive("num_eval_samples", num_eval_samples)
+        self.eval_batch_size = _positive("eval_batch_size", eval_batch_size)
+        self.shuffle_buffer = shuffle_buffer
+
+    # -- build and state -------------------------------------------------------------------------
+    def build(self, context):
+        if context.strategy_name == "mesh":
+            refuse_strategy(self, context, "a tf.distribute strategy (cpu, gpu, mirrored, ...)")
+        self.strategy, self.seed = context.strategy, context.seed
+        seeds.set_seed(self.seed)
+        with self.strategy.scope():
+            self.model = self.model_fn(self.data.input_shape, self.data.num_outputs)
+            self.optimizer = self.optimizer_fn()
+            self.optimizer.build(self.model.trainable_variables)
+            self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        unapplied = unapplied_layer_bindings(self.model)
+        if unapplied:
+            raise ValueError(
+                "These gin bindings did not take effect (the model builder passes the argument "
+                "itself, and the caller wins):\n  " + "\n  ".join(unapplied)
+            )
+        # Keras does not checkpoint seed-generator states; without them a resumed run would
+        # replay the weight noise of its first steps.
+        self.seed_states = [
+            v for v in self.model.variables if v.path.endswith("seed_generator_state")
+        ]
+        self._train_step_fn = self._make_train_step()
+
+    def state(self):
+        return tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step_variable,
+            seed_states=self.seed_states,
+        )
+
+    @property
+    def step(self):
+        return int(self.step_variable.numpy())
+
+    # -- training --------------------------------------------------------------------------------
+    def batches(self):
+        """The rest of the current epoch, from the data position the step implies
+        (`blayers.lab.data.stream.epoch_batches`); a new epoch starts with `begin_epoch`."""
+        epoch, skip = divmod(self.step, self.steps_per_epoch)
+        if skip == 0:
+            self.begin_epoch(epoch)
+        ds = epoch_batches(self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer)
+        if self.strategy.num_replicas_in_sync == 1:
+            # One replica needs no splitting, and distributing costs ~35 ms an epoch: most of
+            # the step time on a small data set (UCI's few batches an epoch).
+            return ds
+        return self.strategy.experimental_distribute_dataset(ds)
+
+    def begin_epoch(self, epoch):
+        """Layers with a `begin_epoch()` (SNGP's exact-sum precision) restart their per-epoch
+        statistics."""
+        del epoch
+        for layer in self.model._flatten_layers(include_self=False, recursive=True):
+            if callable(getattr(layer, "begin_epoch", None)):
+                layer.begin_epoch()
+
+    def train_step(self, batch):
+        nll, local, kl, kl_weight, bad = (float(v) for v in self._train_step_fn(batch))
+        kl_per_example = kl / self.num_train
+        return {
+            "loss": nll + local + kl_weight * kl_per_example,
+            "nll": nll,
+            "local_loss": local,
+            "kl_per_example": kl_per_example,
+            # The (un-annealed) ELBO per example; `loss` is its annealed negative.
+            "elbo": -(nll + local + kl_per_example),
+            "kl_weight": kl_weight,
+            "non_finite": bad,
+        }
+
+    def diagnose_non_finite(self, batch):
+        x = self.strategy.experimental_local_results(batch[0])[0]
+        y = self.strategy.experimental_local_results(batch[1])[0]
+        bad_data = _non_finite_rows(x, "features") or _non_finite_rows(y, "targets")
+        if bad_data:  # the data, not a layer: say which rows of the batch
+            return f"the batch's {bad_data} of data {self.data.name!r}"
+        culprit = first_non_finite_layer(self.model, x)
+        if culprit:
+            return f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
+        return "no layer reproduced a non-finite value on a second pass"
+
+    # -- evaluation and outputs ------------------------------------------------------------------
+    def evaluate(self):
+        """The task's evaluation of the current model; the training random streams
+        (seed-generator states) are restored afterwards."""
+        saved = [v.numpy() for v in self.seed_states]
+        try:
+            return self.data.task.evaluate(
+                self.model, self.data, self.num_eval_samples, self.eval_batch_size
+            )
+        finally:
+            for variable, value in zip(self.seed_states, saved):
+                variable.assign(value)
+
+    def outputs(self, run, records, metrics, arrays):
+        """`training_curves.png` and the task's plots; the data, task, sizes and times."""
+        curves = run.file("training_curves.png")
+        plots.training_curves(records, curves)
+        images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
+        summary = {
+            "data": self.data.name,
+            "task": self.data.task.name,
+            "num_train": self.num_train,
+            "batch_size": self.batch_size,
+            "parameters": self.parameter_counts(),
+            "train_seconds": train_seconds(records),
+        }
+        return summary, images
+
+    def parameter_counts(self):
+        """`{'trainable', 'total'}` scalars in the model's variables (`total` adds the
+        non-trainable state: normalization statistics, a GP's precision; seed states excluded)."""
+
+        def count(variables):
+            return int(sum(np.prod(v.shape) for v in variables))
+
+        state = {id(v) for v in self.seed_states}
+        return {
+            "trainable": count(self.model.trainable_variables),
+            "total": count(v for v in self.model.variables if id(v) not in state),
+        }
+
+    def _make_train_step(self):
+        net, opt, step, strategy = self.model, self.optimizer, self.step_variable, self.strategy
+        task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
+        kl_schedule = self.kl_schedule
+
+        # reduce_retracing: batches of varying length (padded sequences) trace twice at most
+        @tf.function(reduce_retracing=True)
+        def train_step(batch):
+            def replica_step(x, y):
+                with tf.GradientTape() as tape:
+                    outputs = net(x, training=True)
+                    nll_per_example = task.negative_log_likelihood(outputs, y)
+                    nll = tf.nn.compute_average_loss(nll_per_example, global_batch_size=batch_size)
+                    local, kl = objectives.split_losses(net)
+                    local = local / strategy.num_replicas_in_sync  # per-example (latent KL)
+                    kl_weight = tf.cast(kl_schedule(step), kl.dtype)
+                    loss = (
+                        nll
+                        + tf.cast(local, nll.dtype)
+                        + tf.cast(
+                            tf.nn.scale_regularization_loss(kl_weight * kl / num_train), nll.dtype
+                        )
+                    )
+                grads = tape.gradient(loss, net.trainable_variables)
+                dense = [g for g in grads if g is not None and not isinstance(g, tf.IndexedSlices)]
+                finite = tf.math.is_finite(loss)
+                if dense:
+                    finite = tf.logical_and(finite, tf.math.is_finite(tf.linalg.global_norm(dense)))
+                # A non-finite step changes no weight: the host stops the run and diagnoses it.
+                grads = [
+                    g
+                    if isinstance(g, tf.IndexedSlices) or g is None
+                    else tf.where(finite, g, tf.zeros_like(g))
+                    for g in grads
+                ]
+                opt.apply_gradients(zip(grads, net.trainable_variables))
+                return (
+                    tf.cast(nll, tf.float32),
+                    tf.cast(local, tf.float32),
+                    tf.cast(kl, tf.float32),
+                    tf.cast(kl_weight, tf.float32),
+                    1.0 - tf.cast(finite, tf.float32),
+                )
+
+            nll, local, kl, kl_weight, non_finite = strategy.run(replica_step, args=batch)
+            step.assign_add(1)
+            reduce = tf.distribute.ReduceOp
+            return (
+                strategy.reduce(reduce.SUM, nll, axis=None),
+                strategy.reduce(reduce.SUM, local, axis=None),
+                strategy.reduce(reduce.MEAN, kl, axis=None),
+                strategy.reduce(reduce.MEAN, kl_weight, axis=None),
+                strategy.reduce(reduce.SUM, non_finite, axis=None),  # replicas with a bad step
+            )
+
+        return train_step
+
+
+@gin.configurable(module="blayers.lab.learners")
+class VariationalProgramLearner(SupervisedLearner):
+    """Fits a probabilistic program: the model is a `blayers.programs.VariationalProgram`,
+    whose output per example is the negative ELBO of its model program and posterior program
+    (reparameterization gradients, score-function terms for discrete variables); the data's
+    task is `VariationalInference` or `PointProcess`, whose negative log-likelihood is that
+    output, so `nll` in the records is the programs' negative ELBO per example (and `loss`
+    adds any weight KL the programs' layers add, annealed by `kl_schedule`).
+
+    Args: as `SupervisedLearner`.
+    """
+
+    resumable_bindings = (
+        "VariationalProgramLearner.num_eval_samples",
+        "VariationalProgramLearner.eval_batch_size",
+    )
+    progress_scalars = (("loss", "loss"), ("elbo", "elbo"))
+
+    def build(self, context):
+        super().build(context)
+        from blayers.programs import VariationalProgram
+
+        if not isinstance(self.model, VariationalProgram):
+            raise ValueError(  # noqa: TRY004 - a configuration error (the CLI exits 2)
+                f"VariationalProgramLearner.model built a {type(self.model).__name__}, not a "
+                "blayers.programs.VariationalProgram (its model and posterior programs); a "
+                "Keras model with a likelihood trains with SupervisedLearner."
+            )
+
+
+def train_seconds(records):
+    """Wall-clock seconds of the training steps over the whole run (resumes included), from
+    the logged windows (`steps / steps_per_second`); evaluations are not counted."""
+    seconds, previous = 0.0, None
+    for record in records:
+        if record.get("kind") != "train":
+            continue
+        start = previous if previous is not None and previous < record["step"] else 0
+        if record.get("steps_per_second"):
+            seconds += (record["step"] - start) / record["steps_per_second"]
+        previous = record["step"]
+    return seconds

@@ -1,0 +1,351 @@
+"""The Loop: one schedule for every learner (dopamine's Runner and Keras' trainer contract are
+the models). It knows nothing of what a step means; a `blayers.lab.learners.Learner` does.
+
+    lock the run folder; refuse a resume whose gin bindings changed in a way that cannot apply
+    learner.build(context); restore the newest intact checkpoint of learner.state()
+    (a checkpoint of another model is refused, nothing touched); learner.restored()
+    bindings.json, command.json, operative_config.gin
+    while step < train_steps:
+        learner.collect()                         (reinforcement learning; no-op otherwise)
+        for batch in learner.batches():           (to the end of a phase: an epoch, a
+            scalars = learner.train_step(batch)    collection interval)
+            non-finite stop; log / checkpoint / evaluate on their schedules
+    checkpoint; learner.evaluate(); learner.outputs(); metrics.json, plots, TensorBoard
+
+Ctrl-C or SIGTERM stops after the current step with a checkpoint; evaluation never advances
+the training random streams (the learner restores them), so a resumed run matches the
+uninterrupted one from any checkpoint. Everything lands in the run folder through
+`blayers.lab.runs.RunDir`.
+
+The gin root: `train.learner = @SupervisedLearner()` (the default), `@VariationalProgramLearner()`,
+`@MeshLearner()` or `@PlanetLearner()`; the schedule is `train.train_steps`, `train.eval_every`,
+`train.log_every`, `train.checkpoint_every`, `train.keep_checkpoints`, `train.progress`, and
+`train.seed` seeds the learner.
+"""
+
+import dataclasses
+import inspect
+import math
+import signal
+import threading
+import time
+
+import gin
+import keras
+import numpy as np
+import tensorflow as tf
+from absl import logging
+
+from blayers.lab import runs
+from blayers.lab import strategy as strategy_lib
+
+__all__ = ["Context", "Loop", "NonFiniteLossError", "StopRequest", "fit", "train"]
+
+# Bindings a resumed run may change: they steer the loop, not the model or its optimization.
+RESUMABLE_BINDINGS = tuple(
+    f"train.{name}"
+    for name in (
+        "train_steps",
+        "eval_every",
+        "checkpoint_every",
+        "log_every",
+        "keep_checkpoints",
+        "progress",
+    )
+)
+
+
+class NonFiniteLossError(FloatingPointError):
+    """The training loss became NaN or infinite; the message names the step and the culprit."""
+
+
+class StopRequest:
+    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
+    so the checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at
+    once."""
+
+    def __init__(self):
+        self.requested = False
+        self.signal = None
+        self._previous = {}
+
+    def _handle(self, signum, frame):
+        self.requested, self.signal = True, signum
+        signal.signal(signum, self._previous[signum])
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                self._previous[signum] = signal.signal(signum, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
+        self._previous = {}
+        return False
+
+
+@dataclasses.dataclass
+class Context:
+    """What the Loop hands a learner's `build`.
+
+    Attributes:
+      run: the `RunDir` (a learner keeps files of its own there: PlaNet's episodes).
+      strategy: the `tf.distribute.Strategy` (the default one unless the command line chose).
+      strategy_name: the command line's `--strategy` (None: the learner's default).
+      seed: seeds the weights, the noise and the data order.
+      train_steps: the run's length (a learner's schedules may depend on it).
+    """
+
+    run: runs.RunDir
+    strategy: tf.distribute.Strategy
+    strategy_name: str | None
+    seed: int
+    train_steps: int
+
+    def scalars(self, step, prefix, values):
+        """TensorBoard scalars from inside a phase (PlaNet's episode returns)."""
+        self.run.scalars(step, prefix, values)
+
+
+def _positive_int(name, value, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+        raise ValueError(f"train.{name} must be a positive integer, got {value!r}.")
+    return int(value)
+
+
+class Loop:
+    """Runs a learner on a schedule in a run folder; see the module docstring.
+
+    Args:
+      model_dir: the run folder; an existing run there is resumed.
+      learner: a `blayers.lab.learners.Learner`.
+      strategy: a `tf.distribute.Strategy`, a `--strategy` name (`'mesh'`), or None.
+      train_steps: optimizer steps in total.
+      eval_every: steps between evaluations (default: only at the end).
+      checkpoint_every: steps between checkpoints (default `min(eval_every, 500)`).
+      log_every: steps between history records.
+      keep_checkpoints: checkpoints kept on disk.
+      seed: the learner's seed.
+      progress: show Keras' progress bar.
+    """
+
+    def __init__(
+        self,
+        model_dir,
+        learner,
+        strategy=None,
+        train_steps=1000,
+        eval_every=None,
+        checkpoint_every=None,
+        log_every=50,
+        keep_checkpoints=3,
+        seed=0,
+        progress=True,
+    ):
+        self.train_steps = _positive_int("train_steps", train_steps)
+        self.eval_every = _positive_int("eval_every", eval_every, allow_none=True)
+        self.log_every = _positive_int("log_every", log_every)
+        self.checkpoint_every = _positive_int(
+            "checkpoint_every",
+            checkpoint_every or max(min(eval_every or train_steps, 500), 1),
+        )
+        self.keep_checkpoints = _positive_int("keep_checkpoints", keep_checkpoints)
+        self.seed, self.progress, self.learner = int(seed), progress, learner
+        if isinstance(strategy, str):
+            self.strategy_name, self.strategy = strategy, tf.distribute.get_strategy()
+        else:
+            self.strategy_name = None if strategy is None else strategy_lib.flag_name(strategy)
+            self.strategy = strategy or tf.distribute.get_strategy()
+        self.run_dir = runs.RunDir(strategy_lib.worker_directory(str(model_dir), self.strategy))
+
+    def run(self):
+        """The whole run; returns the final metrics (dict)."""
+        run, learner = self.run_dir, self.learner
+        with run.lock():
+            # Refusals first: nothing in the folder is touched by a run that will not go on.
+            run.check_bindings(RESUMABLE_BINDINGS + tuple(learner.resumable_bindings))
+            try:
+                learner.build(
+                    Context(run, self.strategy, self.strategy_name, self.seed, self.train_steps)
+                )
+                self.checkpointer = run.checkpointer(learner.state(), self.keep_checkpoints)
+                restored = self.checkpointer.restore()
+                learner.restored()
+                self.start_step = learner.step
+                if restored:
+                    print(f"Resumed from {restored} at step {self.start_step}.")
+                run.accept()
+                # From here on a SIGTERM or Ctrl-C saves a checkpoint (even before a step).
+                with StopRequest() as self.stop:
+                    run.write_operative_config()
+                    self.history = run.open_history(self.start_step)
+                    self._open_window(self.start_step)
+                    while learner.step < self.train_steps and not self.stop.requested:
+                        learner.collect()
+                        self._phase()
+                if self.stop.requested:
+                    self.save()
+                    logging.warning(
+                        "Stopped by signal %s at step %d; checkpoint saved, re-run to resume.",
+                        self.stop.signal,
+                        learner.step,
+                    )
+                    raise KeyboardInterrupt
+                learner.before_save()
+                self.checkpointer.save_unless_current(learner.step)
+                metrics, arrays = self.evaluate()
+                summary, images = learner.outputs(run, self.history.records, metrics, arrays)
+                run.write_metrics(
+                    {
+                        "status": "finished",
+                        "step": learner.step,
+                        "resumed_from_step": self.start_step,
+                        **summary,
+                        "final": _jsonable(metrics),
+                    }
+                )
+                run.images(learner.step, images)
+                run.write_operative_config()
+            finally:
+                learner.close()
+                run.close()
+        return metrics
+
+    # -- the schedule ----------------------------------------------------------------------------
+    def _phase(self):
+        """Steps through the learner's batches (one phase) on the schedule."""
+        learner = self.learner
+        for batch in learner.batches():
+            scalars = learner.train_step(batch)
+            step = learner.step
+            bad = scalars.pop("non_finite", 0.0)
+            if bad or not all(math.isfinite(v) for v in scalars.values()):
+                terms = ", ".join(f"{k}={v:.6g}" for k, v in scalars.items())
+                raise NonFiniteLossError(
+                    f"Non-finite loss or gradient at step {step} ({terms}): "
+                    f"{learner.diagnose_non_finite(batch)}. Training stopped; the last good "
+                    f"checkpoint is {self.checkpointer.latest}."
+                )
+            self._window_add(scalars)
+            if step % self.log_every == 0 or step == self.train_steps:
+                self.log(step)
+            if step % self.checkpoint_every == 0:
+                self.save()
+            if self.eval_every and step % self.eval_every == 0 and step < self.train_steps:
+                began = time.time()
+                self.evaluate()
+                self._clock += time.time() - began  # evaluation time is not training time
+            if step >= self.train_steps or self.stop.requested:
+                return
+
+    def _open_window(self, step):
+        self._start, self._clock, self._sums, self._last = step, time.time(), {}, {}
+
+    def _window_add(self, scalars):
+        for key, value in scalars.items():
+            self._sums[key] = self._sums.get(key, 0.0) + value
+        self._last = scalars
+
+    def log(self, step):
+        """One training record: the means of the learner's scalars over the steps since the
+        last record (its `instant_scalars` as their last value)."""
+        learner = self.learner
+        count = max(step - self._start, 1)
+        record = {k: v / count for k, v in self._sums.items()}
+        record.update({k: self._last[k] for k in learner.instant_scalars if k in self._last})
+        record.update(learner.log_extras())
+        record.update(
+            kind="train",
+            step=step,
+            steps_per_second=count / max(time.time() - self._clock, 1e-9),
+        )
+        self.history.add(record)
+        self.run_dir.scalars(step, "train", {k: v for k, v in record.items() if k in self._sums})
+        shown = [
+            (label, record[key])
+            for key, label in learner.progress_scalars
+            if key in record and (record[key] or key not in learner.progress_if_nonzero)
+        ]
+        self._progress_bar().update(step, shown)
+        self._open_window(step)
+
+    def save(self):
+        self.learner.before_save()
+        self.checkpointer.save(self.learner.step)
+
+    def evaluate(self):
+        """The learner's evaluation, recorded (a re-run of a finished run replaces its record)."""
+        metrics, arrays = self.learner.evaluate()
+        step = self.learner.step
+        self.history.put({"kind": "eval", "step": step, **_jsonable(metrics)})
+        self.run_dir.scalars(step, "eval", metrics)
+        return metrics, arrays
+
+    def _progress_bar(self):
+        if not hasattr(self, "_bar"):
+            self._bar = keras.utils.Progbar(
+                self.train_steps,
+                verbose=1 if self.progress else 0,
+                stateful_metrics=[label for _, label in self.learner.progress_scalars],
+            )
+        return self._bar
+
+
+def _jsonable(metrics):
+    return {
+        k: (float(v) if isinstance(v, (np.floating, float, int, np.integer)) else v)
+        for k, v in metrics.items()
+    }
+
+
+@gin.configurable("train", module="blayers.lab.loop", denylist=["model_dir", "strategy"])
+def train(
+    model_dir,
+    strategy=None,
+    learner=None,
+    train_steps=1000,
+    eval_every=None,
+    checkpoint_every=None,
+    log_every=50,
+    keep_checkpoints=3,
+    seed=0,
+    progress=True,
+):
+    """Runs `learner` (default `SupervisedLearner()`, configured by gin) under the Loop in
+    `model_dir`; returns the final metrics. The gin root of every config: `train.learner`,
+    `train.train_steps`, ...; see `Loop` for the arguments."""
+    if learner is None:
+        from blayers.lab.learners.supervised import SupervisedLearner
+
+        learner = SupervisedLearner()
+    return Loop(
+        model_dir,
+        learner,
+        strategy,
+        train_steps=train_steps,
+        eval_every=eval_every,
+        checkpoint_every=checkpoint_every,
+        log_every=log_every,
+        keep_checkpoints=keep_checkpoints,
+        seed=seed,
+        progress=progress,
+    ).run()
+
+
+def fit(model_dir, strategy=None, **kwargs):
+    """Python shorthand for a supervised run: `fit(model_dir, data=..., model=...,
+    train_steps=..., batch_size=...)` splits the keyword arguments between `train` (the
+    schedule) and `SupervisedLearner` (everything else) and runs them; gin bindings fill what
+    is not passed. Returns the final metrics."""
+    from blayers.lab.learners.supervised import SupervisedLearner
+
+    schedule = set(inspect.signature(train).parameters) - {"model_dir", "strategy", "learner"}
+    learner_kwargs = {k: v for k, v in kwargs.items() if k not in schedule}
+    loop_kwargs = {k: v for k, v in kwargs.items() if k in schedule}
+    if learner_kwargs:  # else the configured `train.learner`
+        loop_kwargs["learner"] = SupervisedLearner(**learner_kwargs)
+    return train(model_dir, strategy=strategy, **loop_kwargs)

@@ -1,0 +1,198 @@
+"""The one Checkpointer of every learner: save, keep N, newest-intact restore.
+
+A learner's `state()` is either a `tf.train.Checkpoint` (eager learners) or a `SaverState`
+(a v1 `tf.compat.v1.train.Saver` in a session: the Mesh TensorFlow learner). The Checkpointer
+decides where and when; the state only writes and reads its bytes (dopamine's Checkpointer and
+Orbax's `CheckpointManager` are the models).
+
+* Checkpoints are `checkpoints/ckpt-<step>`; the newest `keep` are kept, older ones deleted
+  after a newer one is written whole.
+* Writes are atomic at the checkpoint level: a checkpoint counts once its `.index` exists, and
+  the state file (`checkpoint`, relative paths) is replaced atomically after each save.
+* `restore` tries checkpoints newest first, from the files themselves (the state file may be
+  the damaged part, and a copied or moved folder has another path). A checkpoint that cannot
+  be read (a kill mid-write, a bad disk) is skipped with a warning naming it and kept as
+  `*.damaged`; one that reads but does not fit the model (a folder of another model) raises
+  `CheckpointMismatchError` and nothing is touched.
+"""
+
+import glob
+import os
+
+import tensorflow as tf
+from absl import logging
+
+from blayers.lab.runs.files import (
+    checkpoint_number,
+    checkpoint_prefixes,
+    first_line,
+    write_text,
+)
+
+__all__ = [
+    "CheckpointMismatchError",
+    "Checkpointer",
+    "SaverState",
+    "checkpoint_prefixes",
+]
+
+PREFIX = "ckpt"
+
+
+class CheckpointMismatchError(ValueError):
+    """The folder's checkpoint is intact but belongs to another model."""
+
+
+def _quarantine(prefix):
+    for path in glob.glob(prefix + ".*"):
+        if not path.endswith(".damaged"):
+            os.replace(path, path + ".damaged")
+
+
+def _delete(prefix):
+    for path in glob.glob(prefix + ".*"):
+        if not path.endswith(".damaged"):
+            os.remove(path)
+
+
+def _is_mismatch(error):
+    """A checkpoint that was read but does not fit the model: a variable of another shape, or
+    objects the model does not have. Anything else (an `OpError`, a short read) is damage."""
+    if isinstance(error, AssertionError):
+        return True
+    text = str(error)
+    if isinstance(error, tf.errors.OpError):  # a v1 Saver's: another shape, a missing key
+        return "requires shapes" in text or "not found in checkpoint" in text
+    return isinstance(error, ValueError) and any(
+        word in text for word in ("shape", "incompatible", "Unresolved object")
+    )
+
+
+class SaverState:
+    """A v1 `tf.compat.v1.train.Saver` and its session, as a learner's checkpointable state.
+
+    Args:
+      saver: the Saver (`save_relative_paths=True`, `max_to_keep=None`: the Checkpointer keeps).
+      session: the session whose variables it saves and restores.
+      graph: the Saver's graph.
+    """
+
+    def __init__(self, saver, session, graph):
+        self.saver, self.session, self.graph = saver, session, graph
+
+    def write(self, prefix):
+        with self.graph.as_default():
+            self.saver.save(self.session, prefix, write_meta_graph=False, write_state=False)
+
+    def read(self, prefix):  # a v1 restore fails on any mismatch itself
+        with self.graph.as_default():
+            self.saver.restore(self.session, prefix)
+
+
+class _ObjectState:
+    """A `tf.train.Checkpoint` with `SaverState`'s interface."""
+
+    def __init__(self, checkpoint):
+        self.checkpoint = checkpoint
+
+    def write(self, prefix):
+        self.checkpoint.write(prefix)
+
+    def read(self, prefix):
+        self.checkpoint.read(prefix).assert_existing_objects_matched()
+
+
+def _as_state(state):
+    return _ObjectState(state) if isinstance(state, tf.train.Checkpoint) else state
+
+
+class Checkpointer:
+    """Saves and restores a learner's state in `directory`, keeping the newest `keep`.
+
+    Args:
+      directory: the run's `checkpoints/` folder.
+      state: a `tf.train.Checkpoint`, or a `SaverState`.
+      keep: checkpoints kept on disk (at least 1).
+    """
+
+    def __init__(self, directory, state, keep=3):
+        if not isinstance(keep, int) or keep < 1:
+            raise ValueError(f"keep_checkpoints must be a positive integer, got {keep!r}.")
+        self.directory, self.state, self.keep = directory, _as_state(state), keep
+
+    @property
+    def latest(self):
+        """The newest checkpoint's prefix, or None."""
+        prefixes = checkpoint_prefixes(self.directory)
+        return prefixes[0] if prefixes else None
+
+    def latest_step(self):
+        latest = self.latest
+        return None if latest is None else checkpoint_number(latest)
+
+    def save(self, step):
+        """Writes `ckpt-<step>`, then forgets checkpoints beyond the newest `keep`."""
+        os.makedirs(self.directory, exist_ok=True)
+        prefix = os.path.join(self.directory, f"{PREFIX}-{int(step)}")
+        _delete(prefix)  # a checkpoint of this step from a run that was rolled back
+        self.state.write(prefix)
+        prefixes = checkpoint_prefixes(self.directory)
+        for old in prefixes[self.keep :]:
+            _delete(old)
+        self._write_state_file(prefixes[: self.keep])
+        return prefix
+
+    def save_unless_current(self, step):
+        """Saves unless the newest checkpoint is of `step` already (a finished run re-run)."""
+        if self.latest_step() != int(step):
+            self.save(step)
+
+    def restore(self):
+        """Restores the newest intact checkpoint; returns its prefix, or None when there is none.
+
+        Damaged checkpoints are skipped with a warning and renamed `*.damaged`, never deleted;
+        the state file is rewritten to list the intact ones."""
+        if not os.path.isdir(self.directory):
+            return None
+        restored, intact = None, []
+        for prefix in checkpoint_prefixes(self.directory):
+            if restored is None:
+                try:
+                    self.state.read(prefix)
+                except Exception as error:  # noqa: BLE001 - sorted below: damage or mismatch
+                    if _is_mismatch(error):  # read, but not this model: refuse, touch nothing
+                        raise CheckpointMismatchError(
+                            f"The checkpoint {prefix} does not fit this model: "
+                            f"{first_line(error)}\nThe folder holds a run of another model (a "
+                            "changed model binding, or another config): nothing in it was "
+                            "changed. Use a new --model_dir, or the original configuration."
+                        ) from None
+                    logging.warning(
+                        "Checkpoint %s is damaged (%s: %s); falling back to an older one. Its "
+                        "files are kept as %s.*.damaged.",
+                        prefix,
+                        type(error).__name__,
+                        first_line(error),
+                        os.path.basename(prefix),
+                    )
+                    _quarantine(prefix)
+                    continue
+                restored = prefix
+            intact.append(prefix)
+        if intact:
+            self._write_state_file(intact)
+        else:
+            state = os.path.join(self.directory, "checkpoint")
+            if os.path.exists(state):
+                os.replace(state, state + ".damaged")
+        return restored
+
+    def _write_state_file(self, prefixes):
+        """TensorFlow's `checkpoint` state file (TensorBoard and `tf.train.latest_checkpoint`
+        read it), relative paths, written to a temporary name, then renamed."""
+        if not prefixes:
+            return
+        names = [os.path.basename(p) for p in reversed(prefixes)]
+        lines = [f'model_checkpoint_path: "{names[-1]}"']
+        lines += [f'all_model_checkpoint_paths: "{name}"' for name in names]
+        write_text(os.path.join(self.directory, "checkpoint"), "\n".join(lines) + "\n")

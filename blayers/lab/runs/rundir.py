@@ -1,0 +1,209 @@
+"""`RunDir`: the one owner of a run folder's files. Learners, the Loop, the launchers, the
+report and the experiments read and write a run only through it.
+
+    model_dir/
+      LOCK                  the process training here (`RunLock`)
+      bindings.json         the gin bindings of the accepted run (a resume refuses changes)
+      command.json          the command line that made it (written once the run is accepted)
+      operative_config.gin  every gin parameter the run used, and its gin imports
+      history.jsonl         one record per log interval and per evaluation (`History`)
+      metrics.json          the summary: status, step, final metrics, what the learner adds
+      checkpoints/          `Checkpointer`: ckpt-<step>, newest `keep` kept
+      tensorboard/          scalars, and every plot as an image
+      *.png                 the learner's plots
+"""
+
+import os
+
+from blayers.lab.runs import files
+from blayers.lab.runs.files import checkpoint_prefixes
+
+__all__ = [
+    "ChangedBindingsError",
+    "RunDir",
+    "set_command",
+]
+
+
+class ChangedBindingsError(ValueError):
+    """A resumed run's gin bindings differ from those it was started with."""
+
+
+_COMMAND = {}
+
+
+def set_command(record):
+    """The command line's record (`command`, `gin_file`, `gin_param`), written to
+    `command.json` by `RunDir.accept` once a run is accepted (a refused invocation changes
+    nothing)."""
+    _COMMAND.clear()
+    _COMMAND.update(record)
+
+
+def _current_bindings():
+    """`{'selector.param': value text}` of every gin binding in force (scope-qualified)."""
+    import gin
+
+    out = {}
+    for (scope, selector), params in gin.config._CONFIG.items():
+        name = selector.split(".")[-1]
+        prefix = f"{scope}/{name}" if scope else name
+        for param, value in params.items():
+            out[f"{prefix}.{param}"] = repr(value)
+    return out
+
+
+class RunDir:
+    """A run folder.
+
+    Args:
+      path: the folder (made when a run writes to it).
+    """
+
+    LOCK, BINDINGS, COMMAND = "LOCK", "bindings.json", "command.json"
+    HISTORY, METRICS, OPERATIVE_CONFIG = "history.jsonl", "metrics.json", "operative_config.gin"
+    CHECKPOINTS, TENSORBOARD, EXPERIMENT = "checkpoints", "tensorboard", "experiment.json"
+
+    def __init__(self, path):
+        self.path = str(path)
+        self.history = None
+        self._writer = None
+
+    def __repr__(self):
+        return f"RunDir({self.path!r})"
+
+    def file(self, name):
+        """The path of `name` in the folder."""
+        return os.path.join(self.path, name)
+
+    # -- reading (launchers, the report, experiments) ------------------------------------------
+    def metrics(self):
+        """`metrics.json` (a finished run's summary), or None."""
+        return files.read_json(self.file(self.METRICS))
+
+    def final(self):
+        """The final metrics of a finished run, or None."""
+        return (self.metrics() or {}).get("final")
+
+    def command(self):
+        """`command.json`, or None."""
+        return files.read_json(self.file(self.COMMAND))
+
+    def experiment(self):
+        """`experiment.json` (an experiment's root), or None."""
+        return files.read_json(self.file(self.EXPERIMENT))
+
+    def records(self, kind=None):
+        """The history's records (of `kind`: 'train', 'eval'), torn lines skipped."""
+        records = files.read_lines(self.file(self.HISTORY))
+        return [r for r in records if kind is None or r.get("kind") == kind]
+
+    def is_finished(self):
+        return (self.metrics() or {}).get("status") == "finished"
+
+    def is_locked(self):
+        """A LOCK file exists (a live trainer, or a dead one's that the next run takes over)."""
+        return os.path.exists(self.file(self.LOCK))
+
+    def has_checkpoint(self):
+        return bool(checkpoint_prefixes(self.file(self.CHECKPOINTS)))
+
+    # -- writing (the Loop) --------------------------------------------------------------------
+    def lock(self):
+        """The run lock (a context manager); makes the folder."""
+        os.makedirs(self.path, exist_ok=True)
+        return files.RunLock(self.path)
+
+    def check_bindings(self, resumable=()):
+        """Refuses to resume a run (it has checkpoints) with gin bindings other than those it
+        was started with (`bindings.json`): a restored optimizer would silently ignore a new
+        learning rate, a restored model a new width, and the operative config would misstate
+        the run. Only the bindings in `resumable` (lengths, cadences) may change. Touches
+        nothing; call it before restoring."""
+        previous = files.read_json(self.file(self.BINDINGS))
+        prefixes = checkpoint_prefixes(self.file(self.CHECKPOINTS))
+        if not prefixes or previous is None:
+            return
+        current = _current_bindings()
+        changed = sorted(
+            key
+            for key in set(previous) | set(current)
+            if previous.get(key) != current.get(key) and key not in resumable
+        )
+        if changed:
+            lines = [
+                f"{key}: {previous.get(key, '(unset)')} -> {current.get(key, '(unset)')}"
+                for key in changed
+            ]
+            raise ChangedBindingsError(
+                f"{self.path} holds a run (checkpoint {os.path.basename(prefixes[0])}) trained "
+                "with other gin bindings; resuming would not apply these changes:\n  "
+                + "\n  ".join(lines)
+                + "\nNothing in the folder was changed. Use a new --model_dir, or the original "
+                "bindings."
+                + (f" (Only {', '.join(resumable)} may change on resume.)" if resumable else "")
+            )
+
+    def accept(self):
+        """The run goes on: `bindings.json` and `command.json` (when a command line set one)."""
+        files.write_json(self.file(self.BINDINGS), _current_bindings(), sort_keys=True)
+        if _COMMAND:
+            files.write_json(self.file(self.COMMAND), dict(_COMMAND))
+
+    def checkpointer(self, state, keep=3):
+        """The `Checkpointer` of `state` in `checkpoints/`."""
+        from blayers.lab.runs.checkpointer import Checkpointer
+
+        return Checkpointer(self.file(self.CHECKPOINTS), state, keep)
+
+    def open_history(self, resume_step):
+        """`history.jsonl`, truncated to `resume_step` (`History`)."""
+        self.history = files.History(self.file(self.HISTORY), resume_step)
+        return self.history
+
+    @property
+    def writer(self):
+        """The TensorBoard writer of `tensorboard/`."""
+        if self._writer is None:
+            import tensorflow as tf
+
+            self._writer = tf.summary.create_file_writer(self.file(self.TENSORBOARD))
+        return self._writer
+
+    def scalars(self, step, prefix, values):
+        """TensorBoard scalars `prefix/key` at `step`."""
+        import tensorflow as tf
+
+        with self.writer.as_default(step=step):
+            for key, value in values.items():
+                tf.summary.scalar(f"{prefix}/{key}", value)
+
+    def images(self, step, paths):
+        """PNG files as TensorBoard images at `step`."""
+        from blayers.lab import plots
+
+        with self.writer.as_default(step=step):
+            for path in paths:
+                plots.png_to_tensorboard(path)
+        self.writer.flush()
+
+    def write_operative_config(self):
+        """`operative_config.gin`: every gin parameter the run used."""
+        import gin
+
+        files.write_text(self.file(self.OPERATIVE_CONFIG), gin.operative_config_str())
+
+    def write_metrics(self, summary):
+        """`metrics.json`, atomically."""
+        files.write_json(self.file(self.METRICS), summary)
+
+    def write_experiment(self, record):
+        """`experiment.json` of an experiment's root folder."""
+        os.makedirs(self.path, exist_ok=True)
+        files.write_json(self.file(self.EXPERIMENT), record)
+
+    def close(self):
+        if self._writer is not None:
+            self._writer.flush()
+            self._writer.close()
+            self._writer = None

@@ -1,0 +1,211 @@
+"""The Loop's promises, the same for every learner (supervised ELBO, variational program, Mesh
+TensorFlow Transformer, PlaNet), each on a tiny run of its smoke config:
+
+* a second process on the same folder refuses (a live holder's LOCK);
+* SIGTERM checkpoints at the step it arrived (not at the last periodic checkpoint) and releases
+  the lock;
+* a resume with a changed model binding refuses, naming it, and touches nothing;
+* after a crash between checkpoints, left as `kill -9` leaves a folder (a dead holder's LOCK, a
+  torn last history line), a re-run takes the lock over, drops the torn line, continues from
+  the newest checkpoint and ends exactly where the uninterrupted run ends (PlaNet: the episode
+  collected after that checkpoint is set aside and collected again);
+* a moved run folder restores its own checkpoints; a truncated newest checkpoint falls back to
+  the newest intact one, naming both, and the run again ends exactly as the uninterrupted one;
+  no more than `keep_checkpoints` are kept.
+"""
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+
+import gin
+import numpy as np
+import pytest
+
+from blayers.lab import config, loop, runs
+from blayers.lab import learners as learners_lib
+
+SCHEDULE = [
+    "train.train_steps = 6",
+    "train.checkpoint_every = 3",
+    "train.log_every = 1",
+    "train.keep_checkpoints = 3",
+    "train.eval_every = None",
+    "train.progress = False",
+]
+
+LEARNERS = {
+    "supervised": (
+        "SupervisedLearner",
+        ["digits_mlp_smoke"],
+        ["mlp.hidden_units = (8,)", "SupervisedLearner.num_eval_samples = 1"],
+        "mlp.hidden_units = (16,)",
+    ),
+    "variational_program": (
+        "VariationalProgramLearner",
+        ["cox_process_smoke"],
+        [
+            "cox_process.num_inducing = 8",
+            "cox_process.num_quadrature_points = 16",
+            "VariationalProgramLearner.num_eval_samples = 4",
+        ],
+        "cox_process.num_inducing = 4",
+    ),
+    "mesh": (
+        "MeshLearner",
+        ["bayesian_transformer_mesh_smoke"],
+        [
+            "MeshLearner.num_eval_samples = 1",
+            "synthetic_translation.num_train = 128",
+            "synthetic_translation.num_test = 8",
+            "SequenceToSequence.num_decode = 2",
+            "SequenceToSequence.decode_samples = 1",
+        ],
+        "TransformerHParams.d_ff = 32",
+    ),
+    "planet": (
+        "PlanetLearner",
+        ["bayesian_planet_smoke"],
+        [
+            "control_env.episode_steps = 12",
+            "PlanetLearner.seed_episodes = 1",
+            "PlanetLearner.collect_interval = 3",
+            "PlanetLearner.batch_size = 4",
+            "PlanetLearner.chunk_length = 6",
+            "PlanetLearner.open_loop_context = 2",
+            "PlanetLearner.open_loop_steps = 4",
+            "cem.horizon = 3",
+            "cem.candidates = 16",
+            "cem.top_k = 4",
+            "cem.iterations = 1",
+        ],
+        "WorldModel.hidden_units = 16",
+    ),
+}
+
+
+class _Crash(Exception):
+    pass
+
+
+def _run(kind, model_dir, *params, at_step=None, action=None):
+    """A run of the `kind` learner in `model_dir`; `action(step)` runs inside the training step
+    that reaches `at_step` (a signal, a crash)."""
+    name, gin_files, bindings, _ = LEARNERS[kind]
+    gin.clear_config()
+    config.parse(gin_files, [*SCHEDULE, *bindings, *params])
+    learner = getattr(learners_lib, name)()
+    if action is not None:
+        step_fn = learner.train_step
+
+        def train_step(batch):
+            scalars = step_fn(batch)
+            if learner.step == at_step:
+                action()
+            return scalars
+
+        learner.train_step = train_step
+    return loop.train(str(model_dir), learner=learner)
+
+
+def _snapshot(folder):
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(pathlib.Path(folder).rglob("*"))
+        if p.is_file()
+    }
+
+
+def _losses(model_dir):
+    return [(r["step"], r["loss"]) for r in runs.RunDir(model_dir).records("train")]
+
+
+def _assert_same_run(model_dir, straight):
+    """The run in `model_dir` logged and ended as the uninterrupted `straight` one."""
+    ours, theirs = _losses(model_dir), _losses(straight)
+    assert [s for s, _ in ours] == [s for s, _ in theirs] == [1, 2, 3, 4, 5, 6]
+    np.testing.assert_allclose([v for _, v in ours], [v for _, v in theirs], rtol=1e-5)
+    final, expected = runs.RunDir(model_dir).final(), runs.RunDir(straight).final()
+    assert final.keys() == expected.keys()
+    for key, value in expected.items():
+        np.testing.assert_allclose(final[key], value, rtol=1e-5, atol=1e-7, err_msg=key)
+
+
+def _dead_pid():
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def _write_lock(model_dir, pid):
+    (pathlib.Path(model_dir) / "LOCK").write_text(
+        json.dumps({"pid": pid, "host": os.uname().nodename, "started": 0.0})
+    )
+
+
+@pytest.mark.parametrize("kind", list(LEARNERS))
+def test_every_learner_keeps_the_run_folder_promises(kind, tmp_path, caplog, capsys):
+    if kind == "planet":
+        pytest.importorskip("dm_control")
+    straight, cut = tmp_path / "straight", tmp_path / "cut"
+    _run(kind, straight)
+
+    # SIGTERM: a checkpoint at the step it arrived (the periodic ones are at 3 and 6).
+    with pytest.raises(KeyboardInterrupt):
+        _run(kind, cut, at_step=2, action=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert [os.path.basename(p) for p in runs.checkpoint_prefixes(str(cut / "checkpoints"))] == [
+        "ckpt-2"
+    ]
+    assert not (cut / "LOCK").exists()
+
+    # A second process on the folder refuses; a changed model binding refuses; nothing changes.
+    before = _snapshot(cut)
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        _write_lock(cut, holder.pid)
+        with pytest.raises(runs.RunLockedError, match=f"PID {holder.pid}"):
+            _run(kind, cut)
+    finally:
+        holder.kill()
+        holder.wait()
+    (cut / "LOCK").unlink()
+    changed = LEARNERS[kind][3]
+    with pytest.raises(runs.ChangedBindingsError, match=changed.split(" = ")[0]):
+        _run(kind, cut, changed)
+    assert _snapshot(cut) == before
+
+    # A crash after step 5 (checkpoint at 3), the folder as kill -9 leaves it.
+    with pytest.raises(_Crash):
+        _run(kind, cut, at_step=5, action=lambda: (_ for _ in ()).throw(_Crash()))
+    assert [s for s, _ in _losses(cut)] == [1, 2, 3, 4]
+    _write_lock(cut, _dead_pid())
+    with open(cut / "history.jsonl", "a") as f:
+        f.write('{"kind": "train", "st')
+    caplog.clear()
+    _run(kind, cut)
+    log = caplog.text
+    assert "Taking over the lock of a dead trainer" in log and "Dropping a torn line" in log
+    assert f"Resumed from {cut / 'checkpoints' / 'ckpt-3'} at step 3." in capsys.readouterr().out
+    _assert_same_run(cut, straight)
+    assert not (cut / "LOCK").exists()
+
+    # The folder moved (it restores its own checkpoints, not the original path's), its newest
+    # checkpoint truncated: the newest intact one, both named; the same end; keep-N holds.
+    moved = tmp_path / "moved"
+    shutil.copytree(cut, moved)
+    shutil.rmtree(cut)
+    data_file = next((moved / "checkpoints").glob("ckpt-6.data-*"))
+    data_file.write_bytes(data_file.read_bytes()[:40])
+    caplog.clear()
+    _run(kind, moved)
+    assert "ckpt-6 is damaged" in caplog.text
+    out = capsys.readouterr().out
+    assert f"Resumed from {moved / 'checkpoints' / 'ckpt-3'} at step 3." in out
+    assert list((moved / "checkpoints").glob("ckpt-6.*.damaged"))
+    _assert_same_run(moved, straight)
+    assert len(list((moved / "checkpoints").glob("ckpt-*.index"))) <= 3
