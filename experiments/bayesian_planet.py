@@ -24,25 +24,14 @@ import os
 import shutil
 
 import numpy as np
-from absl import app, flags
+from absl import flags
 
 from blayers.lab import plots
 from blayers.lab.runs import RunDir
+from experiments.base import Experiment, ReportEntry
 from launch import sweep
 
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """The command line's flags (defined only when run as a script, so that importing
-    several experiment modules in one process defines no flag twice)."""
-    flags.DEFINE_string("root", "runs/bayesian_planet", "Folder of the runs and figures.")
-    flags.DEFINE_string("gin_file", "bayesian_planet_cheetah", "Gin file of every run.")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-    flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each model.")
-    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def plan(seeds):
@@ -117,28 +106,43 @@ def summarize(root, results, models):
     return rows
 
 
+class BayesianPlanet(Experiment):
+    name = "bayesian_planet"
+    gin_file = "bayesian_planet_cheetah"
+    quiet = False  # the runs' output is the agent's episode log
+    report = ReportEntry(
+        "fig10",
+        "Figures 10-11: Bayesian PlaNet",
+        "Cheetah-run score 614 (median over 5 seeds x 10 episodes), as the original agent.",
+        order=10,
+        gin_prefixes=("bayesian_planet",),
+        experiments=("bayesian_planet",),
+        compare=(("eval_return", 614.0, "bayesian_planet_cheetah", "cheetah-run return"),),
+        command="python -m experiments.bayesian_planet --gin_file=bayesian_planet_smoke "
+        "--seeds=0,1 --root=runs/planet --parallel=2",
+    )
+
+    def define_options(self):
+        flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each model.")
+
+    def options(self):
+        return {"seeds": flags.FLAGS.seeds}
+
+    def plan(self, seeds):
+        self.models = plan(seeds)[1]
+        return plan(seeds)[0]
+
+    def summarize(self, root, results):
+        return summarize(root, results, self.models)
+
+
+EXPERIMENT = BayesianPlanet()
+
+
 def run_experiment(root, gin_file, gin_params, seeds, parallel):
     """Trains every (model, seed) run (skipping finished ones); writes figures and tables."""
-    runs, models = plan(seeds)
-    results, stopped = sweep.run_experiment_grid(
-        runs,
-        root,
-        gin_file,
-        gin_params,
-        parallel,
-        quiet=False,  # PlaNet's own progress=False
-    )
-    rows = summarize(root, results, models)
-    if stopped:
-        sweep.exit_stopped(root)
-    return rows
-
-
-def main(argv):
-    del argv
-    run_experiment(FLAGS.root, FLAGS.gin_file, FLAGS.gin_param, FLAGS.seeds, FLAGS.parallel)
+    return EXPERIMENT.run(root, gin_file, gin_params, parallel, seeds=seeds)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    EXPERIMENT.main()

@@ -20,6 +20,7 @@ import os
 
 from absl import app, flags
 
+from experiments.base import Experiment, ReportEntry
 from launch import sweep
 
 # The 2-D pattern needs more inducing points and a coarser grid per dimension.
@@ -36,19 +37,6 @@ METRICS = [
     ("kernel intensity", "kde_test_log_likelihood"),
     ("homogeneous", "homogeneous_test_log_likelihood"),
 ]
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """The command line's flags (defined only when run as a script, so that importing
-    several experiment modules in one process defines no flag twice)."""
-    flags.DEFINE_string("root", "runs/cox_process", "Folder of the runs and tables.")
-    flags.DEFINE_list("patterns", list(PATTERN_BINDINGS), "Point patterns.")
-    flags.DEFINE_integer("splits", 5, "Independent-thinning splits of each pattern.")
-    flags.DEFINE_string("gin_file", "cox_process_coal", "Gin file of every run.")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def plan(patterns, splits):
@@ -95,24 +83,42 @@ def write_tables(rows, root):
     return markdown
 
 
+class CoxProcess(Experiment):
+    name = "cox_process"
+    gin_file = "cox_process_coal"
+    report = ReportEntry(
+        "fig8",
+        "Figure 8: Cox process (probabilistic programs, GP layers, PoissonProcess)",
+        "A code figure: the paper reports no number.",
+        order=8,
+        gin_prefixes=("cox_process",),
+        experiments=("cox_process",),
+        command="python -m experiments.cox_process --gin_file=cox_process_smoke --splits=2 "
+        "--root=runs/cox --parallel=2",
+    )
+
+    def define_options(self):
+        flags.DEFINE_list("patterns", list(PATTERN_BINDINGS), "Point patterns.")
+        flags.DEFINE_integer("splits", 5, "Independent-thinning splits of each pattern.")
+
+    def options(self):
+        return {"patterns": flags.FLAGS.patterns, "splits": flags.FLAGS.splits}
+
+    def plan(self, patterns, splits):
+        return plan(patterns, splits)
+
+    def summarize(self, root, results):
+        rows = summarize(results)
+        write_tables(rows, root)
+        return rows
+
+
+EXPERIMENT = CoxProcess()
+
+
 def run_experiment(root, patterns, splits, gin_file, gin_params, parallel):
-    results, stopped = sweep.run_experiment_grid(
-        plan(patterns, splits), root, gin_file, gin_params, parallel
-    )
-    rows = summarize(results)
-    write_tables(rows, root)
-    if stopped:
-        sweep.exit_stopped(root)
-    return rows
-
-
-def main(argv):
-    del argv
-    run_experiment(
-        FLAGS.root, FLAGS.patterns, FLAGS.splits, FLAGS.gin_file, FLAGS.gin_param, FLAGS.parallel
-    )
+    return EXPERIMENT.run(root, gin_file, gin_params, parallel, patterns=patterns, splits=splits)
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    EXPERIMENT.main()

@@ -16,21 +16,9 @@ CPU setting is the second command (timing in the README).
 from absl import app, flags
 
 from experiments import uci_regression
+from experiments.base import Experiment, ReportEntry
 
 DEPTH_METHODS = {1: "svgp", 2: "dgp2", 3: "dgp3"}
-
-FLAGS = flags.FLAGS
-
-
-def define_flags():
-    """The command line's flags (defined only when run as a script)."""
-    flags.DEFINE_string("uci_dir", None, "Folder of the UCI data-set folders (20-split format).")
-    flags.DEFINE_string("root", "runs/deep_gp_uci", "Folder of the runs and tables.")
-    flags.DEFINE_list("datasets", uci_regression.DATASETS, "UCI data sets.")
-    flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths (1: SVGP).")
-    flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
-    flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
-    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
 
 
 def run_experiment(uci_dir, root, datasets, depths, splits=None, gin_params=(), parallel=1):
@@ -45,21 +33,51 @@ def run_experiment(uci_dir, root, datasets, depths, splits=None, gin_params=(), 
     )
 
 
-def main(argv):
-    del argv
-    if not FLAGS.uci_dir:
-        raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
-    run_experiment(
-        FLAGS.uci_dir,
-        FLAGS.root,
-        FLAGS.datasets,
-        FLAGS.depths,
-        FLAGS.splits,
-        FLAGS.gin_param,
-        FLAGS.parallel,
+class DeepGPUCI(Experiment):
+    """`uci_regression` with its deep GP methods, chosen by depth."""
+
+    name = "deep_gp_uci"
+    report = ReportEntry(
+        "fig5",
+        "Figure 5: deep GP (SparseGaussianProcess layers)",
+        "A code figure; published deep-GP numbers on UCI (Salimbeni & Deisenroth, 2017) are in "
+        "the experiment's own table.",
+        order=5,
+        gin_prefixes=("deep_gp",),
+        experiments=("deep_gp_uci",),
+        command="python -m experiments.deep_gp_uci --uci_dir=PATH/TO/UCI --root=runs/dgp",
     )
+
+    def define_options(self):
+        flags.DEFINE_string(
+            "uci_dir", None, "Folder of the UCI data-set folders (20-split format)."
+        )
+        flags.DEFINE_list("datasets", uci_regression.DATASETS, "UCI data sets.")
+        flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths (1: SVGP).")
+        flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
+
+    def options(self):
+        return {
+            name: flags.FLAGS[name].value for name in ("uci_dir", "datasets", "depths", "splits")
+        }
+
+    def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
+        del gin_file
+        if not options.get("uci_dir"):
+            raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
+        return run_experiment(
+            options["uci_dir"],
+            root,
+            options.get("datasets", uci_regression.DATASETS),
+            options.get("depths", ["1", "2", "3"]),
+            options.get("splits"),
+            gin_params,
+            parallel,
+        )
+
+
+EXPERIMENT = DeepGPUCI()
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    EXPERIMENT.main()

@@ -12,10 +12,11 @@ writes `runs/report.html` (one offline page: plots embedded, no network) and `ru
 """
 
 import base64
-import dataclasses
 import html
+import importlib
 import json
 import os
+import pkgutil
 import re
 
 from absl import app, flags
@@ -25,113 +26,25 @@ from blayers.lab.runs import RunDir
 FLAGS = flags.FLAGS
 
 
-@dataclasses.dataclass(frozen=True)
-class Item:
-    """One figure or table of the paper (or of an issue's comparison)."""
+def discover():
+    """Every report entry, in the paper's order: each experiment module's `EXPERIMENT.report`
+    and any module's `REPORT_ENTRIES` (the single-config figures of `experiments.figures`). A
+    new experiment module is found here; nothing lists it."""
+    import experiments
 
-    key: str
-    title: str
-    paper: str  # what the paper reports, or why there is no number
-    gin_prefixes: tuple = ()
-    experiments: tuple = ()
-    compare: tuple = ()  # (metric key, paper value, gin file it applies to, label)
-    command: str = ""
+    found = []
+    for module_info in pkgutil.iter_modules(experiments.__path__):
+        if module_info.name in ("base", "report"):
+            continue
+        module = importlib.import_module(f"experiments.{module_info.name}")
+        experiment = getattr(module, "EXPERIMENT", None)
+        if getattr(experiment, "report", None) is not None:
+            found.append(experiment.report)
+        found.extend(getattr(module, "REPORT_ENTRIES", ()))
+    return tuple(sorted(found, key=lambda entry: (entry.order, entry.key)))
 
 
-ITEMS = (
-    Item(
-        "fig1",
-        "Figure 1: Bayesian RNN (LSTMCellReparameterization)",
-        "A code figure: the paper reports no number.",
-        ("bayesian_rnn",),
-        command="python -m blayers.train --gin_file=bayesian_rnn_smoke --model_dir=runs/rnn",
-    ),
-    Item(
-        "fig4",
-        "Figure 4 and appendix: Bayesian ResNet-50 (resnet.bayesian switch)",
-        "A code figure: the paper reports no number.",
-        ("resnet50",),
-        command="python -m blayers.train --gin_file=resnet50_smoke --model_dir=runs/resnet",
-    ),
-    Item(
-        "fig5",
-        "Figure 5: deep GP (SparseGaussianProcess layers)",
-        "A code figure; published deep-GP numbers on UCI (Salimbeni & Deisenroth, 2017) are in "
-        "the experiment's own table.",
-        ("deep_gp",),
-        ("deep_gp_uci",),
-        command="python -m experiments.deep_gp_uci --uci_dir=PATH/TO/UCI --root=runs/dgp",
-    ),
-    Item(
-        "uci",
-        "UCI regression: MC dropout, mean-field Flipout BNN, SVGP and deep GPs",
-        "Not a paper figure; published numbers (Gal & Ghahramani, 2016; Hernandez-Lobato & "
-        "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiment's own table.",
-        experiments=("uci_regression",),
-        command="python -m experiments.uci_regression --uci_dir=PATH/TO/UCI --root=runs/uci",
-    ),
-    Item(
-        "fig6",
-        "Figure 6: VAE and VQ-VAE (stochastic output layers)",
-        "A code figure: the paper reports no number (binarized MNIST reference: about -88.7 "
-        "nats for a comparable VAE).",
-        ("vae", "vqvae"),
-        command="python -m blayers.train --gin_file=vae_digits_smoke --model_dir=runs/vae",
-    ),
-    Item(
-        "fig7",
-        "Figure 7: RealNVP (reversible layers)",
-        "A code figure: the paper reports no number.",
-        ("realnvp",),
-        command="python -m blayers.train --gin_file=realnvp_2d_smoke --model_dir=runs/realnvp",
-    ),
-    Item(
-        "fig8",
-        "Figure 8: Cox process (probabilistic programs, GP layers, PoissonProcess)",
-        "A code figure: the paper reports no number.",
-        ("cox_process",),
-        ("cox_process",),
-        command="python -m experiments.cox_process --gin_file=cox_process_smoke --splits=2 "
-        "--root=runs/cox --parallel=2",
-    ),
-    Item(
-        "fig9",
-        "Figure 9: Bayesian Transformer (WMT'14 En-Fr, Mesh TensorFlow)",
-        "BLEU 43.9 for the 2.8B-parameter model on WMT'14 En-Fr (the Bayesian model matches "
-        "it), trained on up to 512 TPUv2 cores.",
-        ("bayesian_transformer",),
-        compare=(("bleu_beam", 43.9, "bayesian_transformer_wmt14", "BLEU"),),
-        command="python -m blayers.train --gin_file=bayesian_transformer_smoke --model_dir=runs/bt",
-    ),
-    Item(
-        "fig10",
-        "Figures 10-11: Bayesian PlaNet",
-        "Cheetah-run score 614 (median over 5 seeds x 10 episodes), as the original agent.",
-        ("bayesian_planet",),
-        ("bayesian_planet",),
-        compare=(("eval_return", 614.0, "bayesian_planet_cheetah", "cheetah-run return"),),
-        command="python -m experiments.bayesian_planet --gin_file=bayesian_planet_smoke "
-        "--seeds=0,1 --root=runs/planet --parallel=2",
-    ),
-    Item(
-        "ub",
-        "uncertainty-baselines' CIFAR-10 comparison",
-        "Published for WRN-28-10 (uncertainty-baselines, baselines/cifar): deterministic 96.0% / "
-        "NLL 0.159 / ECE 0.0231; BatchEnsemble (4) 96.3% / 0.136 / 0.0177; rank-1 BNN (4) "
-        "96.3% / 0.128 / 0.008; SNGP 96.0% / 0.134 / 0.007; MC dropout 95.9% / 0.160 / 0.0241.",
-        ("uncertainty_baselines",),
-        ("uncertainty_baselines",),
-        command="python -m experiments.uncertainty_baselines "
-        "--gin_file=uncertainty_baselines_smoke --root=runs/ub --parallel=2",
-    ),
-    Item(
-        "mlp",
-        "The main job: Bayesian MLP on digits (README quick start)",
-        "Not a paper figure.",
-        ("digits_mlp",),
-        command="python -m blayers.train --gin_file=digits_mlp_smoke --model_dir=runs/digits",
-    ),
-)
+ITEMS = discover()
 
 
 def _load(path):

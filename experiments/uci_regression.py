@@ -33,6 +33,7 @@ import os
 from absl import app, flags
 
 from blayers.lab.data.uci import uci, uci_num_splits
+from experiments.base import Experiment, ReportEntry
 from launch import sweep
 
 DATASETS = ["bostonHousing", "concrete", "energy", "wine-quality-red", "yacht"]
@@ -435,42 +436,54 @@ def run_experiment(
     return rows
 
 
-FLAGS = flags.FLAGS
+class UCIRegression(Experiment):
+    """Its runs are a grid search per split, then the chosen setting: `run` is its own."""
 
-
-def define_flags():
-    """The command line's flags (defined only when run as a script, so that importing several
-    experiment modules in one process defines no flag twice)."""
-    flags.DEFINE_string("uci_dir", None, "Folder of the UCI data-set folders (20-split format).")
-    flags.DEFINE_string("root", "runs/uci_regression", "Folder of the runs and tables.")
-    flags.DEFINE_list("methods", list(METHODS), f"Methods, of {list(METHODS)}.")
-    flags.DEFINE_list("datasets", DATASETS, "UCI data sets.")
-    flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
-    flags.DEFINE_string(
-        "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
+    name = "uci_regression"
+    report = ReportEntry(
+        "uci",
+        "UCI regression: MC dropout, mean-field Flipout BNN, SVGP and deep GPs",
+        "Not a paper figure; published numbers (Gal & Ghahramani, 2016; Hernandez-Lobato & "
+        "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiment's own table.",
+        order=5.5,
+        experiments=("uci_regression",),
+        command="python -m experiments.uci_regression --uci_dir=PATH/TO/UCI --root=runs/uci",
     )
-    flags.DEFINE_multi_string(
-        "gin_param", [], "Gin bindings of every run; 'method: binding' for one method's runs."
-    )
-    flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+
+    def define_options(self):
+        flags.DEFINE_string(
+            "uci_dir", None, "Folder of the UCI data-set folders (20-split format)."
+        )
+        flags.DEFINE_list("methods", list(METHODS), f"Methods, of {list(METHODS)}.")
+        flags.DEFINE_list("datasets", DATASETS, "UCI data sets.")
+        flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
+        flags.DEFINE_string(
+            "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
+        )
+
+    def options(self):
+        names = ("uci_dir", "methods", "datasets", "splits", "epochs")
+        return {name: flags.FLAGS[name].value for name in names}
+
+    def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
+        """`gin_params` may name one method's runs: `'svgp: binding'`."""
+        del gin_file  # each method has its own
+        if not options.get("uci_dir"):
+            raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
+        return run_experiment(
+            options["uci_dir"],
+            root,
+            options.get("methods", list(METHODS)),
+            options.get("datasets", DATASETS),
+            options.get("splits"),
+            gin_params,
+            parallel,
+            options.get("epochs"),
+        )
 
 
-def main(argv):
-    del argv
-    if not FLAGS.uci_dir:
-        raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
-    run_experiment(
-        FLAGS.uci_dir,
-        FLAGS.root,
-        FLAGS.methods,
-        FLAGS.datasets,
-        FLAGS.splits,
-        FLAGS.gin_param,
-        FLAGS.parallel,
-        FLAGS.epochs,
-    )
+EXPERIMENT = UCIRegression()
 
 
 if __name__ == "__main__":
-    define_flags()
-    app.run(main)
+    EXPERIMENT.main()

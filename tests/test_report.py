@@ -150,3 +150,22 @@ def test_sweep_logs_its_grid_to_hparams(tmp_path):
         ):
             tags |= {v.tag for v in event.summary.value}
     assert {"accuracy", "nll", "_hparams_/session_start_info"} <= tags
+
+
+def test_the_report_discovers_a_new_experiment(tmp_path, monkeypatch):
+    """An experiment module with its `EXPERIMENT` (an `Experiment` with a report entry) is found
+    by the report without any list naming it, in the paper's order."""
+    import experiments
+
+    (tmp_path / "my_figure.py").write_text(
+        "from experiments.base import Experiment, ReportEntry\n\n\n"
+        "class MyFigure(Experiment):\n"
+        "    name = 'my_figure'\n"
+        "    report = ReportEntry('fig3', 'Figure 3: mine', 'No number.', order=3,\n"
+        "                         experiments=('my_figure',))\n\n\n"
+        "EXPERIMENT = MyFigure()\n"
+    )
+    monkeypatch.setattr(experiments, "__path__", [*experiments.__path__, str(tmp_path)])
+    keys = [entry.key for entry in report.discover()]
+    assert keys.index("fig1") < keys.index("fig3") < keys.index("fig4")
+    assert keys.count("fig3") == 1

@@ -1,0 +1,116 @@
+"""The Experiment base: one paper figure or table as a plan of runs, a summary of their results
+and its entry in the reproduction report, with one generic command line.
+
+A new experiment is at most three files: `experiments/<name>.py` (a subclass, its
+`EXPERIMENT = <Subclass>()` and `if __name__ == "__main__": EXPERIMENT.main()`), and its gin
+pair `configs/<name>.gin` / `configs/<name>_smoke.gin`. The report finds it by its
+`EXPERIMENT` (or a module's `REPORT_ENTRIES`); nothing else is edited.
+"""
+
+import dataclasses
+
+from absl import app, flags
+
+from launch import sweep
+
+__all__ = ["Experiment", "ReportEntry", "main"]
+
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass(frozen=True)
+class ReportEntry:
+    """One figure or table of the paper (or a comparison) in the reproduction report.
+
+    Attributes:
+      key: a short id (`'fig8'`).
+      title: the heading.
+      paper: what the paper reports, or why there is no number.
+      order: the entry's place in the report (the paper's order).
+      gin_prefixes: runs whose gin file starts with one of these belong here.
+      experiments: experiment modules whose roots belong here.
+      compare: `(metric key, paper value, gin file it applies to, label)` rows.
+      command: the command that fills the entry.
+    """
+
+    key: str
+    title: str
+    paper: str
+    order: float = 100.0
+    gin_prefixes: tuple = ()
+    experiments: tuple = ()
+    compare: tuple = ()
+    command: str = ""
+
+
+class Experiment:
+    """A grid of runs through `launch.sweep` (resume, failures and Ctrl-C are the sweep's),
+    summarized into tables and figures in `--root`.
+
+    Subclasses set `name` (the module's), `gin_file` (the default config), `report` (a
+    `ReportEntry`) and define `define_options()` (their own flags), `plan(**options)` ->
+    `[(run name, {binding: value text})]` and `summarize(root, results)` -> rows (writing
+    the tables and figures). An experiment whose runs are not one grid overrides `run`.
+    """
+
+    name = ""
+    gin_file = None
+    default_root = None
+    report = None
+    quiet = True  # the runs' progress bars off in the sweep's output
+
+    def define_options(self):
+        """The experiment's own flags."""
+
+    def options(self):
+        """The experiment's own flag values, `{name: value}` (`plan`'s keyword arguments)."""
+        return {}
+
+    def plan(self, **options):
+        raise NotImplementedError(f"{type(self).__name__} has no plan.")
+
+    def summarize(self, root, results):
+        raise NotImplementedError(f"{type(self).__name__} does not summarize.")
+
+    def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
+        """Trains every run of the plan (skipping finished ones), then summarizes; exits as
+        the sweep does when it was stopped. Returns the rows."""
+        results, stopped = sweep.run_experiment_grid(
+            self.plan(**options),
+            root,
+            gin_file or self.gin_file,
+            list(gin_params),
+            parallel,
+            quiet=self.quiet,
+        )
+        rows = self.summarize(root, results)
+        if stopped:
+            sweep.exit_stopped(root)
+        return rows
+
+    def define_flags(self):
+        """`--root`, `--gin_file`, `--gin_param`, `--parallel`, then the experiment's own
+        (defined only when run as a script, so that importing several experiment modules in
+        one process defines no flag twice)."""
+        flags.DEFINE_string("root", self.default_root or f"runs/{self.name}", "Folder of runs.")
+        if self.gin_file is not None:
+            flags.DEFINE_string("gin_file", self.gin_file, "Gin file of every run.")
+        flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
+        flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+        self.define_options()
+
+    def main(self):
+        """The command line: `python -m experiments.<name> --root=... [flags]`."""
+        self.define_flags()
+
+        def run(argv):
+            del argv
+            gin_file = FLAGS.gin_file if self.gin_file is not None else None
+            self.run(FLAGS.root, gin_file, FLAGS.gin_param, FLAGS.parallel, **self.options())
+
+        app.run(run)
+
+
+def main(experiment):
+    """`experiment.main()`: the generic command line of an experiment module."""
+    experiment.main()
