@@ -40,8 +40,9 @@ def trainer_command(model_dir, bindings, args):
         "-m",
         "blayers.train",
         f"--model_dir={model_dir}",
-        f"--strategy={args.strategy}",
     ]
+    if args.strategy:  # else the learner's own (one device, or MeshLearner's mesh)
+        command.append(f"--strategy={args.strategy}")
     if args.tpu:
         command.append(f"--tpu={args.tpu}")
     command += [f"--gin_file={f}" for f in args.gin_file]

@@ -32,8 +32,10 @@ re-run resumes from it on whichever node Tune picks.
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 
@@ -231,15 +233,21 @@ def run_grid(planned, args):
     stop_file = os.path.join(root, STOP_FILE)
     if os.path.exists(stop_file):
         os.remove(stop_file)  # a previous sweep's request
+    local_ray = None
     if not ray.is_initialized():
         if args.address:
             init = {"address": args.address}
         else:  # a dying worker's trainer gets the seconds it needs to checkpoint
+            # A session folder of its own, removed with Ray's processes when the sweep ends.
+            local_ray = tempfile.mkdtemp(prefix="blayers-ray-", dir="/tmp")
             init = {
                 "num_cpus": args.ray_num_cpus,
                 "_system_config": {"kill_child_processes_on_worker_exit": False},
+                "_temp_dir": local_ray,
             }
         ray.init(**init, include_dashboard=False, log_to_driver=False)
+        if local_ray is not None:
+            print(f"Local Ray instance in {local_ray} (removed when the sweep ends).", flush=True)
     resources = {"cpu": args.cpus_per_run, "gpu": args.gpus_per_run}
     tune_config = tune.TuneConfig(
         scheduler=scheduler,
@@ -271,6 +279,8 @@ def run_grid(planned, args):
         _stop_trials(stop_file, specs)
     finally:
         signal.signal(signal.SIGTERM, previous)
+        if local_ray is not None:
+            _end_local_ray(ray, local_ray)
     by_name = {}
     if grid is not None:
         for result in grid:
@@ -298,6 +308,43 @@ def run_grid(planned, args):
             rows.append((name, bindings, results.stopped_status(spec["model_dir"]), {}))
     results.write_hparams(rows, root)
     return rows, stopped
+
+
+def _processes_under(folder):
+    """PIDs of this user's processes whose command line names `folder` (Ray's raylet, GCS and
+    agents of a session there)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    pids.append(int(entry))
+        except OSError:
+            continue
+    return pids
+
+
+def _end_local_ray(ray, folder, grace=10.0):
+    """Shuts the local Ray instance down, ends the agents that outlive it (they are reparented
+    and linger for tens of seconds otherwise: SIGTERM, then SIGKILL after `grace` seconds) and
+    removes its session folder. The results are read from the run folders, not from Ray."""
+    ray.shutdown()
+    end = time.monotonic() + grace
+    signum = signal.SIGTERM
+    while pids := _processes_under(folder):
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+        if time.monotonic() > end:
+            signum = signal.SIGKILL
+        time.sleep(0.2)
+        if time.monotonic() > end + grace:
+            break
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _interrupt(signum, frame):

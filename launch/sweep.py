@@ -81,16 +81,17 @@ def run_sweep(args):
 
 
 def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quiet=True):
-    """`run_grid` of `planned` on CPU, each run with `gin_file` and `gin_params` (`quiet`: and
-    `train.progress = False`, no progress bar), then the runs' status table (`runs.md`, `runs.csv` in `root`) and each unfinished run
-    named on stderr: what an experiment script does before its own tables. Returns
-    `(results, stopped)` as `run_grid`."""
+    """`run_grid` of `planned` on each learner's own devices, each run with `gin_file` and
+    `gin_params` (`quiet`: and `train.progress = False`, no progress bar), then the runs'
+    status table (`runs.md`, `runs.csv` in `root`) and each unfinished run named on stderr:
+    what an experiment script does before its own tables. Returns `(results, stopped)` as
+    `run_grid`."""
     args = argparse.Namespace(
         gin_file=[gin_file],
         gin_param=[*(["train.progress = False"] if quiet else []), *gin_params],
         root=root,
         parallel=parallel,
-        strategy="cpu",
+        strategy=None,
         tpu=None,
     )
     write_experiment_record(root, gin_file=gin_file, gin_param=list(gin_params))
@@ -172,7 +173,9 @@ def main(argv=None):
     parser.add_argument("--reduction_factor", type=float, default=2, help="ASHA's halving rate")
     parser.add_argument("--max_t", type=int, default=100, help="ASHA: most reports of a run")
     parser.add_argument("--root", required=True, help="folder of the runs and tables")
-    parser.add_argument("--strategy", default="cpu", help="passed to the trainer")
+    parser.add_argument(
+        "--strategy", default=None, help="passed to the trainer (default: the learner's own)"
+    )
     parser.add_argument("--tpu", default=None, help="passed to the trainer (--strategy=tpu)")
     args = parser.parse_args(argv)
     if args.backend == "local" and args.scheduler != "none":

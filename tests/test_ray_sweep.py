@@ -4,14 +4,16 @@ Stopping a Ray sweep is tested with the local backend's stop test (`test_cli.py`
 
 import json
 import math
+import os
 import pathlib
+import re
 import subprocess
 import sys
 
 import numpy as np
 import pytest
 
-from launch import sweep
+from launch import ray_backend, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMOKE = [
@@ -103,6 +105,10 @@ def test_ray_grid_matches_the_local_table_and_skips_finished_runs(tmp_path):
     ]
     result = _sweep(args)
     assert result.returncode == 1, result.stderr[-3000:]
+    # The local Ray instance's session folder and processes are gone with the sweep.
+    session = re.search(r"Local Ray instance in (\S+) ", result.stdout).group(1)
+    assert not os.path.exists(session)
+    assert not ray_backend._processes_under(session)
     rows = (tmp_path / "results.csv").read_text().splitlines()
     assert rows[0].startswith("run,mlp.dense_layer,status,accuracy,nll,ece")
     assert "finished" in rows[1] and "failed" in rows[2]
