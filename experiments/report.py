@@ -14,7 +14,6 @@ writes `runs/report.html` (one offline page: plots embedded, no network) and `ru
 import base64
 import html
 import importlib
-import json
 import os
 import pkgutil
 import re
@@ -45,14 +44,6 @@ def discover():
 
 
 ITEMS = discover()
-
-
-def _load(path):
-    try:
-        with open(path) as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
 
 
 def _stem(gin_file):

@@ -21,7 +21,11 @@ gin under its class name (`SupervisedLearner.batch_size = 128`) and chosen by
 `train.learner = @SupervisedLearner()`.
 """
 
-__all__ = ["Learner", "refuse_strategy"]
+import contextlib
+
+import tensorflow as tf
+
+__all__ = ["KerasLearner", "Learner", "refuse_strategy"]
 
 
 class Learner:
@@ -78,6 +82,42 @@ class Learner:
 
     def close(self):
         """After the run (also a failed one)."""
+
+
+class KerasLearner(Learner):
+    """A learner of a Keras model trained eagerly. `track(model, optimizer)` (in `build`, under
+    the strategy's scope) makes the step variable and finds the layers' seed-generator
+    states; the checkpoint holds all four (Keras does not checkpoint seed-generator states, and
+    without them a resumed run would replay the weight noise of its first steps)."""
+
+    def track(self, model, optimizer):
+        self.model, self.optimizer = model, optimizer
+        self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+        self.seed_states = [v for v in model.variables if v.path.endswith("seed_generator_state")]
+
+    def state(self, **extra):
+        return tf.train.Checkpoint(
+            model=self.model,
+            optimizer=self.optimizer,
+            step=self.step_variable,
+            seed_states=self.seed_states,
+            **extra,
+        )
+
+    @property
+    def step(self):
+        return int(self.step_variable.numpy())
+
+    @contextlib.contextmanager
+    def training_streams_kept(self):
+        """Restores the seed-generator states on exit, so that what runs inside (an
+        evaluation) never changes the weight noise of the training steps that follow."""
+        saved = [v.numpy() for v in self.seed_states]
+        try:
+            yield
+        finally:
+            for variable, value in zip(self.seed_states, saved):
+                variable.assign(value)
 
 
 def refuse_strategy(learner, context, runs_on):

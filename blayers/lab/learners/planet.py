@@ -40,7 +40,7 @@ from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.control.buffer import EpisodeBuffer
 from blayers.lab.control.planner import cem
-from blayers.lab.learners.base import Learner, refuse_strategy
+from blayers.lab.learners.base import KerasLearner, refuse_strategy
 from blayers.lab.learners.supervised import first_non_finite_layer
 from blayers.lab.models.rssm import WorldModel
 
@@ -63,7 +63,7 @@ def _positive(name, value):
 
 
 @gin.configurable(module="blayers.lab.learners")
-class PlanetLearner(Learner):
+class PlanetLearner(KerasLearner):
     """PlaNet's agent with a (Bayesian) world model; see the module docstring.
 
     Args:
@@ -111,15 +111,12 @@ class PlanetLearner(Learner):
         self.context, self.seed = context, context.seed
         seeds.set_seed(self.seed)
         self.buffer = EpisodeBuffer(context.run.file("episodes"))
-        self.model = WorldModel(self.env.observation_shape, self.env.action_dim)
-        self.optimizer = keras.optimizers.Adam(
+        model = WorldModel(self.env.observation_shape, self.env.action_dim)
+        optimizer = keras.optimizers.Adam(
             self.learning_rate, epsilon=self.adam_epsilon, clipnorm=self.clipnorm
         )
-        self.optimizer.build(self.model.trainable_variables)
-        self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
-        self.seed_states = [
-            v for v in self.model.variables if v.path.endswith("seed_generator_state")
-        ]
+        optimizer.build(model.trainable_variables)
+        self.track(model, optimizer)
         # The buffer's length when a checkpoint was written: a resume drops later episodes.
         self.episodes_saved = tf.Variable(-1, dtype=tf.int64, trainable=False, name="episodes")
         self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
@@ -127,17 +124,7 @@ class PlanetLearner(Learner):
         self._plan_fn = tf.function(self._plan)
 
     def state(self):
-        return tf.train.Checkpoint(
-            model=self.model,
-            optimizer=self.optimizer,
-            step=self.step_variable,
-            seed_states=self.seed_states,
-            episodes=self.episodes_saved,
-        )
-
-    @property
-    def step(self):
-        return int(self.step_variable.numpy())
+        return super().state(episodes=self.episodes_saved)
 
     def before_save(self):
         self.episodes_saved.assign(len(self.buffer))
@@ -221,14 +208,10 @@ class PlanetLearner(Learner):
         """A noise-free planned episode: its return, the open-loop prediction error from its
         first `open_loop_context` steps, and the velocity probe's R^2. The training random
         streams are restored afterwards."""
-        saved = [v.numpy() for v in self.seed_states]
-        try:
+        with self.training_streams_kept():
             episode = self.run_episode(self.step, planned=True, noise=0.0, eval=True)
             open_loop = self.open_loop(episode)
             probe = self.velocity_probe(episode)
-        finally:
-            for variable, value in zip(self.seed_states, saved):
-                variable.assign(value)
         metrics = {
             "eval_return": episode["return"],
             "open_loop_mse": open_loop["mse"],

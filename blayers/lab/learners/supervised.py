@@ -18,7 +18,7 @@ from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.configurables import unapplied_layer_bindings
 from blayers.lab.data.stream import epoch_batches
-from blayers.lab.learners.base import Learner, refuse_strategy
+from blayers.lab.learners.base import KerasLearner, refuse_strategy
 from blayers.random_variable import RandomVariable
 
 __all__ = [
@@ -122,7 +122,7 @@ def _positive(name, value):
 
 
 @gin.configurable(module="blayers.lab.learners")
-class SupervisedLearner(Learner):
+class SupervisedLearner(KerasLearner):
     """Trains `model(data.input_shape, data.num_outputs)` on `data` with the ELBO (module
     docstring); the data's task owns the likelihood, the metrics and the plots.
 
@@ -187,34 +187,17 @@ class SupervisedLearner(Learner):
         self.strategy, self.seed = context.strategy, context.seed
         seeds.set_seed(self.seed)
         with self.strategy.scope():
-            self.model = self.model_fn(self.data.input_shape, self.data.num_outputs)
-            self.optimizer = self.optimizer_fn()
-            self.optimizer.build(self.model.trainable_variables)
-            self.step_variable = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+            model = self.model_fn(self.data.input_shape, self.data.num_outputs)
+            optimizer = self.optimizer_fn()
+            optimizer.build(model.trainable_variables)
+            self.track(model, optimizer)
         unapplied = unapplied_layer_bindings(self.model)
         if unapplied:
             raise ValueError(
                 "These gin bindings did not take effect (the model builder passes the argument "
                 "itself, and the caller wins):\n  " + "\n  ".join(unapplied)
             )
-        # Keras does not checkpoint seed-generator states; without them a resumed run would
-        # replay the weight noise of its first steps.
-        self.seed_states = [
-            v for v in self.model.variables if v.path.endswith("seed_generator_state")
-        ]
         self._train_step_fn = self._make_train_step()
-
-    def state(self):
-        return tf.train.Checkpoint(
-            model=self.model,
-            optimizer=self.optimizer,
-            step=self.step_variable,
-            seed_states=self.seed_states,
-        )
-
-    @property
-    def step(self):
-        return int(self.step_variable.numpy())
 
     # -- training --------------------------------------------------------------------------------
     def batches(self):
@@ -267,14 +250,10 @@ class SupervisedLearner(Learner):
     def evaluate(self):
         """The task's evaluation of the current model; the training random streams
         (seed-generator states) are restored afterwards."""
-        saved = [v.numpy() for v in self.seed_states]
-        try:
+        with self.training_streams_kept():
             return self.data.task.evaluate(
                 self.model, self.data, self.num_eval_samples, self.eval_batch_size
             )
-        finally:
-            for variable, value in zip(self.seed_states, saved):
-                variable.assign(value)
 
     def outputs(self, run, records, metrics, arrays):
         """`training_curves.png` and the task's plots; the data, task, sizes and times."""
