@@ -173,3 +173,19 @@ def test_a_non_finite_input_is_blamed_on_the_data_not_a_layer(tmp_path):
             shuffle_buffer=1,
             progress=False,
         )
+
+
+def test_a_learner_refuses_a_model_it_cannot_train(tmp_path):
+    """`VariationalProgramLearner` on a Keras classifier names what it built and the learner
+    that trains it, before anything is written."""
+    config.parse(
+        ["digits_mlp_smoke"],
+        [
+            "train.learner = @VariationalProgramLearner()",
+            "VariationalProgramLearner.data = @digits()",
+            "VariationalProgramLearner.model = @mlp",
+        ],
+    )
+    with pytest.raises(ValueError, match=r"built a Sequential, not a blayers.programs.Variational"):
+        loop.train(str(tmp_path / "run"))
+    assert not (tmp_path / "run" / "bindings.json").exists()
