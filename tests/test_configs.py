@@ -48,6 +48,15 @@ def _tfds_bindings(path, tmp_path):
 def test_gin_file_parses(path):
     config.parse([str(path.relative_to(CONFIG_DIR))], refuse_imports=True)  # no gin imports
     assert gin.config_str() or path.stat().st_size == 0
+    # The schedule a config binds is one the Loop accepts (the smoke runs below override it).
+    names = ("train_steps", "eval_every", "checkpoint_every", "log_every", "keep_checkpoints")
+    bound = {}
+    for name in names:
+        try:
+            bound[name] = gin.query_parameter(f"train.{name}")
+        except ValueError:  # not bound: the default
+            pass
+    loop.Loop("unused", learner=None, **bound)
 
 
 _FEW_DECODES = (

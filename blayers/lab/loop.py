@@ -125,7 +125,7 @@ class Loop:
       learner: a `blayers.lab.learners.Learner`.
       strategy: a `tf.distribute.Strategy`, a `--strategy` name (`'mesh'`), or None.
       train_steps: optimizer steps in total.
-      eval_every: steps between evaluations (default: only at the end).
+      eval_every: steps between evaluations (None or 0: only at the end).
       checkpoint_every: steps between checkpoints (default `min(eval_every, 500)`).
       log_every: steps between history records.
       keep_checkpoints: checkpoints kept on disk.
@@ -147,7 +147,8 @@ class Loop:
         progress=True,
     ):
         self.train_steps = _positive_int("train_steps", train_steps)
-        self.eval_every = _positive_int("eval_every", eval_every, allow_none=True)
+        # 0, as None: only the final evaluation
+        self.eval_every = _positive_int("eval_every", eval_every or None, allow_none=True)
         self.log_every = _positive_int("log_every", log_every)
         self.checkpoint_every = _positive_int(
             "checkpoint_every",
