@@ -11,7 +11,7 @@ import gin
 import numpy as np
 import pytest
 
-from blayers.lab import config, loop
+from blayers.lab import config, loop, runs
 from blayers.lab import data as data_lib
 from blayers.lab.learners import supervised
 
@@ -189,3 +189,45 @@ def test_a_learner_refuses_a_model_it_cannot_train(tmp_path):
     with pytest.raises(ValueError, match=r"built a Sequential, not a blayers.programs.Variational"):
         loop.train(str(tmp_path / "run"))
     assert not (tmp_path / "run" / "bindings.json").exists()
+
+
+def test_the_mesh_and_planet_learners_name_the_layer_of_a_non_finite_step(tmp_path):
+    """A non-finite step of the mesh learner names the first mesh variable with a non-finite
+    entry; the PlaNet learner's (a subclassed world model) the first layer with a non-finite
+    weight."""
+    import keras
+    import tensorflow as tf
+
+    from blayers.lab.data import synthetic_translation
+    from blayers.lab.learners import MeshLearner
+    from blayers.lab.loop import Context
+    from blayers.lab.mesh.transformer import TransformerHParams
+
+    data = synthetic_translation(num_train=32, num_test=4, vocab_size=13, max_length=4, pad_to=6)
+    hparams = TransformerHParams(d_model=8, d_ff=16, num_heads=2, num_layers=1)
+    learner = MeshLearner(data, hparams=hparams, batch_size=8)
+    learner.build(Context(runs.RunDir(tmp_path), tf.distribute.get_strategy(), None, 0, 1))
+    try:
+        learner.restored()
+        assert "every weight is finite" in learner.diagnose_non_finite(None)
+        variable = learner.run.graph.trainable_variables[-1]
+        (slice_,) = learner.run.lowering.variables[variable].laid_out_tensor.all_slices
+        with learner.graph.as_default():
+            learner.session.run(slice_.assign(tf.fill(slice_.shape, float("nan"))))
+        assert f"mesh variable '{variable.name}'" in learner.diagnose_non_finite(None)
+    finally:
+        learner.close()
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.first, self.second = keras.layers.Dense(3), keras.layers.Dense(2, name="bad")
+
+        def call(self, x):
+            return self.second(self.first(x))
+
+    model = Subclassed()
+    model(np.ones((1, 4), "float32"))
+    assert supervised.first_non_finite_layer(model) is None
+    model.second.kernel.assign(np.full((3, 2), np.inf, "float32"))
+    assert supervised.first_non_finite_layer(model) == ("bad", "weight 'subclassed/bad/kernel'")
