@@ -224,7 +224,7 @@ def padded_lengths(data):
     shapes = [s for s in (source, targets.shape) if s is not None]
     if any(s.rank != 1 or s[0] is None for s in shapes):
         raise ValueError(
-            f"train_mesh needs examples of one padded length; {data.name!r} gives "
+            f"MeshLearner needs examples of one padded length; {data.name!r} gives "
             f"{data.train.element_spec}. Pad them (e.g. `synthetic_translation.pad_to`, "
             "`tfds_translation.max_length`)."
         )

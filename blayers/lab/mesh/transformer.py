@@ -28,7 +28,7 @@ class TransformerHParams:
     """Sizes and switches of the mtf Transformer.
 
     Attributes:
-      vocab_size: the shared vocabulary (None: the data's, set by `train_mesh`).
+      vocab_size: the shared vocabulary (None: the data's, set by `MeshLearner`).
       d_model, d_ff, num_heads, num_layers: as `blayers.lab.models.transformer`.
       attention_estimator, ffn_estimator: `bayesian_dense` estimators (None: deterministic).
       prior_stddev: the weights' N(0, prior_stddev^2) prior.
