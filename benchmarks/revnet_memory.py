@@ -10,7 +10,7 @@ The slope (MB per block, least squares over depths) summarizes each.
     python benchmarks/revnet_memory.py --out benchmarks/results/revnet_memory.json
 
 It runs in a process of its own (the allocator is chosen when TensorFlow starts);
-`tests/test_reversible.py` runs it at a small size.
+`tests/library/test_reversible.py` runs it at a small size.
 """
 
 import argparse

@@ -9,7 +9,7 @@ import tensorflow_datasets as tfds
 
 from blayers.lab import data
 
-UCI_ROOT = pathlib.Path(__file__).resolve().parents[2] / "shared" / "data" / "uci"
+UCI_ROOT = pathlib.Path(__file__).resolve().parents[3] / "shared" / "data" / "uci"
 
 
 def test_bundled_sets():

@@ -11,7 +11,7 @@ import pytest
 
 from blayers.lab.data.synthetic import markov_entropy_rate
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _train(config, model_dir, *params):

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = ["--gin_file=digits_mlp_smoke", "--gin_param=train.progress = False"]
 
 

@@ -15,7 +15,7 @@ from blayers.lab import config, loop, runs
 from blayers.lab import data as data_lib
 from blayers.lab.learners import supervised
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_an_unclosed_bracket_names_the_file_and_line(tmp_path):

@@ -253,7 +253,7 @@ def test_revnet_stack_activation_memory_is_flat_in_depth(tmp_path):
     [512, 128] tensor); the RevNet stack rebuilds them in the backward pass. Measured by the
     benchmark script in a process of its own, which sets up TF's CPU memory accounting itself
     (nothing set by hand)."""
-    root = pathlib.Path(__file__).resolve().parents[1]
+    root = pathlib.Path(__file__).resolve().parents[2]
     out = tmp_path / "revnet.json"
     env = {k: v for k, v in os.environ.items() if k != "TF_CPU_ALLOCATOR_USE_BFC"}
     subprocess.run(

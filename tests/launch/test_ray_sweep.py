@@ -15,7 +15,7 @@ import pytest
 
 from launch import ray_backend, sweep
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = [
     "--gin_file=digits_mlp_smoke",
     "--gin_param=train.progress = False",

@@ -18,7 +18,7 @@ from blayers.lab.control.buffer import EpisodeBuffer
 from blayers.lab.control.planner import cem
 from blayers.lab.models.rssm import WorldModel
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def test_cem_finds_the_optimum_of_a_known_reward_in_known_dynamics():

@@ -10,12 +10,12 @@ import pytest
 import blayers
 from blayers.lab import config, loop
 
-CONFIG_DIR = pathlib.Path(__file__).resolve().parents[1] / "configs"
+CONFIG_DIR = pathlib.Path(__file__).resolve().parents[2] / "configs"
 CONFIGS = sorted(CONFIG_DIR.rglob("*.gin"))
 SMOKES = [p for p in CONFIGS if p.name.endswith("_smoke.gin")]
-# Mesh TensorFlow configs: the mesh learner (tests below and tests/test_mesh.py).
+# Mesh TensorFlow configs: the mesh learner (tests below and tests/lab/test_mesh.py).
 MESH = [p for p in CONFIGS if "MeshLearner." in p.read_text()]
-# PlaNet configs: the PlaNet learner (tests/test_planet.py).
+# PlaNet configs: the PlaNet learner (tests/lab/test_planet.py).
 PLANET = [p for p in CONFIGS if "PlanetLearner." in p.read_text()]
 
 

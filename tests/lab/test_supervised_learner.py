@@ -1,4 +1,5 @@
-"""The trainer in-process: outputs, ELBO bookkeeping, the non-finite guard, resume."""
+"""The supervised learner under the Loop, in-process: outputs, ELBO bookkeeping, the non-finite
+guard, resume."""
 
 import json
 import os

@@ -1,6 +1,6 @@
 """A run folder's promises when it is reused: a run of another model is refused before anything
 in the folder changes, and a refused command line leaves `command.json` alone. The promises
-every learner keeps are tested in `tests/test_loop_promises.py`; the mesh learner's SIGTERM
+every learner keeps are tested in `tests/lab/test_loop_promises.py`; the mesh learner's SIGTERM
 through the command line is a slow test here."""
 
 import hashlib
@@ -18,7 +18,7 @@ import pytest
 from blayers.lab import config, loop, runs
 from blayers.lab import models as models_lib
 
-ROOT = pathlib.Path(__file__).resolve().parent.parent
+ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 def _snapshot(folder):

@@ -11,7 +11,7 @@ import pytest
 from experiments import report
 from launch import sweep
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _fake_run(directory, gin_file, final, png=True):
