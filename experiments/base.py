@@ -60,11 +60,11 @@ class Experiment:
     quiet = True  # the runs' progress bars off in the sweep's output
 
     def define_options(self):
-        """The experiment's own flags."""
+        """The experiment's own flags, named as `plan`'s (or `run`'s) keyword arguments."""
 
     def options(self):
-        """The experiment's own flag values, `{name: value}` (`plan`'s keyword arguments)."""
-        return {}
+        """The values of the flags `define_options` defined, `{name: value}`."""
+        return {name: FLAGS[name].value for name in self._options}
 
     def plan(self, **options):
         raise NotImplementedError(f"{type(self).__name__} has no plan.")
@@ -97,7 +97,9 @@ class Experiment:
             flags.DEFINE_string("gin_file", self.gin_file, "Gin file of every run.")
         flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
         flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+        before = set(FLAGS)
         self.define_options()
+        self._options = sorted(set(FLAGS) - before)
 
     def main(self):
         """The command line: `python -m experiments.<name> --root=... [flags]`."""

@@ -125,9 +125,6 @@ class BayesianPlanet(Experiment):
     def define_options(self):
         flags.DEFINE_list("seeds", ["0", "1", "2"], "Seeds of each model.")
 
-    def options(self):
-        return {"seeds": flags.FLAGS.seeds}
-
     def plan(self, seeds):
         self.models = plan(seeds)[1]
         return plan(seeds)[0]

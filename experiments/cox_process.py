@@ -101,9 +101,6 @@ class CoxProcess(Experiment):
         flags.DEFINE_list("patterns", list(PATTERN_BINDINGS), "Point patterns.")
         flags.DEFINE_integer("splits", 5, "Independent-thinning splits of each pattern.")
 
-    def options(self):
-        return {"patterns": flags.FLAGS.patterns, "splits": flags.FLAGS.splits}
-
     def plan(self, patterns, splits):
         return plan(patterns, splits)
 

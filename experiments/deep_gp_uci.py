@@ -56,11 +56,6 @@ class DeepGPUCI(Experiment):
         flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths (1: SVGP).")
         flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
 
-    def options(self):
-        return {
-            name: flags.FLAGS[name].value for name in ("uci_dir", "datasets", "depths", "splits")
-        }
-
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         del gin_file
         if not options.get("uci_dir"):

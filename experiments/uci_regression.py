@@ -461,10 +461,6 @@ class UCIRegression(Experiment):
             "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
         )
 
-    def options(self):
-        names = ("uci_dir", "methods", "datasets", "splits", "epochs")
-        return {name: flags.FLAGS[name].value for name in names}
-
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
         del gin_file  # each method has its own

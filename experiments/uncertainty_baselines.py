@@ -110,9 +110,6 @@ class UncertaintyBaselines(Experiment):
     def define_options(self):
         flags.DEFINE_list("methods", list(METHODS), f"Methods, among {', '.join(METHODS)}.")
 
-    def options(self):
-        return {"methods": flags.FLAGS.methods}
-
     def plan(self, methods):
         return plan(methods)
 

@@ -39,7 +39,7 @@ from absl import logging
 from blayers.lab import runs
 from blayers.lab import strategy as strategy_lib
 
-__all__ = ["Context", "Loop", "NonFiniteLossError", "StopRequest", "fit", "train"]
+__all__ = ["Context", "Loop", "NonFiniteLossError", "StopRequest", "fit", "train", "train_seconds"]
 
 # Bindings a resumed run may change: they steer the loop, not the model or its optimization.
 RESUMABLE_BINDINGS = tuple(
@@ -206,6 +206,7 @@ class Loop:
                         "step": learner.step,
                         "resumed_from_step": self.start_step,
                         **summary,
+                        "train_seconds": train_seconds(self.history.records),
                         "final": _jsonable(metrics),
                     }
                 )
@@ -294,6 +295,20 @@ class Loop:
                 stateful_metrics=[label for _, label in self.learner.progress_scalars],
             )
         return self._bar
+
+
+def train_seconds(records):
+    """Wall-clock seconds of the training steps over the whole run (resumes included), from
+    the logged windows (`steps / steps_per_second`); evaluations are not counted."""
+    seconds, previous = 0.0, None
+    for record in records:
+        if record.get("kind") != "train":
+            continue
+        start = previous if previous is not None and previous < record["step"] else 0
+        if record.get("steps_per_second"):
+            seconds += (record["step"] - start) / record["steps_per_second"]
+        previous = record["step"]
+    return seconds
 
 
 def _jsonable(metrics):

@@ -23,7 +23,6 @@ import tensorflow as tf
 from blayers.lab import plots
 from blayers.lab.data.stream import epoch_batches
 from blayers.lab.learners.base import Learner, refuse_strategy
-from blayers.lab.learners.supervised import train_seconds
 from blayers.lab.mesh import graph as mesh_graph
 from blayers.lab.mesh.random import mtf
 from blayers.lab.mesh.transformer import TransformerHParams
@@ -199,7 +198,6 @@ class MeshLearner(Learner):
             "batch_size": self.batch_size,
             "mesh_shape": self.mesh_shape,
             "layout": self.layout,
-            "train_seconds": train_seconds(records),
         }
         return summary, [curves, reliability]
 

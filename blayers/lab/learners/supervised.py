@@ -256,7 +256,7 @@ class SupervisedLearner(KerasLearner):
             )
 
     def outputs(self, run, records, metrics, arrays):
-        """`training_curves.png` and the task's plots; the data, task, sizes and times."""
+        """`training_curves.png` and the task's plots; the data, task and sizes."""
         curves = run.file("training_curves.png")
         plots.training_curves(records, curves)
         images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
@@ -266,7 +266,6 @@ class SupervisedLearner(KerasLearner):
             "num_train": self.num_train,
             "batch_size": self.batch_size,
             "parameters": self.parameter_counts(),
-            "train_seconds": train_seconds(records),
         }
         return summary, images
 
@@ -369,17 +368,3 @@ class VariationalProgramLearner(SupervisedLearner):
                 "blayers.programs.VariationalProgram (its model and posterior programs); a "
                 "Keras model with a likelihood trains with SupervisedLearner."
             )
-
-
-def train_seconds(records):
-    """Wall-clock seconds of the training steps over the whole run (resumes included), from
-    the logged windows (`steps / steps_per_second`); evaluations are not counted."""
-    seconds, previous = 0.0, None
-    for record in records:
-        if record.get("kind") != "train":
-            continue
-        start = previous if previous is not None and previous < record["step"] else 0
-        if record.get("steps_per_second"):
-            seconds += (record["step"] - start) / record["steps_per_second"]
-        previous = record["step"]
-    return seconds

@@ -98,17 +98,10 @@ class RunDir:
         records = files.read_lines(self.file(self.HISTORY))
         return [r for r in records if kind is None or r.get("kind") == kind]
 
-    def is_finished(self):
-        return (self.metrics() or {}).get("status") == "finished"
-
     def is_locked(self):
         """A LOCK file exists (a live trainer, or a dead one's that the next run takes over)."""
         return os.path.exists(self.file(self.LOCK))
 
-    def has_checkpoint(self):
-        return bool(checkpoint_prefixes(self.file(self.CHECKPOINTS)))
-
-    # -- writing (the Loop) --------------------------------------------------------------------
     def lock(self):
         """The run lock (a context manager); makes the folder."""
         os.makedirs(self.path, exist_ok=True)
