@@ -58,12 +58,11 @@ class DeepGPUCI(Experiment):
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         del gin_file
-        if not options.get("uci_dir"):
-            raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
+        datasets = options.get("datasets", uci_regression.DATASETS)
         return run_experiment(
-            options["uci_dir"],
+            uci_regression.checked_uci_dir(options.get("uci_dir"), datasets),
             root,
-            options.get("datasets", uci_regression.DATASETS),
+            datasets,
             options.get("depths", ["1", "2", "3"]),
             options.get("splits"),
             gin_params,

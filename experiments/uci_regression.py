@@ -32,7 +32,7 @@ import os
 
 from absl import app, flags
 
-from blayers.lab.data.uci import uci, uci_num_splits
+from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from experiments.base import Experiment, ReportEntry
 from launch import sweep
 
@@ -436,6 +436,19 @@ def run_experiment(
     return rows
 
 
+def checked_uci_dir(uci_dir, datasets):
+    """`uci_dir`, once it is known to hold every data set of `datasets`; a usage error naming
+    the folder, the expected layout and where the data is published otherwise."""
+    if not uci_dir:
+        raise app.UsageError(f"--uci_dir is required. {LAYOUT}")
+    for dataset in datasets:
+        try:
+            uci_num_splits(dataset, uci_dir)
+        except ValueError as error:
+            raise app.UsageError(f"--uci_dir: {error}") from None
+    return uci_dir
+
+
 class UCIRegression(Experiment):
     """Its runs are a grid search per split, then the chosen setting: `run` is its own."""
 
@@ -464,10 +477,8 @@ class UCIRegression(Experiment):
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
         del gin_file  # each method has its own
-        if not options.get("uci_dir"):
-            raise app.UsageError("--uci_dir is required (a folder in the 20-split UCI format).")
         return run_experiment(
-            options["uci_dir"],
+            checked_uci_dir(options.get("uci_dir"), options.get("datasets", DATASETS)),
             root,
             options.get("methods", list(METHODS)),
             options.get("datasets", DATASETS),

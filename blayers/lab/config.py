@@ -33,11 +33,17 @@ __all__ = [
     "find_config_file",
     "gin_imports",
     "parse",
+    "shipped_configs",
     "validate_bindings",
 ]
 
 
-_PACKAGE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# An installed package carries the configs as `blayers/lab/configs` (setup.py maps the
+# repository's top-level `configs/` there); a checkout has them at the top.
+_INSTALLED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
+_CHECKOUT_CONFIGS = os.path.join(
+    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
+)
 _KERAS_LAYER_KWARGS = {
     "name",
     "dtype",
@@ -52,11 +58,16 @@ _KERAS_LAYER_KWARGS = {
 }
 
 
+def shipped_configs():
+    """The folder of the configs that ship with blayers (`base.gin`, `digits_mlp.gin`, ...)."""
+    return _INSTALLED_CONFIGS if os.path.isdir(_INSTALLED_CONFIGS) else _CHECKOUT_CONFIGS
+
+
 def config_search_path():
     """Folders searched for gin files, in order: the working directory, `$BLAYERS_CONFIG_PATH`
-    (colon-separated), and the project's `configs/`."""
+    (colon-separated), and the configs that ship with blayers (`shipped_configs()`)."""
     extra = [p for p in os.environ.get("BLAYERS_CONFIG_PATH", "").split(os.pathsep) if p]
-    return [os.getcwd(), *extra, os.path.join(_PACKAGE_ROOT, "configs")]
+    return [os.getcwd(), *extra, shipped_configs()]
 
 
 def find_config_file(name):

@@ -158,6 +158,33 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
     assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
 
 
+@pytest.mark.parametrize("module", ["uci_regression", "deep_gp_uci"])
+def test_uci_experiments_name_a_missing_folder_and_the_data_source(tmp_path, toy_uci, module):
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            f"experiments.{module}",
+            f"--uci_dir={tmp_path / 'absent'}",
+            f"--root={tmp_path / 'runs'}",
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert f"{tmp_path / 'absent'}' does not exist" in result.stderr
+    assert "UCI_Datasets" in result.stderr and "index_train_K.txt" in result.stderr
+    assert not (tmp_path / "runs").exists()
+    # A folder without the data set names what it holds instead.
+    from experiments.uci_regression import checked_uci_dir
+
+    with pytest.raises(Exception, match=r"no data set 'yacht'.*\['toy'\]"):
+        checked_uci_dir(str(toy_uci), ["toy", "yacht"])
+    assert checked_uci_dir(str(toy_uci), ["toy"]) == str(toy_uci)
+
+
 def test_uci_regression_flags_parse():
     from experiments.uci_regression import method_gin_params, parse_epochs, select
 

@@ -157,3 +157,22 @@ def test_tfds_dataset_crop_padding():
     assert cifar.augment is not None and cifar.input_shape == (32, 32, 3)
     with pytest.raises(ValueError, match="crop_padding"):
         data.tfds_dataset("cifar10", crop_padding=4, flatten=True)
+
+
+@pytest.mark.parametrize(
+    "source, kwargs",
+    [
+        ("tfds_dataset", {"name": "cifar10"}),
+        ("tfds_char_lm", {"name": "tiny_shakespeare"}),
+        ("tfds_images", {"name": "mnist"}),
+        ("tfds_translation", {"name": "wmt14_translate/fr-en"}),
+    ],
+)
+def test_unprepared_tfds_data_says_where_it_looked_and_how_to_prepare_it(tmp_path, source, kwargs):
+    empty = tmp_path / "tensorflow_datasets"
+    with pytest.raises(ValueError) as error:
+        getattr(data, source)(data_dir=str(empty), **kwargs)
+    message = str(error.value)
+    assert f"{source}: the TFDS data set {kwargs['name']!r} is not prepared in {str(empty)!r}" in message
+    assert f"tfds build {kwargs['name'].split('/')[0]} --data_dir=DIR" in message
+    assert f"{source}.data_dir = 'DIR'" in message and f"{source}.download = True" in message

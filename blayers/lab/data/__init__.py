@@ -25,6 +25,7 @@ from blayers.lab.data.synthetic import (
 from blayers.lab.data.tfds_source import tfds_char_lm, tfds_dataset, tfds_images
 from blayers.lab.data.translation import parallel_data, synthetic_translation, tfds_translation
 from blayers.lab.data.uci import uci, uci_num_splits
+from blayers.lab.data.uci_download import download_uci
 
 __all__ = [
     "Data",
@@ -33,6 +34,7 @@ __all__ = [
     "dequantized_digits",
     "diabetes",
     "digits",
+    "download_uci",
     "from_arrays",
     "gaussian_ring_2d",
     "heteroscedastic_1d",

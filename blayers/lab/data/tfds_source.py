@@ -11,7 +11,38 @@ import tensorflow_datasets as tfds
 from blayers.lab.data.augment import dequantization, fixed_dequantization, random_crop_flip
 from blayers.lab.data.base import Data
 
-__all__ = ["tfds_dataset"]
+__all__ = ["load", "tfds_dataset"]
+
+# Data sets TFDS cannot download by itself: their archives go in <data_dir>/downloads/manual.
+_MANUAL = ("imagenet2012",)
+
+
+def load(caller, name, data_dir=None, download=False, **kwargs):
+    """`tfds.load(name, data_dir=..., download=..., **kwargs)`, failing on data that is not
+    prepared with what to do: which data set, where it was looked for, and how to prepare it.
+
+    Args:
+      caller: the configurable asking (named in the message, with its gin bindings).
+    """
+    try:
+        return tfds.load(name, data_dir=data_dir, download=download, **kwargs)
+    except AssertionError as error:
+        if "could not find data" not in str(error):
+            raise
+        where = data_dir or tfds.core.constants.DATA_DIR
+        manual = (
+            f" ({name} cannot be downloaded by TFDS: place its archives in "
+            "DIR/downloads/manual first, see the TFDS catalogue page)"
+            if name.split("/")[0] in _MANUAL
+            else ""
+        )
+        raise ValueError(
+            f"{caller}: the TFDS data set {name!r} is not prepared in {where!r}. Prepare it once "
+            f"on a machine with network access, `tfds build {name.split('/')[0]} "
+            f"--data_dir=DIR`{manual}, then pass "
+            f"--gin_param=\"{caller}.data_dir = 'DIR'\"; or bind {caller}.download = True to let "
+            "the run download and prepare it."
+        ) from None
 
 
 def _prepare(flatten, image_size):
@@ -29,14 +60,15 @@ def _prepare(flatten, image_size):
     return fn
 
 
-def _load(name, train_split, test_split, data_dir, download, prepare, **kwargs):
+def _load(caller, name, train_split, test_split, data_dir, download, prepare, **kwargs):
     """`(train, test, common)`: the two prepared splits, and the `Data` fields they determine
     (sizes, input shape)."""
-    (train, test), info = tfds.load(
+    (train, test), info = load(
+        caller,
         name,
+        data_dir,
+        download,
         split=[train_split, test_split],
-        data_dir=data_dir,
-        download=download,
         with_info=True,
         **kwargs,
     )
@@ -89,12 +121,19 @@ def tfds_dataset(
         raise ValueError("tfds_dataset: crop_padding augments images; it cannot go with flatten.")
     prepare = _prepare(flatten, image_size)
     info, common = _load(
-        name, train_split, test_split, data_dir, download, prepare, as_supervised=True
+        "tfds_dataset",
+        name,
+        train_split,
+        test_split,
+        data_dir,
+        download,
+        prepare,
+        as_supervised=True,
     )
     ood_ds = None
     if ood is not None:
         ood_ds = (
-            tfds.load(ood, split="test", as_supervised=True, data_dir=data_dir, download=download)
+            load("tfds_dataset", ood, data_dir, download, split="test", as_supervised=True)
             .map(prepare)
             .map(lambda x, y: x)
         )
@@ -125,7 +164,7 @@ def tfds_char_lm(
     """
     import numpy as np
 
-    splits = tfds.load(name, split=[train_split, test_split], data_dir=data_dir, download=download)
+    splits = load("tfds_char_lm", name, data_dir, download, split=[train_split, test_split])
     texts = [
         "".join(t.decode("utf-8") for t in tfds.as_numpy(ds.map(lambda e: e[text_key])))
         for ds in splits
@@ -190,7 +229,7 @@ def tfds_images(
             x = tf.reshape(x, [-1])
         return x, tf.reshape(x, [-1])
 
-    _, common = _load(name, train_split, test_split, data_dir, download, prepare)
+    _, common = _load("tfds_images", name, train_split, test_split, data_dir, download, prepare)
     if dequantize:
         common["test"] = fixed_dequantization(common["test"], 256, seed)
     return Data(

