@@ -172,10 +172,12 @@ class Registry:
 
     @staticmethod
     def serialize(obj):
+        """The Keras config of `obj` (None for None): what `get_config` stores."""
         return None if obj is None else keras.saving.serialize_keras_object(obj)
 
     @staticmethod
     def deserialize(config):
+        """The object a `serialize` config describes (blayers' and Keras' names alike)."""
         return keras.saving.deserialize_keras_object(config)
 
 

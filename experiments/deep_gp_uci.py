@@ -5,7 +5,7 @@ per (data set, depth, split) with `configs/deep_gp_uci.gin` (20,000 full-batch A
 k-means inducing points per layer), and the table of test log-likelihood and RMSE (mean +-
 standard error over splits, original units) beside published numbers with their sources.
 
-    python -m experiments.deep_gp_uci --uci_dir=../shared/data/uci --root=runs/deep_gp_uci
+    python -m experiments.deep_gp_uci --uci_dir=~/data/uci --root=runs/deep_gp_uci
     python -m experiments.deep_gp_uci --uci_dir=... --datasets=yacht --depths=2 --splits=0-4 \\
         --gin_param="train.train_steps = 1500" --parallel=2
 

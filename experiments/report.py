@@ -17,6 +17,7 @@ import importlib
 import os
 import pkgutil
 import re
+import shutil
 
 from absl import app, flags
 
@@ -158,7 +159,10 @@ def _command_of(run):
     return run["command"].get("command") or "(no command.json: a run made before it was recorded)"
 
 
-def render_markdown(assigned, root):
+def render_markdown(assigned, root, link=None):
+    """The report as Markdown; `link(path)` is how a plot is referenced (default: its path
+    relative to `root`)."""
+    link = link or (lambda path: os.path.relpath(path, root))
     lines = [
         "# Reproduction report",
         "",
@@ -185,7 +189,7 @@ def render_markdown(assigned, root):
             if experiment["table"]:
                 lines += [experiment["table"].strip(), ""]
             plots = experiment_plots(experiment)
-            lines += [f"![{p}]({os.path.relpath(p, root)})" for p in plots]
+            lines += [f"![{os.path.basename(p)}]({link(p)})" for p in plots]
             lines.append("")
         for run in runs:
             lines += [
@@ -198,7 +202,7 @@ def render_markdown(assigned, root):
             ]
             lines += [f"| {m} | {o} | {p} |" for m, o, p in run_rows(run, item)]
             lines.append("")
-            lines += [f"![{p}]({os.path.relpath(p, root)})" for p in _plots(run["dir"])]
+            lines += [f"![{os.path.basename(p)}]({link(p)})" for p in _plots(run["dir"])]
             lines.append("")
     return "\n".join(lines) + "\n"
 
@@ -271,14 +275,36 @@ def render_html(assigned, root):
     return "\n".join(parts) + "\n"
 
 
-def write_report(runs_root, out):
+def _copying_link(runs_root, out):
+    """A `link` for a report written outside `runs_root` (a docs page): each plot is copied to
+    `<out>_files/<its path under runs_root>` and referenced there, so the page stands alone."""
+    folder = out + "_files"
+    shutil.rmtree(folder, ignore_errors=True)  # no plot of an earlier report lingers
+
+    def link(path):
+        relative = os.path.relpath(path, runs_root)
+        target = os.path.join(folder, relative)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        shutil.copyfile(path, target)
+        return os.path.relpath(target, os.path.dirname(os.path.abspath(out)))
+
+    return link
+
+
+def write_report(runs_root, out, html_page=True):
+    """Writes `out.md` (and `out.html` unless `html_page` is False); returns the runs and
+    experiments assigned to each entry. A report outside `runs_root` gets copies of its plots
+    (`out_files/`), so it can be moved (into a docs site) without the runs."""
     runs, experiments = collect(runs_root)
     assigned = assign(runs, experiments)
     os.makedirs(os.path.dirname(os.path.abspath(out)) or ".", exist_ok=True)
+    inside = os.path.commonpath([os.path.abspath(runs_root), os.path.abspath(out)])
+    link = None if inside == os.path.abspath(runs_root) else _copying_link(runs_root, out)
     with open(out + ".md", "w") as f:
-        f.write(render_markdown(assigned, runs_root))
-    with open(out + ".html", "w") as f:
-        f.write(render_html(assigned, runs_root))
+        f.write(render_markdown(assigned, runs_root, link))
+    if html_page:
+        with open(out + ".html", "w") as f:
+            f.write(render_html(assigned, runs_root))
     return assigned
 
 
@@ -286,14 +312,16 @@ def define_flags():
     """The command line's flags (defined only when run as a script)."""
     flags.DEFINE_string("runs", "runs", "Folder of runs and experiments (searched recursively).")
     flags.DEFINE_string("out", None, "Output path without extension (default: RUNS/report).")
+    flags.DEFINE_bool("html", True, "Also write the one-page HTML report (plots embedded).")
 
 
 def main(argv):
     del argv
     out = FLAGS.out or os.path.join(FLAGS.runs, "report")
-    assigned = write_report(FLAGS.runs, out)
+    assigned = write_report(FLAGS.runs, out, html_page=FLAGS.html)
     counted = sum(len(r) + len(e) for r, e in assigned.values())
-    print(f"{counted} runs and experiments; wrote {out}.html and {out}.md")
+    written = f"{out}.html and {out}.md" if FLAGS.html else f"{out}.md"
+    print(f"{counted} runs and experiments; wrote {written}")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ with its gin file and published setting (`METHODS`):
 * `svgp`, `dgp2`, `dgp3` (`configs/deep_gp_uci.gin`): Salimbeni & Deisenroth (2017), 100
   k-means inducing points per layer, 20,000 full-batch Adam steps.
 
-    python -m experiments.uci_regression --uci_dir=../shared/data/uci --root=runs/uci
+    python -m experiments.uci_regression --uci_dir=~/data/uci --root=runs/uci
     python -m experiments.uci_regression --uci_dir=... --methods=mc_dropout,svgp \\
         --datasets=yacht --splits=0-4 --parallel=2 --gin_param='svgp:train.train_steps = 1500'
 
@@ -441,6 +441,7 @@ def checked_uci_dir(uci_dir, datasets):
     the folder, the expected layout and where the data is published otherwise."""
     if not uci_dir:
         raise app.UsageError(f"--uci_dir is required. {LAYOUT}")
+    uci_dir = os.path.expanduser(uci_dir)  # `--uci_dir=~/data/uci`: no shell expands that ~
     for dataset in datasets:
         try:
             uci_num_splits(dataset, uci_dir)

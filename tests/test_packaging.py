@@ -4,6 +4,7 @@ and an experiment from an empty working directory (no checkout on the path)."""
 
 import os
 import pathlib
+import re
 import shutil
 import subprocess
 import sys
@@ -138,3 +139,12 @@ def test_installed_wheel_runs_the_main_job_from_an_empty_directory(wheel, tmp_pa
     assert (work / "single" / "reliability.png").exists()
     # absl's --help exits with status 1.
     assert "--splits" in run(python, "-m", "experiments.cox_process", "--help", returncode=1)
+
+
+def test_the_changelog_s_newest_release_is_the_package_version():
+    text = (REPOSITORY / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[(\d+\.\d+\.\d+)\] - \d{4}-\d{2}-\d{2}$", text, flags=re.MULTILINE)
+    assert "## [Unreleased]" in text and releases, "Keep a Changelog sections"
+    assert releases[0] == blayers.__version__
+    # The build reads the version from the package, nowhere else.
+    assert "version = attr: blayers.__version__" in (REPOSITORY / "setup.cfg").read_text()

@@ -33,6 +33,8 @@ __all__ = [
 
 
 def check_ensemble_size(layer_name, ensemble_size):
+    """`ensemble_size` as an int, or a ValueError naming the layer when it is not a positive
+    integer."""
     if (
         not isinstance(ensemble_size, (int, np.integer))
         or isinstance(ensemble_size, bool)

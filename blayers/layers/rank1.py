@@ -84,8 +84,8 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
       alpha_initializer, gamma_initializer: of the input factors `[E, in]`, `[E, 4 units]`
         (default: Normal with means at `N(1, 0.5^2)`); `recurrent_alpha_initializer`,
         `recurrent_gamma_initializer` of the recurrent ones `[E, units]`, `[E, 4 units]`.
-      alpha_regularizer, gamma_regularizer, recurrent_alpha_regularizer,
-        recurrent_gamma_regularizer: their KL terms (default `'rank1_prior'`).
+      alpha_regularizer, gamma_regularizer: their KL terms (default `'rank1_prior'`);
+        `recurrent_alpha_regularizer`, `recurrent_gamma_regularizer` likewise.
       kernel_initializer, recurrent_initializer: of `W`, `U` (default Glorot-uniform,
         orthogonal); kernel_regularizer, recurrent_regularizer: theirs (default None).
       use_additive_perturbation: `(x + r_m) @ W + s_m` (and likewise for `h`) instead of the

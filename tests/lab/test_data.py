@@ -173,6 +173,9 @@ def test_unprepared_tfds_data_says_where_it_looked_and_how_to_prepare_it(tmp_pat
     with pytest.raises(ValueError) as error:
         getattr(data, source)(data_dir=str(empty), **kwargs)
     message = str(error.value)
-    assert f"{source}: the TFDS data set {kwargs['name']!r} is not prepared in {str(empty)!r}" in message
+    assert (
+        f"{source}: the TFDS data set {kwargs['name']!r} is not prepared in {str(empty)!r}"
+        in message
+    )
     assert f"tfds build {kwargs['name'].split('/')[0]} --data_dir=DIR" in message
     assert f"{source}.data_dir = 'DIR'" in message and f"{source}.download = True" in message

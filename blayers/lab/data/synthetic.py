@@ -31,6 +31,8 @@ __all__ = [
 
 @gin.configurable(module="blayers.lab.data")
 def heteroscedastic_1d(num_train=500, num_test=400, seed=0):
+    """1-D regression with input-dependent noise: `y = x sin(x) + (0.1 + 0.2 |x|) eps`,
+    training inputs uniform on [-4, 4], test inputs a grid on [-6, 6] (extrapolation)."""
     rng = np.random.RandomState(seed)
     x_train = rng.uniform(-4, 4, size=(num_train, 1))
     x_test = np.linspace(-6, 6, num_test)[:, None]
