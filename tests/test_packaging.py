@@ -28,6 +28,7 @@ SOURCES = (
     "README.md",
     "CHANGELOG.md",
     "LICENSE",
+    "MANIFEST.in",
 )
 
 
