@@ -13,7 +13,7 @@ The paper's setting takes days on 2 cores for 20 splits x 3 depths x 5 sets; the
 CPU setting is the second command (timing in the README).
 """
 
-from absl import app, flags
+from absl import flags
 
 from experiments import uci_regression
 from experiments.base import Experiment, ReportEntry
