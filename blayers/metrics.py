@@ -15,6 +15,9 @@ from sklearn.metrics import roc_auc_score
 
 __all__ = [
     "accuracy",
+    "adaptive_ece",
+    "aurc",
+    "fpr_at_tpr",
     "brier",
     "calibration_error",
     "classification_metrics",
@@ -31,6 +34,7 @@ __all__ = [
     "quantile_calibration",
     "regression_metrics",
     "reliability_bins",
+    "risk_coverage_curve",
     "rmse",
 ]
 
@@ -86,6 +90,47 @@ def ece(probs, labels, num_bins=15):
     p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
     labels = np.asarray(labels).reshape(-1)
     return calibration_error(p.max(-1), p.argmax(-1) == labels, num_bins)
+
+
+def adaptive_ece(probs, labels, num_bins=15):
+    """Adaptive (equal-mass) calibration error: `sum_b (n_b / n) |acc_b - conf_b|` over
+    `num_bins` bins holding equal numbers of examples sorted by confidence (Nixon et al., 2019),
+    so sparse high-confidence regions do not hide in one wide bin."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1)
+    confidence, correct = p.max(-1), (p.argmax(-1) == labels).astype(np.float64)
+    order = np.argsort(confidence, kind="stable")
+    error = 0.0
+    for chunk in np.array_split(order, min(num_bins, len(order))):
+        error += len(chunk) * abs(correct[chunk].mean() - confidence[chunk].mean())
+    return float(error / len(order))
+
+
+def risk_coverage_curve(confidence, correct):
+    """Selective prediction: keeping the `k` most confident examples (k = 1..n), the coverage
+    `k / n` and the risk (error rate among them). Returns `(coverage [n], risk [n])`."""
+    confidence = np.asarray(confidence, np.float64).reshape(-1)
+    errors = 1.0 - np.asarray(correct, np.float64).reshape(-1)
+    order = np.argsort(-confidence, kind="stable")
+    kept = np.arange(1, len(order) + 1)
+    return kept / len(order), np.cumsum(errors[order]) / kept
+
+
+def aurc(probs, labels):
+    """Area under the risk-coverage curve of the predictive's confidence (Geifman & El-Yaniv,
+    2017): the mean selective risk over coverages `k / n`; lower is better. A perfect ranking of
+    errors last gives `r + (1 - r) log(1 - r)` at error rate `r`."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1)
+    _, risk = risk_coverage_curve(p.max(-1), p.argmax(-1) == labels)
+    return float(np.mean(risk))
+
+
+def fpr_at_tpr(in_scores, ood_scores, tpr=0.95):
+    """False-positive rate when flagging OOD by a score (higher = OOD) at the threshold that
+    flags `tpr` of the OOD examples: the fraction of in-distribution examples flagged too."""
+    threshold = np.quantile(np.asarray(ood_scores, np.float64), 1.0 - tpr)
+    return float(np.mean(np.asarray(in_scores, np.float64) >= threshold))
 
 
 def brier(probs, labels):
@@ -176,13 +221,16 @@ def interval_coverage(means, stddevs, targets, levels, scale=1.0):
 
 
 def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
-    """Accuracy, NLL, ECE (`num_bins` equal-width bins), Brier score, mean predictive entropy
-    and mutual information of `probs [S, N, K]` (S posterior draws); per-token perplexity for
-    sequence labels; OOD AUROC by entropy and by mutual information given `ood_probs`."""
+    """Accuracy, NLL, ECE (`num_bins` equal-width bins) and adaptive ECE (equal-mass bins),
+    Brier score, AURC, mean predictive entropy and mutual information of `probs [S, N, K]`
+    (S posterior draws); per-token perplexity for sequence labels; given `ood_probs`, OOD AUROC
+    by entropy and by mutual information, and the FPR at 95% TPR by entropy."""
     result = {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),
         "ece": ece(probs, labels, num_bins),
+        "adaptive_ece": adaptive_ece(probs, labels, num_bins),
+        "aurc": aurc(probs, labels),
         "brier": brier(probs, labels),
         "entropy": float(np.mean(entropy(probs))),
         "mutual_information": float(np.mean(mutual_information(probs))),
@@ -194,6 +242,7 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
         result["ood_auroc_mutual_information"] = ood_auroc(
             mutual_information(probs), mutual_information(ood_probs)
         )
+        result["ood_fpr95_entropy"] = fpr_at_tpr(entropy(probs), entropy(ood_probs))
     return result
 
 

@@ -4,6 +4,7 @@ import math
 
 import numpy as np
 import pytest
+import scipy.stats
 
 from blayers import metrics
 
@@ -60,3 +61,46 @@ def test_regression_metrics_by_hand():
     # Mixture variances: example 0: 1 + 1 = 2 -> |0| within 1.96 sqrt(2); example 1:
     # 0.25 -> |1| > 1.96 * 0.5.
     assert metrics.coverage(means, stddevs, targets) == pytest.approx(0.5)
+
+
+def test_adaptive_ece_uses_equal_mass_bins():
+    # Confidences 0.6, 0.7 (one right, one wrong) and 0.9, 0.95 (both right), two bins of two.
+    probs = np.array([[[0.6, 0.4], [0.7, 0.3], [0.9, 0.1], [0.95, 0.05]]])
+    labels = np.array([0, 1, 0, 0])
+    expected = (2 * abs(0.5 - 0.65) + 2 * abs(1.0 - 0.925)) / 4
+    assert metrics.adaptive_ece(probs, labels, num_bins=2) == pytest.approx(expected)
+    # A calibrated predictive's adaptive ECE goes to 0 (confidence ~ U(0.5, 1), correct w.p. it).
+    rng = np.random.default_rng(0)
+    confidence = rng.uniform(0.5, 1.0, 200_000)
+    labels = (rng.uniform(size=confidence.size) > confidence).astype(int)
+    calibrated = np.stack([confidence, 1 - confidence], -1)[None]
+    assert metrics.adaptive_ece(calibrated, labels) < 0.005
+    assert metrics.adaptive_ece(calibrated**0 * [[0.99, 0.01]], labels) > 0.2
+
+
+def test_aurc_against_its_closed_forms():
+    rng = np.random.default_rng(1)
+    n, error_rate = 100_000, 0.2
+    correct = rng.uniform(size=n) > error_rate
+    r = 1 - correct.mean()
+    # Errors ranked last (the oracle): AURC = r + (1 - r) log(1 - r), up to O(log n / n).
+    oracle = np.where(correct, 0.9, 0.6)
+    _, risk = metrics.risk_coverage_curve(oracle, correct)
+    assert risk[-1] == pytest.approx(r)
+    assert np.mean(risk) == pytest.approx(r + (1 - r) * np.log(1 - r), abs=1e-3)
+    # Confidence unrelated to correctness: every coverage has risk ~ r, so AURC ~ r.
+    _, risk = metrics.risk_coverage_curve(rng.uniform(size=n), correct)
+    assert np.mean(risk) == pytest.approx(r, abs=0.01)
+    # Through the predictive: a confident right answer and an unsure wrong one.
+    probs = np.array([[[0.9, 0.1], [0.6, 0.4]]])
+    assert metrics.aurc(probs, np.array([0, 1])) == pytest.approx((0 + 0.5) / 2)
+
+
+def test_fpr_at_95_tpr():
+    rng = np.random.default_rng(2)
+    same = rng.normal(size=50_000)
+    assert metrics.fpr_at_tpr(same, rng.normal(size=50_000)) == pytest.approx(0.95, abs=0.01)
+    assert metrics.fpr_at_tpr(rng.normal(size=1000), rng.normal(size=1000) + 20) == 0.0
+    # Shifted by d: the threshold is the OOD 5% quantile d - 1.645; FPR = 1 - Phi(d - 1.645).
+    fpr = metrics.fpr_at_tpr(rng.normal(size=200_000), rng.normal(size=200_000) + 2.0)
+    assert fpr == pytest.approx(1 - scipy.stats.norm.cdf(2.0 - 1.6449), abs=0.005)
