@@ -47,6 +47,7 @@ _SUBMODULES = {
     "initializers": "blayers.initializers",
     "layers": "blayers.layers",
     "metrics": "blayers.metrics",
+    "posthoc": "blayers.posthoc",
     "programs": "blayers.programs",
     "regularizers": "blayers.regularizers",
 }

@@ -1,0 +1,16 @@
+"""Uncertainty for a model that is already trained: recalibration and conformal prediction.
+
+* `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
+  the logits, fitted by NLL on held-out data (Guo et al., 2017).
+* `SplitConformalRegressor`, `SplitConformalClassifier`: prediction intervals and sets with
+  finite-sample coverage `P(y in C(x)) >= 1 - alpha` under exchangeability (Vovk et al., 2005;
+  Angelopoulos et al., 2021 for APS and RAPS).
+
+They work on NumPy arrays of a model's outputs (logits, class probabilities, predictive means
+and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
+"""
+
+from blayers.posthoc.conformal import SplitConformalClassifier, SplitConformalRegressor
+from blayers.posthoc.temperature import TemperatureScaling
+
+__all__ = ["SplitConformalClassifier", "SplitConformalRegressor", "TemperatureScaling"]
