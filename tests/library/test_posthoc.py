@@ -57,9 +57,9 @@ def test_vector_scaling_recovers_per_class_scales_and_gradients_are_exact():
     np.testing.assert_allclose(np.exp(scaler.params[:3]), scales, rtol=0.06)
     for vector, size in ((False, 1), (True, 6)):
         params = rng.normal(size=size) * 0.3
-        value, grad = _nll_and_grad(params, z[:50], labels[:50], vector)
+        _, grad = _nll_and_grad(params, z[:50], labels[:50], vector)
         numeric = scipy.optimize.approx_fprime(
-            params, lambda p: _nll_and_grad(p, z[:50], labels[:50], vector)[0], 1e-7
+            params, lambda p, v=vector: _nll_and_grad(p, z[:50], labels[:50], v)[0], 1e-7
         )
         np.testing.assert_allclose(grad, numeric, rtol=1e-4, atol=1e-6)
     config = scaler.get_config()
