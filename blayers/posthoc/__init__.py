@@ -1,5 +1,9 @@
 """Uncertainty for a model that is already trained: recalibration and conformal prediction.
 
+* `Laplace`: a Gaussian posterior over the last layer's weights around the trained ones, with
+  the generalized Gauss-Newton curvature (full, Kronecker-factored or diagonal), the prior
+  precision chosen by the evidence, and probit or Monte Carlo predictives (Daxberger et al.,
+  2021).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
   the logits, fitted by NLL on held-out data (Guo et al., 2017).
 * `SplitConformalRegressor`, `SplitConformalClassifier`: prediction intervals and sets with
@@ -11,6 +15,7 @@ and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
 """
 
 from blayers.posthoc.conformal import SplitConformalClassifier, SplitConformalRegressor
+from blayers.posthoc.laplace import Laplace
 from blayers.posthoc.temperature import TemperatureScaling
 
-__all__ = ["SplitConformalClassifier", "SplitConformalRegressor", "TemperatureScaling"]
+__all__ = ["Laplace", "SplitConformalClassifier", "SplitConformalRegressor", "TemperatureScaling"]

@@ -1,0 +1,365 @@
+"""Post-hoc Laplace approximation over the last layer of any trained Keras model (MacKay, 1992;
+Daxberger et al., 2021, "Laplace Redux").
+
+The last layer is a linear map `f = W^T phi(x) + b` of the features `phi` the rest of the network
+computes (a `keras.layers.Dense`, or any `blayers` dense layer at its posterior mean). With the
+trained weights `theta* = vec([W; b])` as the MAP estimate and an isotropic Gaussian prior
+`N(0, 1 / delta)`, the posterior is approximated by
+
+    q(theta) = N(theta*, P^-1),   P = H + delta I,
+
+with `H` the generalized Gauss-Newton (GGN) matrix of the negative log-likelihood,
+
+    H = sum_n  phi~_n phi~_n^T (x) Lambda_n,   phi~ = [phi; 1],
+
+`Lambda_n = diag(p_n) - p_n p_n^T` for a softmax likelihood and `I / sigma^2` for a Gaussian one
+(for the last layer the GGN is the exact Hessian of the NLL). `hessian_structure` picks how `H`
+is kept:
+
+* `'full'`: the whole `(D+1)K x (D+1)K` matrix;
+* `'kron'`: Kronecker-factored (KFAC), `H ~ (1/N) (sum phi~ phi~^T) (x) (sum Lambda)`, exact for
+  one example and for a Gaussian likelihood;
+* `'diag'`: the diagonal of the GGN.
+
+The prior precision (and the noise of a regression) can be chosen by the Laplace evidence
+
+    log p(D | delta) ~ log p(D | theta*) - 1/2 (theta*^T delta theta* + log det P - p log delta),
+
+or by the NLL of a validation set. Predictions are exact Gaussians over the outputs because the
+last layer is linear: `f ~ N(f*, J P^-1 J^T)`; for classification the predictive is the probit
+approximation `softmax(f* / sqrt(1 + pi/8 diag(Sigma_f)))` or a Monte Carlo average of
+`softmax(f)`.
+"""
+
+import math
+
+import keras
+import numpy as np
+import scipy.optimize
+from scipy.special import log_softmax, softmax
+
+__all__ = ["Laplace"]
+
+_LIKELIHOODS = ("classification", "regression")
+_STRUCTURES = ("full", "kron", "diag")
+
+
+def _batches(data, batch_size):
+    """`(x, y)` batches of NumPy arrays from a `tf.data.Dataset` of `(x, y)` or arrays."""
+    if isinstance(data, (tuple, list)) and len(data) == 2:
+        x, y = data
+        for start in range(0, len(x), batch_size):
+            yield (
+                np.asarray(x[start : start + batch_size]),
+                np.asarray(y[start : start + batch_size]),
+            )
+        return
+    for x, y in data.as_numpy_iterator():
+        yield x, y
+
+
+class Laplace:
+    """A last-layer Laplace approximation of a trained Keras model.
+
+    Args:
+      model: a trained `keras.Model` whose last layer is a dense layer with a linear activation
+        (for classification its outputs are logits; a softmax activation is read as logits).
+        Functional and sequential models work as they are; for a subclassed model pass
+        `features`.
+      likelihood: `'classification'` (softmax, integer labels) or `'regression'` (Gaussian with
+        noise stddev `sigma_noise`).
+      hessian_structure: `'full'`, `'kron'` or `'diag'` (see the module's docstring).
+      prior_precision: `delta` of the prior `N(0, I / delta)` on the last layer's weights.
+      sigma_noise: the regression's noise standard deviation.
+      features: optional `fn(x) -> phi(x)` computing the last layer's inputs.
+      dtype: `'float64'` (default) or `'float32'` for the accumulated curvature.
+    """
+
+    def __init__(
+        self,
+        model,
+        likelihood="classification",
+        hessian_structure="kron",
+        prior_precision=1.0,
+        sigma_noise=1.0,
+        features=None,
+        dtype="float64",
+    ):
+        if likelihood not in _LIKELIHOODS:
+            raise ValueError(f"Laplace: likelihood {likelihood!r} is not one of {_LIKELIHOODS}.")
+        if hessian_structure not in _STRUCTURES:
+            raise ValueError(
+                f"Laplace: hessian_structure {hessian_structure!r} is not one of {_STRUCTURES}."
+            )
+        self.model, self.likelihood, self.structure = model, likelihood, hessian_structure
+        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.dtype = np.dtype(dtype)
+        self.last = model.layers[-1]
+        kernel = getattr(self.last, "kernel", None)
+        if kernel is None or len(kernel.shape) != 2:
+            raise ValueError(
+                f"Laplace: the last layer {self.last.name!r} ({type(self.last).__name__}) is not "
+                "a dense layer with a 2-D kernel."
+            )
+        activation = getattr(getattr(self.last, "activation", None), "__name__", "linear")
+        if activation not in ("linear", "softmax"):
+            raise ValueError(
+                f"Laplace: the last layer {self.last.name!r} has activation {activation!r}; "
+                "it must be linear (or softmax, read as logits)."
+            )
+        self._features = features or self._functional_features(model)
+        self.fitted = False
+
+    def _functional_features(self, model):
+        try:
+            inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+            extractor = keras.Model(inputs, self.last.input)
+        except (AttributeError, ValueError, TypeError) as error:
+            raise ValueError(
+                f"Laplace: cannot read the inputs of {model.name!r}'s last layer "
+                f"({type(error).__name__}: {error}); for a subclassed model pass "
+                "features=fn(x) -> the last layer's inputs."
+            ) from None
+        return lambda x: extractor(x, training=False)
+
+    # ----------------------------------------------------------------------------------------
+    # The MAP and the curvature.
+
+    def _map(self):
+        """`theta* = vec([W; b])`, row-major `[D+1, K]`."""
+        kernel = np.asarray(keras.ops.convert_to_numpy(self.last.kernel), np.float64)
+        bias = getattr(self.last, "bias", None)
+        bias = np.zeros(kernel.shape[1]) if bias is None else keras.ops.convert_to_numpy(bias)
+        return np.concatenate([kernel, np.asarray(bias, np.float64)[None]], 0)
+
+    def _phi(self, x):
+        phi = np.asarray(keras.ops.convert_to_numpy(self._features(x)), np.float64)
+        phi = phi.reshape(len(phi), -1)
+        return np.concatenate([phi, np.ones((len(phi), 1))], 1)
+
+    def fit(self, data, batch_size=256, progress=False):
+        """Accumulates the curvature over `data`: a `tf.data.Dataset` of `(x, y)` batches or a
+        pair of arrays `(x, y)`. Returns `self`."""
+        self.theta = self._map()
+        d, k = self.theta.shape
+        self.num_outputs = k
+        if self.structure == "full":
+            hessian = np.zeros((d, k, d, k), self.dtype)
+        elif self.structure == "diag":
+            hessian = np.zeros((d, k), self.dtype)
+        else:
+            factor_a, factor_g = np.zeros((d, d), self.dtype), np.zeros((k, k), self.dtype)
+        self.num_data, self.log_likelihood_sum, self.sse = 0, 0.0, 0.0
+        bar = keras.utils.Progbar(None, unit_name="batch") if progress else None
+        for x, y in _batches(data, batch_size):
+            phi = self._phi(x)
+            f = phi @ self.theta
+            lam = self._output_curvature(f)
+            if self.structure == "full":
+                hessian += np.einsum("nd,ne,nkl->dkel", phi, phi, lam)
+            elif self.structure == "diag":
+                hessian += np.einsum("nd,nkk->dk", phi**2, lam)
+            else:
+                factor_a += phi.T @ phi
+                factor_g += lam.sum(0)
+            self._accumulate_fit(f, np.asarray(y))
+            self.num_data += len(phi)
+            if bar is not None:
+                bar.add(1)
+        if self.num_data == 0:
+            raise ValueError("Laplace.fit: the data held no examples.")
+        if self.structure == "kron":
+            # The likelihood's curvature enters through G; regression's 1/sigma^2 is applied
+            # at use so that the noise can be re-estimated.
+            self._eig_a = np.linalg.eigh(factor_a.astype(np.float64))
+            self._eig_g = np.linalg.eigh(factor_g.astype(np.float64) / self.num_data)
+        elif self.structure == "full":
+            flat = hessian.reshape(d * k, d * k).astype(np.float64)
+            self._eig_h = np.linalg.eigh((flat + flat.T) / 2)
+        else:
+            self._diag_h = hessian.reshape(-1).astype(np.float64)
+        self.fitted = True
+        return self
+
+    def _output_curvature(self, f):
+        """`Lambda_n` per example `[n, K, K]` (regression: for unit noise)."""
+        if self.likelihood == "regression":
+            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
+        p = softmax(f, -1)
+        return np.einsum("nk,kl->nkl", p, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, p)
+
+    def _accumulate_fit(self, f, y):
+        if self.likelihood == "classification":
+            y = y.reshape(-1).astype(int)
+            self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
+        else:
+            self.sse += float(np.sum(np.square(y.reshape(f.shape) - f)))
+
+    # ----------------------------------------------------------------------------------------
+    # The posterior precision through its eigenvalues (so prior precision and noise can move).
+
+    def _curvature_scale(self, sigma_noise):
+        return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
+
+    def _precision_eigenvalues(self, prior_precision, sigma_noise):
+        scale = self._curvature_scale(sigma_noise)
+        if self.structure == "kron":
+            s_a, s_g = self._eig_a[0], self._eig_g[0]
+            return np.outer(np.maximum(s_a, 0), np.maximum(s_g, 0)).reshape(-1) * scale + (
+                prior_precision
+            )
+        if self.structure == "full":
+            return np.maximum(self._eig_h[0], 0) * scale + prior_precision
+        return self._diag_h * scale + prior_precision
+
+    def log_likelihood(self, sigma_noise=None):
+        """`log p(D | theta*)` over the fitted data."""
+        self._check_fitted()
+        if self.likelihood == "classification":
+            return self.log_likelihood_sum
+        sigma = self.sigma_noise if sigma_noise is None else sigma_noise
+        n_out = self.num_data * self.num_outputs
+        return -0.5 * self.sse / sigma**2 - n_out * (math.log(sigma) + 0.5 * math.log(2 * math.pi))
+
+    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
+        """The Laplace approximation of the evidence `log p(D | delta, sigma)`."""
+        self._check_fitted()
+        delta = self.prior_precision if prior_precision is None else float(prior_precision)
+        sigma = self.sigma_noise if sigma_noise is None else float(sigma_noise)
+        eigenvalues = self._precision_eigenvalues(delta, sigma)
+        p = self.theta.size
+        return (
+            self.log_likelihood(sigma)
+            - 0.5 * delta * float(np.sum(self.theta**2))
+            - 0.5 * (float(np.sum(np.log(eigenvalues))) - p * math.log(delta))
+        )
+
+    def optimize_prior_precision(self, method="marglik", val_data=None, grid=None):
+        """Sets the prior precision (and, for regression by `'marglik'`, the noise) to maximize
+        the evidence (`'marglik'`), or to minimize the NLL of `val_data` (`'val_nll'`, over a
+        log grid). Returns the prior precision."""
+        self._check_fitted()
+        if method == "marglik":
+            if self.likelihood == "regression":
+
+                def objective(params):
+                    return -self.log_marginal_likelihood(math.exp(params[0]), math.exp(params[1]))
+
+                start = [math.log(self.prior_precision), math.log(self.sigma_noise)]
+                result = scipy.optimize.minimize(
+                    objective, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}
+                )
+                self.prior_precision, self.sigma_noise = (float(v) for v in np.exp(result.x))
+            else:
+                result = scipy.optimize.minimize_scalar(
+                    lambda log_delta: -self.log_marginal_likelihood(math.exp(log_delta)),
+                    bounds=(-12.0, 12.0),
+                    method="bounded",
+                    options={"xatol": 1e-6},
+                )
+                self.prior_precision = float(math.exp(result.x))
+        elif method == "val_nll":
+            if val_data is None:
+                raise ValueError("Laplace: method='val_nll' needs val_data.")
+            grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
+            x_val, y_val = _arrays(val_data)
+            nlls = []
+            for delta in grid:
+                self.prior_precision = float(delta)
+                nlls.append(self.nll(x_val, y_val))
+            self.prior_precision = float(grid[int(np.argmin(nlls))])
+        else:
+            raise ValueError(f"Laplace: method {method!r} is not 'marglik' or 'val_nll'.")
+        return self.prior_precision
+
+    # ----------------------------------------------------------------------------------------
+    # Predictions.
+
+    def _check_fitted(self):
+        if not self.fitted:
+            raise ValueError("Laplace: call fit(data) first.")
+
+    def functional_variance(self, x):
+        """`f* [n, K]` and the covariance of the outputs `Sigma_f [n, K, K]`."""
+        self._check_fitted()
+        phi = self._phi(x)
+        f = phi @ self.theta
+        scale = self._curvature_scale(self.sigma_noise)
+        delta = self.prior_precision
+        d, k = self.theta.shape
+        if self.structure == "kron":
+            (s_a, u_a), (s_g, u_g) = self._eig_a, self._eig_g
+            c = (phi @ u_a) ** 2  # [n, D+1]
+            inverse = 1.0 / (np.outer(np.maximum(s_a, 0), np.maximum(s_g, 0)) * scale + delta)
+            inner = c @ inverse  # [n, K] in G's eigenbasis
+            cov = np.einsum("kg,ng,lg->nkl", u_g, inner, u_g)
+        elif self.structure == "full":
+            s, u = self._eig_h
+            posterior = (u / (np.maximum(s, 0) * scale + delta)) @ u.T
+            posterior = posterior.reshape(d, k, d, k)
+            cov = np.einsum("nd,dkel,ne->nkl", phi, posterior, phi)
+        else:
+            variance = (1.0 / (self._diag_h * scale + delta)).reshape(d, k)
+            cov = np.einsum("nd,dk,kl->nkl", phi**2, variance, np.eye(k))
+        return f, cov
+
+    def predict(self, x, link_approx="probit", num_samples=100, seed=0):
+        """The predictive of inputs `x`.
+
+        Classification: class probabilities `[n, K]` by the probit approximation
+        (`link_approx='probit'`) or a Monte Carlo average of `softmax(f)` over `num_samples`
+        draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
+        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
+        """
+        f, cov = self.functional_variance(x)
+        if self.likelihood == "regression":
+            variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
+            return f, np.sqrt(variance)
+        if link_approx == "probit":
+            kappa = 1.0 / np.sqrt(1.0 + math.pi / 8.0 * np.diagonal(cov, axis1=1, axis2=2))
+            return softmax(f * kappa, -1)
+        if link_approx == "mc":
+            rng = np.random.default_rng(seed)
+            chol = np.linalg.cholesky(cov + 1e-10 * np.eye(cov.shape[-1]))
+            eps = rng.normal(size=(num_samples, *f.shape))
+            draws = f + np.einsum("nkl,snl->snk", chol, eps)
+            return np.mean(softmax(draws, -1), 0)
+        raise ValueError(f"Laplace: link_approx {link_approx!r} is not 'probit' or 'mc'.")
+
+    def nll(self, x, y):
+        """Mean negative log predictive density of `(x, y)`."""
+        y = np.asarray(y)
+        if self.likelihood == "classification":
+            probs = self.predict(x)
+            return float(
+                -np.mean(np.log(probs[np.arange(len(y)), y.reshape(-1).astype(int)] + 1e-12))
+            )
+        mean, stddev = self.predict(x)
+        y = y.reshape(mean.shape)
+        log_density = (
+            -0.5 * ((y - mean) / stddev) ** 2 - np.log(stddev) - 0.5 * math.log(2 * math.pi)
+        )
+        return float(-np.mean(np.sum(log_density, -1)))
+
+    def sample(self, num_samples, seed=0):
+        """Draws of the last layer's `[D+1, K]` weights (`[W; b]`) from the posterior."""
+        self._check_fitted()
+        rng = np.random.default_rng(seed)
+        d, k = self.theta.shape
+        eps = rng.normal(size=(num_samples, d * k))
+        eigenvalues = self._precision_eigenvalues(self.prior_precision, self.sigma_noise)
+        if self.structure == "diag":
+            draws = eps / np.sqrt(eigenvalues)
+        else:
+            basis = (
+                np.kron(self._eig_a[1], self._eig_g[1])
+                if self.structure == "kron"
+                else (self._eig_h[1])
+            )
+            draws = (eps / np.sqrt(eigenvalues)) @ basis.T
+        return self.theta + draws.reshape(num_samples, d, k)
+
+
+def _arrays(data):
+    xs, ys = zip(*_batches(data, 1 << 30))
+    return np.concatenate(xs), np.concatenate(ys)
