@@ -38,6 +38,8 @@ import numpy as np
 import scipy.optimize
 from scipy.special import log_softmax, softmax
 
+from blayers import metrics
+
 __all__ = ["Laplace"]
 
 _LIKELIHOODS = ("classification", "regression")
@@ -263,10 +265,11 @@ class Laplace:
                 raise ValueError("Laplace: method='val_nll' needs val_data.")
             grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
             x_val, y_val = _arrays(val_data)
+            phi = self._phi(x_val)  # the network runs once; only the posterior moves
             nlls = []
             for delta in grid:
                 self.prior_precision = float(delta)
-                nlls.append(self.nll(x_val, y_val))
+                nlls.append(self._nll(phi, y_val))
             self.prior_precision = float(grid[int(np.argmin(nlls))])
         else:
             raise ValueError(f"Laplace: method {method!r} is not 'marglik' or 'val_nll'.")
@@ -282,25 +285,25 @@ class Laplace:
     def functional_variance(self, x):
         """`f* [n, K]` and the covariance of the outputs `Sigma_f [n, K, K]`."""
         self._check_fitted()
-        phi = self._phi(x)
+        return self._moments(self._phi(x))
+
+    def _moments(self, phi):
+        """`(f*, Sigma_f)` of features `phi~ [n, D+1]`: `Sigma_f = J P^-1 J^T` through the
+        precision's eigendecomposition."""
         f = phi @ self.theta
-        scale = self._curvature_scale(self.sigma_noise)
-        delta = self.prior_precision
         d, k = self.theta.shape
+        inverse = 1.0 / self._precision_eigenvalues(self.prior_precision, self.sigma_noise)
         if self.structure == "kron":
-            (s_a, u_a), (s_g, u_g) = self._eig_a, self._eig_g
-            c = (phi @ u_a) ** 2  # [n, D+1]
-            inverse = 1.0 / (np.outer(np.maximum(s_a, 0), np.maximum(s_g, 0)) * scale + delta)
-            inner = c @ inverse  # [n, K] in G's eigenbasis
+            u_a, u_g = self._eig_a[1], self._eig_g[1]
+            # (phi~^T u_a)^2 weighted by 1 / eigenvalue, in G's eigenbasis.
+            inner = (phi @ u_a) ** 2 @ inverse.reshape(d, k)
             cov = np.einsum("kg,ng,lg->nkl", u_g, inner, u_g)
         elif self.structure == "full":
-            s, u = self._eig_h
-            posterior = (u / (np.maximum(s, 0) * scale + delta)) @ u.T
-            posterior = posterior.reshape(d, k, d, k)
+            u = self._eig_h[1]
+            posterior = ((u * inverse) @ u.T).reshape(d, k, d, k)
             cov = np.einsum("nd,dkel,ne->nkl", phi, posterior, phi)
         else:
-            variance = (1.0 / (self._diag_h * scale + delta)).reshape(d, k)
-            cov = np.einsum("nd,dk,kl->nkl", phi**2, variance, np.eye(k))
+            cov = np.einsum("nd,dk,kl->nkl", phi**2, inverse.reshape(d, k), np.eye(k))
         return f, cov
 
     def predict(self, x, link_approx="probit", num_samples=100, seed=0):
@@ -311,7 +314,11 @@ class Laplace:
         draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
         predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
         """
-        f, cov = self.functional_variance(x)
+        self._check_fitted()
+        return self._predictive(self._phi(x), link_approx, num_samples, seed)
+
+    def _predictive(self, phi, link_approx="probit", num_samples=100, seed=0):
+        f, cov = self._moments(phi)
         if self.likelihood == "regression":
             variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
             return f, np.sqrt(variance)
@@ -328,18 +335,15 @@ class Laplace:
 
     def nll(self, x, y):
         """Mean negative log predictive density of `(x, y)`."""
+        self._check_fitted()
+        return self._nll(self._phi(x), y)
+
+    def _nll(self, phi, y):
         y = np.asarray(y)
         if self.likelihood == "classification":
-            probs = self.predict(x)
-            return float(
-                -np.mean(np.log(probs[np.arange(len(y)), y.reshape(-1).astype(int)] + 1e-12))
-            )
-        mean, stddev = self.predict(x)
-        y = y.reshape(mean.shape)
-        log_density = (
-            -0.5 * ((y - mean) / stddev) ** 2 - np.log(stddev) - 0.5 * math.log(2 * math.pi)
-        )
-        return float(-np.mean(np.sum(log_density, -1)))
+            return metrics.nll(self._predictive(phi)[None], y.reshape(-1).astype(int))
+        mean, stddev = self._predictive(phi)
+        return metrics.nlpd(mean[None], stddev[None], y.reshape(mean.shape))
 
     def sample(self, num_samples, seed=0):
         """Draws of the last layer's `[D+1, K]` weights (`[W; b]`) from the posterior."""
