@@ -45,6 +45,13 @@ def _mean_probs(probs):
     return np.asarray(probs, np.float64).mean(axis=0)
 
 
+def _confidence_and_correct(probs, labels):
+    """Per prediction (tokens flattened): the predictive's top probability, and whether its
+    argmax is the label."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    return p.max(-1), p.argmax(-1) == np.asarray(labels).reshape(-1)
+
+
 def accuracy(probs, labels):
     """Accuracy of the Monte Carlo predictive (the mean of `probs [S, N, K]` over draws)."""
     return float(np.mean(_mean_probs(probs).argmax(-1) == labels))
@@ -80,25 +87,20 @@ def calibration_error(confidence, correctness, num_bins=15):
 
 def reliability_bins(probs, labels, num_bins=15):
     """Per equal-width confidence bin: (count, mean confidence, accuracy)."""
-    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
-    labels = np.asarray(labels).reshape(-1)
-    return confidence_bins(p.max(-1), p.argmax(-1) == labels, num_bins)
+    return confidence_bins(*_confidence_and_correct(probs, labels), num_bins)
 
 
 def ece(probs, labels, num_bins=15):
     """Expected calibration error: `sum_b (n_b / n) |acc_b - conf_b|`, equal-width bins."""
-    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
-    labels = np.asarray(labels).reshape(-1)
-    return calibration_error(p.max(-1), p.argmax(-1) == labels, num_bins)
+    return calibration_error(*_confidence_and_correct(probs, labels), num_bins)
 
 
 def adaptive_ece(probs, labels, num_bins=15):
     """Adaptive (equal-mass) calibration error: `sum_b (n_b / n) |acc_b - conf_b|` over
     `num_bins` bins holding equal numbers of examples sorted by confidence (Nixon et al., 2019),
     so sparse high-confidence regions do not hide in one wide bin."""
-    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
-    labels = np.asarray(labels).reshape(-1)
-    confidence, correct = p.max(-1), (p.argmax(-1) == labels).astype(np.float64)
+    confidence, correct = _confidence_and_correct(probs, labels)
+    correct = correct.astype(np.float64)
     order = np.argsort(confidence, kind="stable")
     error = 0.0
     for chunk in np.array_split(order, min(num_bins, len(order))):
@@ -120,9 +122,7 @@ def aurc(probs, labels):
     """Area under the risk-coverage curve of the predictive's confidence (Geifman & El-Yaniv,
     2017): the mean selective risk over coverages `k / n`; lower is better. A perfect ranking of
     errors last gives `r + (1 - r) log(1 - r)` at error rate `r`."""
-    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
-    labels = np.asarray(labels).reshape(-1)
-    _, risk = risk_coverage_curve(p.max(-1), p.argmax(-1) == labels)
+    _, risk = risk_coverage_curve(*_confidence_and_correct(probs, labels))
     return float(np.mean(risk))
 
 
