@@ -127,7 +127,7 @@ def test_commands_name_modules_and_configs_that_exist():
         if page in GENERATED:
             continue
         text = page.read_text()
-        for module in re.findall(r"python -m ([\w.]+)", text):
+        for module in re.findall(r"python -m ([\w.]*\w)", text):
             if module.split(".")[0] in ("blayers", "experiments", "launch"):
                 assert importlib.util.find_spec(module), f"{page.name}: python -m {module}"
                 checked += 1
