@@ -4,6 +4,8 @@
   the generalized Gauss-Newton curvature (full, Kronecker-factored or diagonal), the prior
   precision chosen by the evidence, and probit or Monte Carlo predictives (Daxberger et al.,
   2021).
+* `SWAG`: SWA and SWA-Gaussian moments of the weights visited by continued training, as a
+  callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
   the logits, fitted by NLL on held-out data (Guo et al., 2017).
 * `SplitConformalRegressor`, `SplitConformalClassifier`: prediction intervals and sets with
@@ -16,6 +18,13 @@ and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
 
 from blayers.posthoc.conformal import SplitConformalClassifier, SplitConformalRegressor
 from blayers.posthoc.laplace import Laplace
+from blayers.posthoc.swag import SWAG
 from blayers.posthoc.temperature import TemperatureScaling
 
-__all__ = ["Laplace", "SplitConformalClassifier", "SplitConformalRegressor", "TemperatureScaling"]
+__all__ = [
+    "SWAG",
+    "Laplace",
+    "SplitConformalClassifier",
+    "SplitConformalRegressor",
+    "TemperatureScaling",
+]
