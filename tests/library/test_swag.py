@@ -95,7 +95,7 @@ def test_wrapper_needs_a_compiled_model_and_rejects_rank_one():
     with pytest.raises(ValueError, match="max_rank=1"):
         SWAG(max_rank=1)
     with pytest.raises(ValueError, match="nothing collected"):
-        SWAG(_tiny()).mean
+        _ = SWAG(_tiny()).mean
 
 
 def test_swag_on_a_classifier_predicts_and_restores_weights(tmp_path):
