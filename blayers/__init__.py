@@ -41,6 +41,7 @@ _NAMES = {
     "Prediction": "blayers.predict",
     "set_seed": "blayers.seeds",
     "set_kl_scale": "blayers.objectives",
+    "bayesianize": "blayers.convert",
 }
 _SUBMODULES = {
     "constraints": "blayers.constraints",

@@ -21,7 +21,7 @@ Monte Carlo average over draws; batch-normalization statistics are recomputed fo
 import keras
 import numpy as np
 
-__all__ = ["SWAG"]
+__all__ = ["SWAG", "update_batch_norm"]
 
 
 class SWAG(keras.callbacks.Callback):
