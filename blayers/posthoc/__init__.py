@@ -3,7 +3,8 @@
 * `Laplace`: a Gaussian posterior over the last layer's weights around the trained ones, with
   the generalized Gauss-Newton curvature (full, Kronecker-factored or diagonal), the prior
   precision chosen by the evidence, and probit or Monte Carlo predictives (Daxberger et al.,
-  2021).
+  2021). `Laplace.to_model()` is a Keras model of the predictive, saved with its posterior as a
+  `.keras` file.
 * `SWAG`: SWA and SWA-Gaussian moments of the weights visited by continued training, as a
   callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
@@ -17,13 +18,14 @@ and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
 """
 
 from blayers.posthoc.conformal import SplitConformalClassifier, SplitConformalRegressor
-from blayers.posthoc.laplace import Laplace
+from blayers.posthoc.laplace import Laplace, LaplacePredictive
 from blayers.posthoc.swag import SWAG
 from blayers.posthoc.temperature import TemperatureScaling
 
 __all__ = [
     "SWAG",
     "Laplace",
+    "LaplacePredictive",
     "SplitConformalClassifier",
     "SplitConformalRegressor",
     "TemperatureScaling",

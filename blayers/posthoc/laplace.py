@@ -40,7 +40,7 @@ from scipy.special import log_softmax, softmax
 
 from blayers import metrics
 
-__all__ = ["Laplace"]
+__all__ = ["Laplace", "LaplacePredictive"]
 
 _LIKELIHOODS = ("classification", "regression")
 _STRUCTURES = ("full", "kron", "diag")
@@ -204,15 +204,36 @@ class Laplace:
         return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
 
     def _precision_eigenvalues(self, prior_precision, sigma_noise):
-        scale = self._curvature_scale(sigma_noise)
+        return precision_eigenvalues(
+            np, self.structure, self._state(), prior_precision, self._curvature_scale(sigma_noise)
+        )
+
+    def _state(self):
+        """The fitted posterior as named arrays (what `to_model` saves)."""
         if self.structure == "kron":
-            s_a, s_g = self._eig_a[0], self._eig_g[0]
-            return np.outer(np.maximum(s_a, 0), np.maximum(s_g, 0)).reshape(-1) * scale + (
-                prior_precision
-            )
+            (s_a, u_a), (s_g, u_g) = self._eig_a, self._eig_g
+            return {
+                "theta": self.theta,
+                "values_a": s_a,
+                "vectors_a": u_a,
+                "values_g": s_g,
+                "vectors_g": u_g,
+            }
         if self.structure == "full":
-            return np.maximum(self._eig_h[0], 0) * scale + prior_precision
-        return self._diag_h * scale + prior_precision
+            return {"theta": self.theta, "values_h": self._eig_h[0], "vectors_h": self._eig_h[1]}
+        return {"theta": self.theta, "diag_h": self._diag_h}
+
+    def _set_state(self, state):
+        self.theta = np.asarray(state["theta"], np.float64)
+        self.num_outputs = self.theta.shape[1]
+        if self.structure == "kron":
+            self._eig_a = (state["values_a"], state["vectors_a"])
+            self._eig_g = (state["values_g"], state["vectors_g"])
+        elif self.structure == "full":
+            self._eig_h = (state["values_h"], state["vectors_h"])
+        else:
+            self._diag_h = state["diag_h"]
+        self.fitted = True
 
     def log_likelihood(self, sigma_noise=None):
         """`log p(D | theta*)` over the fitted data."""
@@ -288,23 +309,15 @@ class Laplace:
         return self._moments(self._phi(x))
 
     def _moments(self, phi):
-        """`(f*, Sigma_f)` of features `phi~ [n, D+1]`: `Sigma_f = J P^-1 J^T` through the
-        precision's eigendecomposition."""
-        f = phi @ self.theta
-        d, k = self.theta.shape
-        inverse = 1.0 / self._precision_eigenvalues(self.prior_precision, self.sigma_noise)
-        if self.structure == "kron":
-            u_a, u_g = self._eig_a[1], self._eig_g[1]
-            # (phi~^T u_a)^2 weighted by 1 / eigenvalue, in G's eigenbasis.
-            inner = (phi @ u_a) ** 2 @ inverse.reshape(d, k)
-            cov = np.einsum("kg,ng,lg->nkl", u_g, inner, u_g)
-        elif self.structure == "full":
-            u = self._eig_h[1]
-            posterior = ((u * inverse) @ u.T).reshape(d, k, d, k)
-            cov = np.einsum("nd,dkel,ne->nkl", phi, posterior, phi)
-        else:
-            cov = np.einsum("nd,dk,kl->nkl", phi**2, inverse.reshape(d, k), np.eye(k))
-        return f, cov
+        """`(f*, Sigma_f)` of features `phi~ [n, D+1]`."""
+        return output_moments(
+            np,
+            self.structure,
+            self._state(),
+            phi,
+            self.prior_precision,
+            self._curvature_scale(self.sigma_noise),
+        )
 
     def predict(self, x, link_approx="probit", num_samples=100, seed=0):
         """The predictive of inputs `x`.
@@ -345,6 +358,62 @@ class Laplace:
         mean, stddev = self._predictive(phi)
         return metrics.nlpd(mean[None], stddev[None], y.reshape(mean.shape))
 
+    def to_model(self, link_approx="probit"):
+        """A `keras.Model` computing this posterior's predictive (the probit-approximated class
+        probabilities, or the regression's `(mean, stddev)`) from the original inputs, to save
+        as a `.keras` file. `keras.models.load_model` reads it back after
+        `import blayers.posthoc`, and `Laplace.from_model` turns it into a `Laplace` again."""
+        self._check_fitted()
+        if link_approx != "probit":
+            raise ValueError("Laplace.to_model: the saved predictive uses link_approx='probit'.")
+        try:
+            inputs, features = self.model.inputs, self.last.input
+        except (AttributeError, ValueError) as error:
+            raise ValueError(
+                f"Laplace.to_model: {self.model.name!r} has no functional graph to build the "
+                f"predictive from ({error}); save a functional or sequential model."
+            ) from None
+        head = LaplacePredictive(
+            likelihood=self.likelihood,
+            hessian_structure=self.structure,
+            num_outputs=self.num_outputs,
+            prior_precision=self.prior_precision,
+            sigma_noise=self.sigma_noise,
+            num_data=self.num_data,
+            log_likelihood_sum=self.log_likelihood_sum,
+            sse=self.sse,
+            name="laplace_predictive",
+        )
+        head.build(tuple(features.shape))
+        head.set_state(self._state())
+        inputs = inputs[0] if len(inputs) == 1 else inputs
+        return keras.Model(inputs, head(features), name=f"{self.model.name}_laplace")
+
+    @classmethod
+    def from_model(cls, predictive):
+        """The fitted `Laplace` held by a model from `to_model` (e.g. one just loaded)."""
+        head = predictive.layers[-1]
+        if not isinstance(head, LaplacePredictive):
+            raise TypeError(
+                f"Laplace.from_model: {predictive.name!r} does not end in a LaplacePredictive "
+                "layer (make it with Laplace.to_model)."
+            )
+        self = cls.__new__(cls)
+        self.model, self.last = predictive, head
+        self.likelihood, self.structure = head.likelihood, head.hessian_structure
+        self.prior_precision, self.sigma_noise = head.prior_precision, head.sigma_noise
+        self.dtype = np.dtype("float64")
+        self.num_data, self.log_likelihood_sum, self.sse = (
+            head.num_data,
+            head.log_likelihood_sum,
+            head.sse,
+        )
+        inputs = predictive.inputs[0] if len(predictive.inputs) == 1 else predictive.inputs
+        extractor = keras.Model(inputs, head.input)
+        self._features = lambda x: extractor(x, training=False)
+        self._set_state(head.state())
+        return self
+
     def sample(self, num_samples, seed=0):
         """Draws of the last layer's `[D+1, K]` weights (`[W; b]`) from the posterior."""
         self._check_fitted()
@@ -362,6 +431,158 @@ class Laplace:
             )
             draws = (eps / np.sqrt(eigenvalues)) @ basis.T
         return self.theta + draws.reshape(num_samples, d, k)
+
+
+_STATE_SHAPES = {
+    "kron": {"theta": "dk", "values_a": "d", "vectors_a": "dd", "values_g": "k", "vectors_g": "kk"},
+    "full": {"theta": "dk", "values_h": "p", "vectors_h": "pp"},
+    "diag": {"theta": "dk", "diag_h": "p"},
+}
+
+
+@keras.saving.register_keras_serializable("blayers")
+class LaplacePredictive(keras.layers.Layer):
+    """The predictive of a fitted last-layer `Laplace`, as a Keras layer on the last layer's
+    inputs (made by `Laplace.to_model`; its posterior is saved with the model).
+
+    Classification: probit-approximated class probabilities
+    `softmax(f* / sqrt(1 + pi/8 diag(Sigma_f)))`. Regression: `(mean, stddev)` with
+    `stddev^2 = diag(Sigma_f) + sigma_noise^2`. Computed in float64.
+
+    Args:
+      likelihood: `'classification'` or `'regression'`.
+      hessian_structure: `'full'`, `'kron'` or `'diag'`.
+      num_outputs: `K`, the last layer's units (read from the state when set by `Laplace`).
+      prior_precision, sigma_noise: as in `Laplace`.
+      num_data, log_likelihood_sum, sse: the fit's statistics (for the evidence after loading).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        likelihood="classification",
+        hessian_structure="kron",
+        num_outputs=None,
+        prior_precision=1.0,
+        sigma_noise=1.0,
+        num_data=0,
+        log_likelihood_sum=0.0,
+        sse=0.0,
+        **kwargs,
+    ):
+        kwargs["dtype"] = "float64"
+        super().__init__(**kwargs)
+        self.likelihood, self.hessian_structure = likelihood, hessian_structure
+        self.num_outputs = num_outputs
+        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.num_data, self.log_likelihood_sum, self.sse = (
+            int(num_data),
+            float(log_likelihood_sum),
+            float(sse),
+        )
+        self._pending = None
+
+    def build(self, input_shape):
+        d = int(np.prod(input_shape[1:])) + 1
+        k = self.num_outputs
+        if k is None:
+            raise ValueError("LaplacePredictive: num_outputs is unknown before set_state.")
+        sizes = {"d": d, "k": k, "p": d * k}
+        self._names = list(_STATE_SHAPES[self.hessian_structure])
+        for name, dims in _STATE_SHAPES[self.hessian_structure].items():
+            shape = tuple(sizes[c] for c in dims)
+            setattr(
+                self,
+                name,
+                self.add_weight(
+                    name=name, shape=shape, initializer="zeros", trainable=False, dtype="float64"
+                ),
+            )
+        self.built = True
+        if self._pending is not None:
+            self.set_state(self._pending)
+
+    def set_state(self, state):
+        """Writes a `Laplace`'s fitted arrays into the layer's weights."""
+        if self.num_outputs is None:
+            self.num_outputs = int(np.shape(state["theta"])[1])
+        if not self.built:
+            self._pending = state
+            return
+        for name in self._names:
+            getattr(self, name).assign(np.asarray(state[name], np.float64))
+
+    def state(self):
+        """The fitted arrays, as NumPy."""
+        return {
+            name: np.asarray(keras.ops.convert_to_numpy(getattr(self, name)))
+            for name in self._names
+        }
+
+    def call(self, features):
+        phi = keras.ops.reshape(
+            keras.ops.cast(features, "float64"), [keras.ops.shape(features)[0], -1]
+        )
+        phi = keras.ops.concatenate([phi, keras.ops.ones_like(phi[:, :1])], axis=1)
+        state = {name: keras.ops.convert_to_tensor(getattr(self, name)) for name in self._names}
+        scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
+        f, cov = output_moments(
+            keras.ops, self.hessian_structure, state, phi, self.prior_precision, scale
+        )
+        variance = keras.ops.diagonal(cov, axis1=1, axis2=2)
+        if self.likelihood == "regression":
+            return f, keras.ops.sqrt(variance + self.sigma_noise**2)
+        return keras.ops.softmax(f / keras.ops.sqrt(1.0 + math.pi / 8.0 * variance), axis=-1)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("dtype", None)
+        return {
+            **config,
+            "likelihood": self.likelihood,
+            "hessian_structure": self.hessian_structure,
+            "num_outputs": self.num_outputs,
+            "prior_precision": self.prior_precision,
+            "sigma_noise": self.sigma_noise,
+            "num_data": self.num_data,
+            "log_likelihood_sum": self.log_likelihood_sum,
+            "sse": self.sse,
+        }
+
+
+def precision_eigenvalues(ops, structure, state, prior_precision, scale):
+    """The eigenvalues of `P = scale H + delta I` (flat, in the order of `theta`'s `[D+1, K]`
+    for `'kron'` and `'diag'`), with `ops` NumPy or `keras.ops`."""
+    if structure == "kron":
+        outer = ops.outer(ops.maximum(state["values_a"], 0), ops.maximum(state["values_g"], 0))
+        return ops.reshape(outer, [-1]) * scale + prior_precision
+    if structure == "full":
+        return ops.maximum(state["values_h"], 0) * scale + prior_precision
+    return state["diag_h"] * scale + prior_precision
+
+
+def output_moments(ops, structure, state, phi, prior_precision, scale):
+    """`(f*, Sigma_f)` of features `phi~ [n, D+1]`: `Sigma_f = J P^-1 J^T` through the
+    precision's eigendecomposition, with `ops` NumPy or `keras.ops`."""
+    theta = state["theta"]
+    d, k = theta.shape
+    f = ops.matmul(phi, theta)
+    inverse = 1.0 / precision_eigenvalues(ops, structure, state, prior_precision, scale)
+    if structure == "kron":
+        u_g = state["vectors_g"]
+        # (phi~^T u_a)^2 weighted by 1 / eigenvalue, in G's eigenbasis.
+        inner = ops.matmul(
+            ops.square(ops.matmul(phi, state["vectors_a"])), ops.reshape(inverse, [d, k])
+        )
+        cov = ops.einsum("kg,ng,lg->nkl", u_g, inner, u_g)
+    elif structure == "full":
+        u = state["vectors_h"]
+        posterior = ops.reshape(ops.matmul(u * inverse, ops.transpose(u)), [d, k, d, k])
+        cov = ops.einsum("nd,dkel,ne->nkl", phi, posterior, phi)
+    else:
+        inner = ops.matmul(ops.square(phi), ops.reshape(inverse, [d, k]))
+        cov = ops.einsum("nk,kl->nkl", inner, ops.eye(k, dtype=inner.dtype))
+    return f, cov
 
 
 def _arrays(data):

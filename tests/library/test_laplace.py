@@ -161,3 +161,53 @@ def test_validation_nll_choice_and_errors():
         laplace.optimize_prior_precision("val_nll", val_data=(x[200:], labels[200:]), grid=grid)
         in grid
     )
+
+
+@pytest.mark.parametrize(
+    "likelihood,structure",
+    [
+        ("classification", "kron"),
+        ("classification", "full"),
+        ("classification", "diag"),
+        ("regression", "kron"),
+    ],
+)
+def test_fitted_posterior_round_trips_through_a_keras_file(tmp_path, likelihood, structure):
+    keras.utils.set_random_seed(0)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype("float32")
+    k = 3 if likelihood == "classification" else 2
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(5, activation="tanh"), keras.layers.Dense(k)]
+    )
+    y = (
+        rng.integers(0, k, size=200)
+        if likelihood == "classification"
+        else rng.normal(size=(200, k)).astype("float32")
+    )
+    laplace = Laplace(model, likelihood, structure, prior_precision=0.7, sigma_noise=0.4)
+    laplace.fit((x, y), batch_size=64)
+    predictive = laplace.to_model()
+    path = tmp_path / "laplace.keras"
+    predictive.save(path)
+    loaded = keras.models.load_model(path)
+    expected = laplace.predict(x[:20])
+    got = loaded(x[:20])
+    if likelihood == "regression":
+        for e, g in zip(expected, got):
+            np.testing.assert_allclose(np.asarray(g), e, rtol=1e-5)
+    else:
+        np.testing.assert_allclose(np.asarray(got), expected, rtol=1e-5)
+    restored = Laplace.from_model(loaded)
+    assert restored.log_marginal_likelihood() == pytest.approx(
+        laplace.log_marginal_likelihood(), rel=1e-10
+    )
+    # The restored posterior can still move its prior precision.
+    np.testing.assert_allclose(
+        restored.log_marginal_likelihood(3.0), laplace.log_marginal_likelihood(3.0), rtol=1e-10
+    )
+    f, cov = restored.functional_variance(x[:5])
+    f0, cov0 = laplace.functional_variance(x[:5])
+    np.testing.assert_allclose(cov, cov0, rtol=1e-8)
+    with pytest.raises(TypeError, match="LaplacePredictive"):
+        Laplace.from_model(model)
