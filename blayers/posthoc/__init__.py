@@ -17,16 +17,28 @@ They work on NumPy arrays of a model's outputs (logits, class probabilities, pre
 and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
 """
 
-from blayers.posthoc.conformal import SplitConformalClassifier, SplitConformalRegressor
-from blayers.posthoc.laplace import Laplace, LaplacePredictive
-from blayers.posthoc.swag import SWAG
-from blayers.posthoc.temperature import TemperatureScaling
+import importlib
 
-__all__ = [
-    "SWAG",
-    "Laplace",
-    "LaplacePredictive",
-    "SplitConformalClassifier",
-    "SplitConformalRegressor",
-    "TemperatureScaling",
-]
+# Each name loads its module on first use: `python -m blayers.posthoc` starts quietly (TensorFlow
+# loads after the command line has set its logging up).
+_MODULES = {
+    "Laplace": "blayers.posthoc.laplace",
+    "LaplacePredictive": "blayers.posthoc.laplace",
+    "SWAG": "blayers.posthoc.swag",
+    "SplitConformalClassifier": "blayers.posthoc.conformal",
+    "SplitConformalRegressor": "blayers.posthoc.conformal",
+    "TemperatureScaling": "blayers.posthoc.temperature",
+}
+__all__ = sorted(_MODULES)
+
+
+def __getattr__(name):
+    if name not in _MODULES:
+        raise AttributeError(f"module 'blayers.posthoc' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_MODULES[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted([*globals(), *_MODULES])

@@ -1,0 +1,278 @@
+"""Post-hoc uncertainty for a finished run: `python -m blayers.posthoc --model_dir=RUN
+--method=temperature|conformal|laplace|swag`.
+
+The run's model is rebuilt from its `operative_config.gin` and restored from its newest
+checkpoint; the run folder is read, never changed, except for `posthoc/<method>/`, which gets a
+`metrics.json` shaped like the run's own (the same metric names under `final`, the run's model
+on the same examples under `base`) and the task's plots.
+
+The test set is split once (`split_seed`): `calibration_fraction` of it fits what needs held-out
+data (the temperature, the conformal quantile); both the run's model and the post-hoc method
+are scored on the rest. The Laplace curvature and SWAG's continued training use the training
+set. Every argument of `posthoc` is a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
+`--gin_param="Laplace.hessian_structure = 'full'"`).
+"""
+
+import time
+
+import gin
+import numpy as np
+import tensorflow as tf
+from scipy.special import logsumexp
+
+from blayers import metrics as metrics_lib
+from blayers import posthoc as posthoc_lib
+from blayers.lab import runs
+
+__all__ = ["METHODS", "posthoc"]
+
+METHODS = ("temperature", "conformal", "laplace", "swag")
+
+# The configurable versions (`Laplace.hessian_structure = 'full'` binds these, not the library's
+# own classes, which know nothing of gin).
+_Laplace = gin.external_configurable(posthoc_lib.Laplace, module="blayers.posthoc")
+_SWAG = gin.external_configurable(posthoc_lib.SWAG, module="blayers.posthoc")
+
+
+def _split(dataset, n, fraction, seed):
+    """Indices of the calibration and evaluation parts, and the examples as arrays."""
+    x, y = next(iter(dataset.batch(max(n, 1))))
+    order = np.random.default_rng(seed).permutation(n)
+    cut = round(fraction * n)
+    if not 0 < cut < n:
+        raise ValueError(
+            f"posthoc: calibration_fraction={fraction} leaves no calibration or no evaluation "
+            f"examples of the {n} test examples."
+        )
+    return order[:cut], order[cut:], x.numpy(), y.numpy()
+
+
+def _dataset(x, y=None):
+    return tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
+
+
+def _log_mean_probs(probs):
+    """`log mean_s p_s`, the Monte Carlo predictive's log-probabilities `[n, K]`."""
+    return logsumexp(np.log(np.maximum(probs, 1e-300)), axis=0) - np.log(len(probs))
+
+
+@gin.configurable(module="blayers.lab.posthoc", denylist=["learner", "run"])
+def posthoc(
+    learner,
+    run,
+    method,
+    calibration_fraction=0.5,
+    split_seed=0,
+    num_samples=None,
+    alpha=0.1,
+    conformal_method="aps",
+    vector_scaling=False,
+    laplace_prior="marglik",
+    swag_epochs=10,
+    swag_learning_rate=0.01,
+    swag_max_rank=20,
+):
+    """Fits `method` on the restored run and returns `(summary, arrays)`.
+
+    Args:
+      learner: the run's built and restored `SupervisedLearner`.
+      run: its `RunDir`.
+      method: one of `METHODS`.
+      calibration_fraction: the share of the test set used to fit (the rest scores).
+      split_seed: seeds the test set's split.
+      num_samples: posterior draws for a Bayesian model's predictive and for SWAG (default the
+        run's `num_eval_samples`).
+      alpha: conformal miscoverage (sets and intervals cover `1 - alpha`).
+      conformal_method: `'lac'`, `'aps'` or `'raps'` for classification sets.
+      vector_scaling: per-class scale and bias instead of one temperature.
+      laplace_prior: how the prior precision is chosen: `'marglik'` or `'val_nll'` (on the
+        calibration part).
+      swag_epochs, swag_learning_rate, swag_max_rank: SWAG's continued training (SGD at a
+        constant rate, one collection per epoch) and its rank.
+    """
+    if method not in METHODS:
+        raise ValueError(f"posthoc: method {method!r} is not one of {METHODS}.")
+    data, model, task = learner.data, learner.model, learner.data.task
+    if task.name not in ("classification", "regression"):
+        raise ValueError(f"posthoc: the {task.name} task has no post-hoc methods here.")
+    num_samples = num_samples or learner.num_eval_samples
+    calibration, evaluation, x, y = _split(
+        data.test, data.num_test, calibration_fraction, split_seed
+    )
+    classification = task.name == "classification"
+    if method in ("temperature", "laplace") and not classification:
+        raise ValueError(f"posthoc: method {method!r} is for classification runs.")
+
+    def predictive(model_, x_):
+        return task.predictive_samples(model_, _dataset(x_), num_samples, learner.eval_batch_size)
+
+    def score(params, labels):
+        if classification:
+            return metrics_lib.classification_metrics(params[0], labels)
+        return metrics_lib.regression_metrics(params[0], params[1], labels, data.target_scale)
+
+    base_params = predictive(model, x)
+    base = score([p[:, evaluation] for p in base_params], y[evaluation])
+    start = time.perf_counter()
+    extra = {}
+    if method == "temperature":
+        logits = _log_mean_probs(base_params[0])
+        scaler = posthoc_lib.TemperatureScaling(vector=vector_scaling)
+        scaler.fit(logits[calibration], y[calibration])
+        params = [scaler.predict_proba(logits[evaluation])[None]]
+        extra = {"temperature": scaler.temperature} if not vector_scaling else {}
+    elif method == "laplace":
+        laplace = _Laplace(model, "classification")
+        laplace.fit(data.train.batch(learner.eval_batch_size))
+        if laplace_prior == "val_nll":
+            laplace.optimize_prior_precision("val_nll", val_data=(x[calibration], y[calibration]))
+        else:
+            laplace.optimize_prior_precision(laplace_prior)
+        params = [laplace.predict(x[evaluation])[None]]
+        extra = {"prior_precision": laplace.prior_precision}
+    elif method == "swag":
+        params = _swag(
+            learner, x, evaluation, num_samples, swag_epochs, swag_learning_rate, swag_max_rank
+        )
+    else:
+        params = [p[:, evaluation] for p in base_params]
+    fit_seconds = time.perf_counter() - start
+    final = score(params, y[evaluation]) if method != "conformal" else dict(base)
+    if method == "conformal":
+        final.update(
+            _conformal(
+                classification,
+                base_params,
+                calibration,
+                evaluation,
+                y,
+                alpha,
+                conformal_method,
+                data.target_scale,
+            )
+        )
+    final.update(extra)
+    summary = {
+        "status": "finished",
+        "method": method,
+        "run": run.path,
+        "num_calibration": len(calibration),
+        "num_evaluation": len(evaluation),
+        "fit_seconds": fit_seconds,
+        "base": base,
+        "final": final,
+    }
+    if classification:
+        arrays = {"probs": params[0], "labels": y[evaluation]}
+    else:
+        arrays = {
+            "means": params[0],
+            "stddevs": params[1],
+            "targets": y[evaluation],
+            "inputs": x[evaluation],
+            "scale": data.target_scale,
+            "shift": data.target_mean,
+        }
+    return summary, arrays
+
+
+def _conformal(classification, params, calibration, evaluation, y, alpha, method, scale):
+    if classification:
+        probs = np.mean(params[0], 0)
+        conformal = posthoc_lib.SplitConformalClassifier(alpha=alpha, method=method)
+        conformal.fit(probs[calibration], y[calibration])
+        sets = conformal.predict_set(probs[evaluation])
+        covered = sets[np.arange(len(evaluation)), y[evaluation].astype(int)]
+        return {
+            "conformal_coverage": float(np.mean(covered)),
+            "conformal_set_size": float(np.mean(np.sum(sets, -1))),
+            "conformal_target_coverage": 1.0 - alpha,
+        }
+    means, stddevs = metrics_lib._mixture_moments(params[0], params[1])
+    conformal = posthoc_lib.SplitConformalRegressor(alpha=alpha)
+    conformal.fit(means[calibration], y[calibration], stddevs[calibration])
+    lower, upper = conformal.predict_interval(means[evaluation], stddevs[evaluation])
+    inside = (y[evaluation] >= lower) & (y[evaluation] <= upper)
+    return {
+        "conformal_coverage": float(np.mean(inside)),
+        "conformal_width": float(np.mean(upper - lower) * scale),
+        "conformal_target_coverage": 1.0 - alpha,
+    }
+
+
+def _swag(learner, x, evaluation, num_samples, epochs, learning_rate, max_rank):
+    import keras
+
+    from blayers.layers.base import BayesianLayer
+
+    model, task, data = learner.model, learner.data.task, learner.data
+    bayesian = [
+        layer.name
+        for layer in model._flatten_layers()
+        if isinstance(layer, BayesianLayer) and layer.random_weight_names()
+    ]
+    if bayesian:
+        raise ValueError(
+            "posthoc: SWAG continues training a deterministic network; this run's model has "
+            f"random weights in {bayesian[:3]} (train with deterministic layers, e.g. "
+            "mlp.dense_layer = 'Dense')."
+        )
+    model.compile(
+        optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
+        loss=lambda y_true, outputs: task.negative_log_likelihood(outputs, y_true),
+    )
+    swag = _SWAG(model, max_rank=max_rank)
+    train = data.train.shuffle(data.num_train, seed=0).batch(learner.batch_size)
+    swag.fit(train, epochs=epochs, verbose=0, shuffle=False)  # the dataset shuffles
+    draws = []
+    rng = np.random.default_rng(0)
+    for _ in range(num_samples):
+        swag._assign(swag.sample_flat(rng))
+        draws.append(
+            task.predictive_samples(model, _dataset(x[evaluation]), 1, learner.eval_batch_size)
+        )
+    swag.assign_swa()
+    return [np.concatenate([d[i] for d in draws]) for i in range(len(draws[0]))]
+
+
+def restore(model_dir):
+    """The run's learner, built from the parsed operative config and restored from its newest
+    checkpoint, and its `RunDir`."""
+    from blayers.lab import loop
+    from blayers.lab.learners.supervised import SupervisedLearner
+
+    run = runs.RunDir(model_dir)
+    if not run.final():
+        raise ValueError(f"posthoc: {model_dir} holds no finished run (no metrics.json).")
+    reference = gin.query_parameter("train.learner") if _bound("train.learner") else None
+    name = getattr(getattr(reference, "configurable", None), "name", "SupervisedLearner")
+    if reference is not None and name != "SupervisedLearner":
+        raise ValueError(
+            f"posthoc: {model_dir} was trained by {name}; post-hoc methods need a "
+            "SupervisedLearner run."
+        )
+    learner = SupervisedLearner()
+    seed, steps = _query("train.seed", 0), _query("train.train_steps", 1)
+    learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))
+    restored = run.checkpointer(learner.state()).restore()
+    if restored is None:
+        raise ValueError(f"posthoc: {model_dir} has no checkpoint to restore.")
+    return learner, run
+
+
+def _query(name, default):
+    """A gin parameter's value, with a macro (`%seed`) evaluated."""
+    if not _bound(name):
+        return default
+    value = gin.query_parameter(name)
+    if isinstance(value, gin.config.ConfigurableReference):
+        value = value.scoped_configurable_fn()
+    return value
+
+
+def _bound(name):
+    try:
+        gin.query_parameter(name)
+    except ValueError:
+        return False
+    return True

@@ -1,0 +1,55 @@
+"""The command line of `blayers.lab.posthoc`: `python -m blayers.posthoc --model_dir=RUN
+--method=laplace` (see that module). Writes `RUN/posthoc/<method>/metrics.json` and the task's
+plots, and prints the run's metrics beside the post-hoc ones."""
+
+import json
+import os
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("model_dir", None, "A finished run's folder.")
+flags.DEFINE_enum(
+    "method", None, ["temperature", "conformal", "laplace", "swag"], "The post-hoc method."
+)
+flags.DEFINE_multi_string("gin_file", [], "Extra gin files (after the run's operative config).")
+flags.DEFINE_multi_string("gin_param", [], "Extra gin bindings, e.g. 'posthoc.alpha = 0.05'.")
+
+
+def main(argv):
+    del argv
+    from blayers.lab import config, runs
+    from blayers.lab import posthoc as posthoc_lib
+
+    if not FLAGS["verbosity"].present:
+        logging.set_verbosity(logging.WARNING)
+    if not FLAGS.model_dir or not FLAGS.method:
+        raise app.UsageError("--model_dir and --method are required.")
+    run = runs.RunDir(FLAGS.model_dir)
+    operative = run.file(run.OPERATIVE_CONFIG)
+    if not os.path.exists(operative):
+        raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
+    try:
+        config.parse([operative, *FLAGS.gin_file], FLAGS.gin_param)
+        learner, run = posthoc_lib.restore(FLAGS.model_dir)
+        summary, arrays = posthoc_lib.posthoc(learner, run, FLAGS.method)
+    except ValueError as error:
+        logging.error("%s", error)
+        sys.exit(2)
+    out = runs.RunDir(os.path.join(FLAGS.model_dir, "posthoc", FLAGS.method))
+    os.makedirs(out.path, exist_ok=True)
+    out.write_metrics(summary)
+    learner.data.task.plot(learner.model, learner.data, arrays, out.path)
+    width = max(len(k) for k in summary["final"])
+    print(f"{'metric':{width}s}  {'run':>10s}  {FLAGS.method:>12s}")
+    for key, value in sorted(summary["final"].items()):
+        base = summary["base"].get(key)
+        base = f"{base:10.4f}" if isinstance(base, float) else f"{'':10s}"
+        print(f"{key:{width}s}  {base}  {value:12.4f}")
+    print(json.dumps({"model_dir": out.path, "final": summary["final"]}))
+
+
+def run():
+    """Entry point of `python -m blayers.posthoc`."""
+    app.run(main)

@@ -1,0 +1,98 @@
+"""`python -m blayers.posthoc` on a finished run: each method restores the run's model, writes
+its metrics beside the run's own, and does what it promises (the temperature leaves accuracy
+alone, conformal sets cover, Laplace and SWAG add uncertainty)."""
+
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _run(args, timeout=300):
+    return subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    model_dir = tmp_path_factory.mktemp("posthoc") / "run"
+    result = _run(
+        [
+            "blayers.train",
+            "--gin_file=digits_mlp_smoke",
+            "--gin_param=mlp.dense_layer = 'Dense'",
+            "--gin_param=train.train_steps = 150",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    return model_dir
+
+
+def _in_process(model_dir, method, params=()):
+    import gin
+
+    from blayers.lab import config
+    from blayers.lab import posthoc as posthoc_lib
+
+    gin.clear_config()  # a parse locks the config; each method starts from the run's own
+    config.parse([str(model_dir / "operative_config.gin")], list(params))
+    learner, run = posthoc_lib.restore(str(model_dir))
+    return posthoc_lib.posthoc(learner, run, method)
+
+
+def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
+    run_metrics = json.loads((finished_run / "metrics.json").read_text())
+    result = _run(["blayers.posthoc", f"--model_dir={finished_run}", "--method=temperature"])
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = finished_run / "posthoc" / "temperature"
+    summary = json.loads((out / "metrics.json").read_text())
+    assert (out / "reliability.png").exists()
+    assert summary["status"] == "finished" and summary["method"] == "temperature"
+    assert summary["num_calibration"] + summary["num_evaluation"] == 360
+    final, base = summary["final"], summary["base"]
+    assert set(base) <= set(final)  # the run's metric names, and the method's own
+    assert final["accuracy"] == base["accuracy"]  # one temperature keeps every argmax
+    assert final["temperature"] > 0
+    assert "temperature" in result.stdout and "nll" in result.stdout
+    # The run itself is unchanged.
+    assert json.loads((finished_run / "metrics.json").read_text()) == run_metrics
+    bad = _run(
+        ["blayers.posthoc", f"--model_dir={finished_run.parent / 'none'}", "--method=laplace"]
+    )
+    assert bad.returncode != 0 and "not a run folder" in bad.stderr
+
+
+def test_conformal_sets_cover_at_the_promised_rate(finished_run):
+    summary, _ = _in_process(finished_run, "conformal", ["posthoc.alpha = 0.1"])
+    n = summary["num_evaluation"]
+    coverage = summary["final"]["conformal_coverage"]
+    # Marginal coverage >= 0.9 (and <= 0.9 + 1/(n_cal + 1)), to 3 standard errors of n examples.
+    assert abs(coverage - 0.9) < 3 * np.sqrt(0.09 / n) + 1 / (summary["num_calibration"] + 1)
+    assert 1.0 <= summary["final"]["conformal_set_size"] < 3.0
+
+
+def test_laplace_and_swag_add_uncertainty_without_losing_accuracy(finished_run):
+    laplace, arrays = _in_process(finished_run, "laplace", ["Laplace.hessian_structure = 'full'"])
+    assert laplace["final"]["prior_precision"] > 0
+    assert laplace["final"]["entropy"] > laplace["base"]["entropy"]
+    assert abs(laplace["final"]["accuracy"] - laplace["base"]["accuracy"]) <= 0.02
+    assert arrays["probs"].shape == (1, laplace["num_evaluation"], 10)
+    swag, arrays = _in_process(
+        finished_run, "swag", ["posthoc.swag_epochs = 4", "posthoc.num_samples = 4"]
+    )
+    assert arrays["probs"].shape[0] == 4
+    assert swag["final"]["mutual_information"] > 1e-6  # the draws disagree (MAP: 0)
+    assert swag["final"]["accuracy"] > swag["base"]["accuracy"] - 0.05
+
+
+def test_methods_refuse_what_they_cannot_do(finished_run):
+    with pytest.raises(ValueError, match="method 'bayes' is not one of"):
+        _in_process(finished_run, "bayes")
