@@ -29,7 +29,14 @@ _MODULES = {
     "SplitConformalRegressor": "blayers.posthoc.conformal",
     "TemperatureScaling": "blayers.posthoc.temperature",
 }
-__all__ = sorted(_MODULES)
+__all__ = [
+    "SWAG",
+    "Laplace",
+    "LaplacePredictive",
+    "SplitConformalClassifier",
+    "SplitConformalRegressor",
+    "TemperatureScaling",
+]
 
 
 def __getattr__(name):
