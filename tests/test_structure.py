@@ -119,8 +119,9 @@ def _is_lab(name):
 
 def test_the_library_does_not_import_the_lab():
     """The library (`blayers`, less `blayers.lab`) imports nothing of the lab, the launchers
-    or the experiments; the only exception is the command line's entry, `blayers.train`, which
-    starts the lab's CLI. The bottom imports nothing of blayers."""
+    or the experiments; the only exceptions are the command lines' entries, `blayers.train` and
+    `python -m blayers.posthoc`, which start the lab's CLIs. The bottom imports nothing of
+    blayers."""
     graph = _import_graph()
     crossing = {
         name: sorted(t for t in targets if _is_lab(t))
@@ -128,13 +129,19 @@ def test_the_library_does_not_import_the_lab():
         if not _is_lab(name)
     }
     assert {n: t for n, t in crossing.items() if t} == {
-        "blayers.train": ["blayers.lab.cli_env", "blayers.lab.train"]
+        "blayers.train": ["blayers.lab.cli_env", "blayers.lab.train"],
+        "blayers.posthoc.__main__": ["blayers.lab.cli_env", "blayers.lab.posthoc_cli"],
     }
     assert graph["blayers.registry"] == set()
-    # Parsing gin is the command line's; the Loop is what it runs.
-    assert sorted(n for n, t in graph.items() if "blayers.lab.config" in t) == ["blayers.lab.train"]
+    # Parsing gin is the command lines'; the Loop is what training runs (post-hoc methods
+    # rebuild a run's learner in the Loop's `Context`).
+    assert sorted(n for n, t in graph.items() if "blayers.lab.config" in t) == [
+        "blayers.lab.posthoc_cli",
+        "blayers.lab.train",
+    ]
     assert sorted(n for n, t in graph.items() if "blayers.lab.loop" in t) == [
         "blayers.lab.config",
+        "blayers.lab.posthoc",
         "blayers.lab.train",
     ]
 
