@@ -24,7 +24,7 @@ from blayers import metrics as metrics_lib
 from blayers import posthoc as posthoc_lib
 from blayers.lab import runs
 
-__all__ = ["METHODS", "posthoc"]
+__all__ = ["METHODS", "posthoc", "restore"]
 
 METHODS = ("temperature", "conformal", "laplace", "swag")
 
