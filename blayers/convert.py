@@ -18,6 +18,7 @@ import numpy as np
 from blayers import constraints as constraints_lib
 from blayers import initializers as initializers_lib
 from blayers.layers import attention, convolutional, dense, embeddings, recurrent
+from blayers.layers.attention import fresh_identifier as _fresh
 
 __all__ = ["bayesianize", "convertible_layer_types"]
 
@@ -38,9 +39,10 @@ def _twin_class(prefix, estimator, keras_name):
     available = [
         suffix for suffix in _SUFFIX.values() if any(hasattr(m, prefix + suffix) for m in _MODULES)
     ]
-    raise ValueError(
-        f"bayesianize: {keras_name} has no {estimator!r} twin in blayers; its twins use "
-        f"{', '.join(available)}. Pass another estimator or exclude the layer."
+    raise _refuse(
+        keras_name,
+        f"has no {estimator!r} twin in blayers; its twins use {', '.join(available)}",
+        "Pass another estimator or exclude the layer",
     )
 
 
@@ -64,7 +66,7 @@ def _is_convertible(layer):
     return type(layer) in convertible_layer_types()
 
 
-def _weight_args(config, posterior, prior, kernel_names=("kernel",)):
+def _weight_args(posterior, prior, kernel_names=("kernel",)):
     out = {}
     for name in kernel_names:
         out[f"{name}_initializer"] = _fresh(posterior)
@@ -72,11 +74,8 @@ def _weight_args(config, posterior, prior, kernel_names=("kernel",)):
     return out
 
 
-def _fresh(identifier):
-    # A distribution initializer holds one weight's variables: a copy for every weight.
-    if identifier is None or isinstance(identifier, (str, dict)):
-        return identifier
-    return keras.saving.serialize_keras_object(identifier)
+def _refuse(keras_name, why, remedy="Exclude the layer"):
+    return ValueError(f"bayesianize: {keras_name} {why}. {remedy}.")
 
 
 def _common(config):
@@ -93,26 +92,21 @@ def _twin(layer, estimator, posterior, prior, seed):
             units=config["units"],
             activation=config["activation"],
             use_bias=config["use_bias"],
-            **_weight_args(config, posterior, prior),
+            **_weight_args(posterior, prior),
             **base,
         )
     if isinstance(layer, (keras.layers.Conv1D, keras.layers.Conv2D, keras.layers.Conv3D)):
         if config.get("groups", 1) != 1:
-            raise ValueError(
-                f"bayesianize: {keras_name} has groups={config['groups']}; blayers "
-                "convolutions have one group. Exclude the layer."
+            raise _refuse(
+                keras_name, f"has groups={config['groups']}; blayers convolutions have one"
             )
         if config.get("data_format", "channels_last") != "channels_last":
-            raise ValueError(
-                f"bayesianize: {keras_name} is channels_first; blayers convolutions "
-                "are channels_last. Exclude the layer."
-            )
+            raise _refuse(keras_name, "is channels_first; blayers convolutions are channels_last")
         transpose = isinstance(layer, keras.layers.Conv2DTranspose)
         prefix = "Conv2DTranspose" if transpose else f"Conv{len(config['kernel_size'])}D"
         if transpose and config.get("output_padding") is not None:
-            raise ValueError(
-                f"bayesianize: {keras_name} sets output_padding, which blayers' "
-                "Conv2DTranspose twins do not take. Exclude the layer."
+            raise _refuse(
+                keras_name, "sets output_padding, which blayers' transposed twins do not take"
             )
         return _twin_class(prefix, estimator, keras_name)(
             filters=config["filters"],
@@ -122,20 +116,20 @@ def _twin(layer, estimator, posterior, prior, seed):
             dilation_rate=config["dilation_rate"],
             activation=config["activation"],
             use_bias=config["use_bias"],
-            **_weight_args(config, posterior, prior),
+            **_weight_args(posterior, prior),
             **base,
         )
     if isinstance(layer, (keras.layers.LSTM, keras.layers.GRU)):
         is_lstm = isinstance(layer, keras.layers.LSTM)
         if not is_lstm and not config.get("reset_after", True):
-            raise ValueError(
-                f"bayesianize: {keras_name} has reset_after=False; blayers' GRU "
-                "cells use reset_after=True. Exclude the layer."
+            raise _refuse(
+                keras_name, "has reset_after=False; blayers' GRU cells use reset_after=True"
             )
         if config.get("dropout") or config.get("recurrent_dropout"):
-            raise ValueError(
-                f"bayesianize: {keras_name} uses dropout, which blayers' cells do "
-                "not take. Exclude the layer or set the rates to 0."
+            raise _refuse(
+                keras_name,
+                "uses dropout, which blayers' cells do not take",
+                "Exclude the layer or set the rates to 0",
             )
         cell_kwargs = {"unit_forget_bias": config["unit_forget_bias"]} if is_lstm else {}
         cell = _twin_class("LSTMCell" if is_lstm else "GRUCell", estimator, keras_name)(
@@ -143,7 +137,7 @@ def _twin(layer, estimator, posterior, prior, seed):
             activation=config["activation"],
             recurrent_activation=config["recurrent_activation"],
             use_bias=config["use_bias"],
-            **_weight_args(config, posterior, prior, ("kernel", "recurrent")),
+            **_weight_args(posterior, prior, ("kernel", "recurrent")),
             seed=seed,
             dtype=config.get("dtype"),
             **cell_kwargs,
@@ -173,7 +167,7 @@ def _twin(layer, estimator, posterior, prior, seed):
         if axes is not None and tuple(np.atleast_1d(axes)) not in ((1,), (-2,)):
             raise ValueError(
                 f"bayesianize: {keras_name} sets attention_axes; blayers' twin "
-                "attends over the length axis only. Exclude the layer."
+                "attends over the length axis only"
             )
         return _twin_class("MultiHeadAttention", estimator, keras_name)(
             num_heads=config["num_heads"],

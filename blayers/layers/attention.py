@@ -25,7 +25,7 @@ __all__ = ["MultiHeadAttentionFlipout", "MultiHeadAttentionReparameterization"]
 PROJECTIONS = ("query", "key", "value", "output")
 
 
-def _fresh(identifier):
+def fresh_identifier(identifier):
     """An initializer or regularizer identifier that gives a new object per projection: an
     instance is copied through its config (a distribution initializer serves one weight)."""
     if identifier is None or isinstance(identifier, (str, dict)):
@@ -86,8 +86,12 @@ class _MultiHeadAttentionBase(BayesianLayer):
         self.value_dim = int(value_dim or key_dim)
         self.dropout, self.use_bias = float(dropout), use_bias
         self._output_dim = output_shape
-        kernel_args = (_fresh(kernel_initializer), _fresh(kernel_regularizer), None)
-        bias_args = (_fresh(bias_initializer), _fresh(bias_regularizer), None)
+        kernel_args = (
+            fresh_identifier(kernel_initializer),
+            fresh_identifier(kernel_regularizer),
+            None,
+        )
+        bias_args = (fresh_identifier(bias_initializer), fresh_identifier(bias_regularizer), None)
         for projection in PROJECTIONS:
             self._configure_weight(f"{projection}_kernel", *kernel_args)
             self._configure_weight(f"{projection}_bias", *bias_args)
