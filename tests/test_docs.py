@@ -23,10 +23,16 @@ def _python_blocks(path):
     return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.DOTALL)
 
 
+# A page whose examples build on each other (a walk-through) says so with this comment; the
+# others' blocks each run alone.
+SHARED_SESSION = "<!-- the examples on this page run in one session -->"
+
+
 def _run_blocks(path):
     namespaces = []
+    shared = SHARED_SESSION in path.read_text()
     for block in _python_blocks(path):
-        namespaces.append({})
+        namespaces.append(namespaces[-1] if shared and namespaces else {})
         exec(compile(block, str(path), "exec"), namespaces[-1])  # noqa: S102 - our own docs
     return namespaces
 
