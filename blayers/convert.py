@@ -325,7 +325,11 @@ def bayesianize(
         model, (keras.Sequential, keras.Function)
     )  # functional models are Functions
     if not is_graph:
-        candidates = [layer.name for layer in _walk(model) if _is_convertible(layer)]
+        candidates = [
+            layer.name
+            for layer in model._flatten_layers(include_self=False, recursive=True)
+            if _is_convertible(layer)
+        ]
         raise ValueError(
             f"bayesianize: {model.name!r} is a subclassed model ({type(model).__name__}), which "
             "cannot be rebuilt layer by layer"
@@ -350,9 +354,3 @@ def bayesianize(
         elif old.weights:
             twin.set_weights(old.get_weights())
     return new
-
-
-def _walk(layer):
-    for child in getattr(layer, "_layers", None) or []:
-        yield child
-        yield from _walk(child)

@@ -26,6 +26,7 @@ __all__ = [
     "entropy",
     "fpr_at_tpr",
     "interval_coverage",
+    "mixture_moments",
     "mutual_information",
     "nll",
     "nlpd",
@@ -162,7 +163,9 @@ def ood_auroc(in_scores, ood_scores):
     return float(roc_auc_score(labels, np.r_[in_scores, ood_scores]))
 
 
-def _mixture_moments(means, stddevs):
+def mixture_moments(means, stddevs):
+    """Mean and variance over examples of the equal-weight Gaussian mixture
+    `1/S sum_s N(means[s], stddevs[s]^2)` (draws on the first axis)."""
     means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
     mean = means.mean(0)
     variance = (np.square(stddevs) + np.square(means)).mean(0) - np.square(mean)
@@ -191,7 +194,7 @@ def nlpd(means, stddevs, targets, scale=1.0):
 
 def coverage(means, stddevs, targets, z=1.959964):
     """Fraction of targets inside the moment-matched central interval `mean +- z sd` (95%)."""
-    mean, variance = _mixture_moments(means, stddevs)
+    mean, variance = mixture_moments(means, stddevs)
     return float(np.mean(np.abs(targets - mean) <= z * np.sqrt(variance)))
 
 
@@ -212,7 +215,7 @@ def quantile_calibration(means, stddevs, targets, levels):
 def interval_coverage(means, stddevs, targets, levels, scale=1.0):
     """For central intervals of nominal probability `levels` (moment-matched Normal
     `mean +- z sd`): `(levels, observed coverage, mean width in original units)`."""
-    mean, variance = _mixture_moments(means, stddevs)
+    mean, variance = mixture_moments(means, stddevs)
     sd = np.sqrt(variance)
     z = scipy.stats.norm.ppf(0.5 + np.asarray(levels) / 2.0)
     covered = np.array([np.mean(np.abs(targets - mean) <= zi * sd) for zi in z])

@@ -188,7 +188,7 @@ def _conformal(classification, params, calibration, evaluation, y, alpha, method
             "conformal_set_size": float(np.mean(np.sum(sets, -1))),
             "conformal_target_coverage": 1.0 - alpha,
         }
-    means, stddevs = metrics_lib._mixture_moments(params[0], params[1])
+    means, stddevs = metrics_lib.mixture_moments(params[0], params[1])
     conformal = posthoc_lib.SplitConformalRegressor(alpha=alpha)
     conformal.fit(means[calibration], y[calibration], stddevs[calibration])
     lower, upper = conformal.predict_interval(means[evaluation], stddevs[evaluation])
@@ -208,7 +208,7 @@ def _swag(learner, x, evaluation, num_samples, epochs, learning_rate, max_rank):
     model, task, data = learner.model, learner.data.task, learner.data
     bayesian = [
         layer.name
-        for layer in model._flatten_layers()
+        for layer in model._flatten_layers(include_self=False, recursive=True)
         if isinstance(layer, BayesianLayer) and layer.random_weight_names()
     ]
     if bayesian:
@@ -225,9 +225,7 @@ def _swag(learner, x, evaluation, num_samples, epochs, learning_rate, max_rank):
     train = data.train.shuffle(data.num_train, seed=0).batch(learner.batch_size)
     swag.fit(train, epochs=epochs, verbose=0, shuffle=False)  # the dataset shuffles
     draws = []
-    rng = np.random.default_rng(0)
-    for _ in range(num_samples):
-        swag._assign(swag.sample_flat(rng))
+    for _ in swag.draws(num_samples):
         draws.append(
             task.predictive_samples(model, _dataset(x[evaluation]), 1, learner.eval_batch_size)
         )

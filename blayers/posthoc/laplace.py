@@ -480,7 +480,6 @@ class LaplacePredictive(keras.layers.Layer):
             float(log_likelihood_sum),
             float(sse),
         )
-        self._pending = None
 
     def build(self, input_shape):
         d = int(np.prod(input_shape[1:])) + 1
@@ -499,16 +498,9 @@ class LaplacePredictive(keras.layers.Layer):
                 ),
             )
         self.built = True
-        if self._pending is not None:
-            self.set_state(self._pending)
 
     def set_state(self, state):
         """Writes a `Laplace`'s fitted arrays into the layer's weights."""
-        if self.num_outputs is None:
-            self.num_outputs = int(np.shape(state["theta"])[1])
-        if not self.built:
-            self._pending = state
-            return
         for name in self._names:
             getattr(self, name).assign(np.asarray(state[name], np.float64))
 

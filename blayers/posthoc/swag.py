@@ -198,22 +198,31 @@ class SWAG(keras.callbacks.Callback):
             update_batch_norm(self.model, bn_data)
         return theta
 
-    def predict(self, x, num_samples=30, seed=0, bn_data=None, batch_size=256):
-        """`[num_samples, ...]` outputs of the model under posterior draws. The model's weights
-        are restored afterwards."""
+    def draws(self, num_samples, seed=0, bn_data=None):
+        """Iterates `num_samples` times with the model's weights set to a fresh posterior draw
+        (batch-norm statistics recomputed on `bn_data` when given); the weights are restored
+        when the iteration ends or is abandoned."""
         saved = [np.array(keras.ops.convert_to_numpy(v)) for v in self.model.variables]
         rng = np.random.default_rng(seed)
-        outputs = []
         try:
-            for _ in range(num_samples):
+            for i in range(num_samples):
                 self._assign(self.sample_flat(rng))
                 if bn_data is not None:
                     update_batch_norm(self.model, bn_data)
-                outputs.append(np.asarray(self.model.predict(x, batch_size=batch_size, verbose=0)))
+                yield i
         finally:
             for variable, value in zip(self.model.variables, saved):
                 variable.assign(value)
-        return np.stack(outputs)
+
+    def predict(self, x, num_samples=30, seed=0, bn_data=None, batch_size=256):
+        """`[num_samples, ...]` outputs of the model under posterior draws. The model's weights
+        are restored afterwards."""
+        return np.stack(
+            [
+                np.asarray(self.model.predict(x, batch_size=batch_size, verbose=0))
+                for _ in self.draws(num_samples, seed, bn_data)
+            ]
+        )
 
     def get_config(self):
         return {
@@ -258,7 +267,9 @@ def update_batch_norm(model, data, batch_size=256):
     batch statistics over `data` (arrays or a dataset of inputs or `(x, y)` batches), with the
     model's weights as they are. Does nothing for a model without batch normalization."""
     layers = [
-        layer for layer in _all_layers(model) if isinstance(layer, keras.layers.BatchNormalization)
+        layer
+        for layer in model._flatten_layers(include_self=False, recursive=True)
+        if isinstance(layer, keras.layers.BatchNormalization)
     ]
     if not layers:
         return
@@ -275,15 +286,6 @@ def update_batch_norm(model, data, batch_size=256):
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
-
-
-def _all_layers(model):
-    stack, seen = list(getattr(model, "layers", [])), []
-    while stack:
-        layer = stack.pop()
-        seen.append(layer)
-        stack.extend(getattr(layer, "layers", []) or [])
-    return seen
 
 
 def _input_batches(data, batch_size):
