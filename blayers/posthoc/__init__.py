@@ -4,7 +4,8 @@
   the generalized Gauss-Newton curvature (full, Kronecker-factored or diagonal), the prior
   precision chosen by the evidence, and probit or Monte Carlo predictives (Daxberger et al.,
   2021). `Laplace.to_model()` is a Keras model of the predictive, saved with its posterior as a
-  `.keras` file.
+  `.keras` file. With `subset_of_weights='all'` it is an `AllWeightsLaplace`: KFAC or diagonal
+  over every dense and convolutional layer, with the linearized network's predictive.
 * `SWAG`: SWA and SWA-Gaussian moments of the weights visited by continued training, as a
   callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
@@ -22,6 +23,7 @@ import importlib
 # Each name loads its module on first use: `python -m blayers.posthoc` starts quietly (TensorFlow
 # loads after the command line has set its logging up).
 _MODULES = {
+    "AllWeightsLaplace": "blayers.posthoc.all_weights",
     "Laplace": "blayers.posthoc.laplace",
     "LaplacePredictive": "blayers.posthoc.laplace",
     "SWAG": "blayers.posthoc.swag",
@@ -31,6 +33,7 @@ _MODULES = {
 }
 __all__ = [
     "SWAG",
+    "AllWeightsLaplace",
     "Laplace",
     "LaplacePredictive",
     "SplitConformalClassifier",

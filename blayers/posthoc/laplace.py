@@ -60,7 +60,187 @@ def _batches(data, batch_size):
         yield x, y
 
 
-class Laplace:
+class _LaplaceBase:
+    """What every Laplace approximation here shares: the likelihood's curvature, the evidence
+    and its optimum, and the predictives from the outputs' Gaussian `N(f*, Sigma_f)`.
+
+    A subclass keeps the fitted posterior and provides `_cache(x)` (what the predictive needs of
+    inputs `x`, computed once), `_moments(cache)` (`f*, Sigma_f`), `_map_vector()` (the MAP
+    weights, flat) and `_precision_eigenvalues(delta, sigma)` (of the posterior precision)."""
+
+    structures = _STRUCTURES
+
+    def _init_common(self, likelihood, hessian_structure, prior_precision, sigma_noise, dtype):
+        if likelihood not in _LIKELIHOODS:
+            raise ValueError(f"Laplace: likelihood {likelihood!r} is not one of {_LIKELIHOODS}.")
+        if hessian_structure not in self.structures:
+            raise ValueError(
+                f"{type(self).__name__}: hessian_structure {hessian_structure!r} is not one of "
+                f"{self.structures}."
+            )
+        self.likelihood, self.structure = likelihood, hessian_structure
+        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.dtype = np.dtype(dtype)
+        self.fitted = False
+
+    @staticmethod
+    def _check_last_layer(layer):
+        kernel = getattr(layer, "kernel", None)
+        if kernel is None or len(kernel.shape) != 2:
+            raise ValueError(
+                f"Laplace: the last layer {layer.name!r} ({type(layer).__name__}) is not "
+                "a dense layer with a 2-D kernel."
+            )
+        activation = getattr(getattr(layer, "activation", None), "__name__", "linear")
+        if activation not in ("linear", "softmax"):
+            raise ValueError(
+                f"Laplace: the last layer {layer.name!r} has activation {activation!r}; "
+                "it must be linear (or softmax, read as logits)."
+            )
+
+    def _output_curvature(self, f):
+        """`Lambda_n` per example `[n, K, K]` (regression: for unit noise)."""
+        if self.likelihood == "regression":
+            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
+        p = softmax(f, -1)
+        return np.einsum("nk,kl->nkl", p, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, p)
+
+    def _output_curvature_root(self, f):
+        """`L_n` with `L_n L_n^T = Lambda_n`, `[n, K, K]`: for a softmax
+        `L = diag(sqrt p) - p sqrt(p)^T` (exact, as `sum p = 1`); the identity for regression."""
+        if self.likelihood == "regression":
+            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
+        p = softmax(f.astype(np.float64), -1)
+        root = np.sqrt(p)
+        return np.einsum("nk,kl->nkl", root, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, root)
+
+    def _start_fit(self):
+        self.num_data, self.log_likelihood_sum, self.sse = 0, 0.0, 0.0
+
+    def _accumulate_fit(self, f, y):
+        if self.likelihood == "classification":
+            y = y.reshape(-1).astype(int)
+            self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
+        else:
+            self.sse += float(np.sum(np.square(y.reshape(f.shape) - f)))
+
+    def _curvature_scale(self, sigma_noise):
+        return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
+
+    def log_likelihood(self, sigma_noise=None):
+        """`log p(D | theta*)` over the fitted data."""
+        self._check_fitted()
+        if self.likelihood == "classification":
+            return self.log_likelihood_sum
+        sigma = self.sigma_noise if sigma_noise is None else sigma_noise
+        n_out = self.num_data * self.num_outputs
+        return -0.5 * self.sse / sigma**2 - n_out * (math.log(sigma) + 0.5 * math.log(2 * math.pi))
+
+    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
+        """The Laplace approximation of the evidence `log p(D | delta, sigma)`."""
+        self._check_fitted()
+        delta = self.prior_precision if prior_precision is None else float(prior_precision)
+        sigma = self.sigma_noise if sigma_noise is None else float(sigma_noise)
+        eigenvalues = self._precision_eigenvalues(delta, sigma)
+        theta = self._map_vector()
+        return (
+            self.log_likelihood(sigma)
+            - 0.5 * delta * float(np.sum(theta**2))
+            - 0.5 * (float(np.sum(np.log(eigenvalues))) - theta.size * math.log(delta))
+        )
+
+    def optimize_prior_precision(self, method="marglik", val_data=None, grid=None):
+        """Sets the prior precision (and, for regression by `'marglik'`, the noise) to maximize
+        the evidence (`'marglik'`), or to minimize the NLL of `val_data` (`'val_nll'`, over a
+        log grid). Returns the prior precision."""
+        self._check_fitted()
+        if method == "marglik":
+            if self.likelihood == "regression":
+
+                def objective(params):
+                    return -self.log_marginal_likelihood(math.exp(params[0]), math.exp(params[1]))
+
+                start = [math.log(self.prior_precision), math.log(self.sigma_noise)]
+                result = scipy.optimize.minimize(
+                    objective, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}
+                )
+                self.prior_precision, self.sigma_noise = (float(v) for v in np.exp(result.x))
+            else:
+                result = scipy.optimize.minimize_scalar(
+                    lambda log_delta: -self.log_marginal_likelihood(math.exp(log_delta)),
+                    bounds=(-12.0, 12.0),
+                    method="bounded",
+                    options={"xatol": 1e-6},
+                )
+                self.prior_precision = float(math.exp(result.x))
+        elif method == "val_nll":
+            if val_data is None:
+                raise ValueError("Laplace: method='val_nll' needs val_data.")
+            grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
+            x_val, y_val = _arrays(val_data)
+            cache = self._cache(x_val)  # the network runs once; only the posterior moves
+            nlls = []
+            for delta in grid:
+                self.prior_precision = float(delta)
+                nlls.append(self._nll(cache, y_val))
+            self.prior_precision = float(grid[int(np.argmin(nlls))])
+        else:
+            raise ValueError(f"Laplace: method {method!r} is not 'marglik' or 'val_nll'.")
+        return self.prior_precision
+
+    # ----------------------------------------------------------------------------------------
+    # Predictions.
+
+    def _check_fitted(self):
+        if not self.fitted:
+            raise ValueError("Laplace: call fit(data) first.")
+
+    def functional_variance(self, x):
+        """`f* [n, K]` and the covariance of the outputs `Sigma_f [n, K, K]`."""
+        self._check_fitted()
+        return self._moments(self._cache(x))
+
+    def predict(self, x, link_approx="probit", num_samples=100, seed=0):
+        """The predictive of inputs `x`.
+
+        Classification: class probabilities `[n, K]` by the probit approximation
+        (`link_approx='probit'`) or a Monte Carlo average of `softmax(f)` over `num_samples`
+        draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
+        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
+        """
+        self._check_fitted()
+        return self._predictive(self._cache(x), link_approx, num_samples, seed)
+
+    def _predictive(self, cache, link_approx="probit", num_samples=100, seed=0):
+        f, cov = self._moments(cache)
+        if self.likelihood == "regression":
+            variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
+            return f, np.sqrt(variance)
+        if link_approx == "probit":
+            kappa = 1.0 / np.sqrt(1.0 + math.pi / 8.0 * np.diagonal(cov, axis1=1, axis2=2))
+            return softmax(f * kappa, -1)
+        if link_approx == "mc":
+            rng = np.random.default_rng(seed)
+            chol = np.linalg.cholesky(cov + 1e-10 * np.eye(cov.shape[-1]))
+            eps = rng.normal(size=(num_samples, *f.shape))
+            draws = f + np.einsum("nkl,snl->snk", chol, eps)
+            return np.mean(softmax(draws, -1), 0)
+        raise ValueError(f"Laplace: link_approx {link_approx!r} is not 'probit' or 'mc'.")
+
+    def nll(self, x, y):
+        """Mean negative log predictive density of `(x, y)`."""
+        self._check_fitted()
+        return self._nll(self._cache(x), y)
+
+    def _nll(self, cache, y):
+        y = np.asarray(y)
+        if self.likelihood == "classification":
+            return metrics.nll(self._predictive(cache)[None], y.reshape(-1).astype(int))
+        mean, stddev = self._predictive(cache)
+        return metrics.nlpd(mean[None], stddev[None], y.reshape(mean.shape))
+
+
+class Laplace(_LaplaceBase):
     """A last-layer Laplace approximation of a trained Keras model.
 
     Args:
@@ -75,7 +255,22 @@ class Laplace:
       sigma_noise: the regression's noise standard deviation.
       features: optional `fn(x) -> phi(x)` computing the last layer's inputs.
       dtype: `'float64'` (default) or `'float32'` for the accumulated curvature.
+      subset_of_weights: `'last_layer'` (this class) or `'all'`, which returns an
+        `AllWeightsLaplace` over every dense and convolutional layer (KFAC or diagonal, with the
+        linearized-network predictive).
     """
+
+    def __new__(cls, *args, subset_of_weights="last_layer", **kwargs):
+        if subset_of_weights == "all":
+            from blayers.posthoc.all_weights import AllWeightsLaplace
+
+            # Not an instance of `cls`, so Python does not call `__init__` again.
+            return AllWeightsLaplace(*args, **kwargs)
+        if subset_of_weights != "last_layer":
+            raise ValueError(
+                f"Laplace: subset_of_weights {subset_of_weights!r} is not 'last_layer' or 'all'."
+            )
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -86,31 +281,14 @@ class Laplace:
         sigma_noise=1.0,
         features=None,
         dtype="float64",
+        subset_of_weights="last_layer",
     ):
-        if likelihood not in _LIKELIHOODS:
-            raise ValueError(f"Laplace: likelihood {likelihood!r} is not one of {_LIKELIHOODS}.")
-        if hessian_structure not in _STRUCTURES:
-            raise ValueError(
-                f"Laplace: hessian_structure {hessian_structure!r} is not one of {_STRUCTURES}."
-            )
-        self.model, self.likelihood, self.structure = model, likelihood, hessian_structure
-        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
-        self.dtype = np.dtype(dtype)
+        del subset_of_weights  # read by __new__
+        self._init_common(likelihood, hessian_structure, prior_precision, sigma_noise, dtype)
+        self.model = model
         self.last = model.layers[-1]
-        kernel = getattr(self.last, "kernel", None)
-        if kernel is None or len(kernel.shape) != 2:
-            raise ValueError(
-                f"Laplace: the last layer {self.last.name!r} ({type(self.last).__name__}) is not "
-                "a dense layer with a 2-D kernel."
-            )
-        activation = getattr(getattr(self.last, "activation", None), "__name__", "linear")
-        if activation not in ("linear", "softmax"):
-            raise ValueError(
-                f"Laplace: the last layer {self.last.name!r} has activation {activation!r}; "
-                "it must be linear (or softmax, read as logits)."
-            )
+        self._check_last_layer(self.last)
         self._features = features or self._functional_features(model)
-        self.fitted = False
 
     def _functional_features(self, model):
         try:
@@ -134,7 +312,11 @@ class Laplace:
         bias = np.zeros(kernel.shape[1]) if bias is None else keras.ops.convert_to_numpy(bias)
         return np.concatenate([kernel, np.asarray(bias, np.float64)[None]], 0)
 
-    def _phi(self, x):
+    def _map_vector(self):
+        return self.theta.reshape(-1)
+
+    def _cache(self, x):
+        """The last layer's inputs with a column of ones, `phi~ [n, D+1]`."""
         phi = np.asarray(keras.ops.convert_to_numpy(self._features(x)), np.float64)
         phi = phi.reshape(len(phi), -1)
         return np.concatenate([phi, np.ones((len(phi), 1))], 1)
@@ -151,10 +333,10 @@ class Laplace:
             hessian = np.zeros((d, k), self.dtype)
         else:
             factor_a, factor_g = np.zeros((d, d), self.dtype), np.zeros((k, k), self.dtype)
-        self.num_data, self.log_likelihood_sum, self.sse = 0, 0.0, 0.0
+        self._start_fit()
         bar = keras.utils.Progbar(None, unit_name="batch") if progress else None
         for x, y in _batches(data, batch_size):
-            phi = self._phi(x)
+            phi = self._cache(x)
             f = phi @ self.theta
             lam = self._output_curvature(f)
             if self.structure == "full":
@@ -183,25 +365,19 @@ class Laplace:
         self.fitted = True
         return self
 
-    def _output_curvature(self, f):
-        """`Lambda_n` per example `[n, K, K]` (regression: for unit noise)."""
-        if self.likelihood == "regression":
-            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
-        p = softmax(f, -1)
-        return np.einsum("nk,kl->nkl", p, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, p)
-
-    def _accumulate_fit(self, f, y):
-        if self.likelihood == "classification":
-            y = y.reshape(-1).astype(int)
-            self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
-        else:
-            self.sse += float(np.sum(np.square(y.reshape(f.shape) - f)))
-
     # ----------------------------------------------------------------------------------------
     # The posterior precision through its eigenvalues (so prior precision and noise can move).
 
-    def _curvature_scale(self, sigma_noise):
-        return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
+    def _moments(self, phi):
+        """`(f*, Sigma_f)` of features `phi~ [n, D+1]`."""
+        return output_moments(
+            np,
+            self.structure,
+            self._state(),
+            phi,
+            self.prior_precision,
+            self._curvature_scale(self.sigma_noise),
+        )
 
     def _precision_eigenvalues(self, prior_precision, sigma_noise):
         return precision_eigenvalues(
@@ -234,129 +410,6 @@ class Laplace:
         else:
             self._diag_h = state["diag_h"]
         self.fitted = True
-
-    def log_likelihood(self, sigma_noise=None):
-        """`log p(D | theta*)` over the fitted data."""
-        self._check_fitted()
-        if self.likelihood == "classification":
-            return self.log_likelihood_sum
-        sigma = self.sigma_noise if sigma_noise is None else sigma_noise
-        n_out = self.num_data * self.num_outputs
-        return -0.5 * self.sse / sigma**2 - n_out * (math.log(sigma) + 0.5 * math.log(2 * math.pi))
-
-    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
-        """The Laplace approximation of the evidence `log p(D | delta, sigma)`."""
-        self._check_fitted()
-        delta = self.prior_precision if prior_precision is None else float(prior_precision)
-        sigma = self.sigma_noise if sigma_noise is None else float(sigma_noise)
-        eigenvalues = self._precision_eigenvalues(delta, sigma)
-        p = self.theta.size
-        return (
-            self.log_likelihood(sigma)
-            - 0.5 * delta * float(np.sum(self.theta**2))
-            - 0.5 * (float(np.sum(np.log(eigenvalues))) - p * math.log(delta))
-        )
-
-    def optimize_prior_precision(self, method="marglik", val_data=None, grid=None):
-        """Sets the prior precision (and, for regression by `'marglik'`, the noise) to maximize
-        the evidence (`'marglik'`), or to minimize the NLL of `val_data` (`'val_nll'`, over a
-        log grid). Returns the prior precision."""
-        self._check_fitted()
-        if method == "marglik":
-            if self.likelihood == "regression":
-
-                def objective(params):
-                    return -self.log_marginal_likelihood(math.exp(params[0]), math.exp(params[1]))
-
-                start = [math.log(self.prior_precision), math.log(self.sigma_noise)]
-                result = scipy.optimize.minimize(
-                    objective, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}
-                )
-                self.prior_precision, self.sigma_noise = (float(v) for v in np.exp(result.x))
-            else:
-                result = scipy.optimize.minimize_scalar(
-                    lambda log_delta: -self.log_marginal_likelihood(math.exp(log_delta)),
-                    bounds=(-12.0, 12.0),
-                    method="bounded",
-                    options={"xatol": 1e-6},
-                )
-                self.prior_precision = float(math.exp(result.x))
-        elif method == "val_nll":
-            if val_data is None:
-                raise ValueError("Laplace: method='val_nll' needs val_data.")
-            grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
-            x_val, y_val = _arrays(val_data)
-            phi = self._phi(x_val)  # the network runs once; only the posterior moves
-            nlls = []
-            for delta in grid:
-                self.prior_precision = float(delta)
-                nlls.append(self._nll(phi, y_val))
-            self.prior_precision = float(grid[int(np.argmin(nlls))])
-        else:
-            raise ValueError(f"Laplace: method {method!r} is not 'marglik' or 'val_nll'.")
-        return self.prior_precision
-
-    # ----------------------------------------------------------------------------------------
-    # Predictions.
-
-    def _check_fitted(self):
-        if not self.fitted:
-            raise ValueError("Laplace: call fit(data) first.")
-
-    def functional_variance(self, x):
-        """`f* [n, K]` and the covariance of the outputs `Sigma_f [n, K, K]`."""
-        self._check_fitted()
-        return self._moments(self._phi(x))
-
-    def _moments(self, phi):
-        """`(f*, Sigma_f)` of features `phi~ [n, D+1]`."""
-        return output_moments(
-            np,
-            self.structure,
-            self._state(),
-            phi,
-            self.prior_precision,
-            self._curvature_scale(self.sigma_noise),
-        )
-
-    def predict(self, x, link_approx="probit", num_samples=100, seed=0):
-        """The predictive of inputs `x`.
-
-        Classification: class probabilities `[n, K]` by the probit approximation
-        (`link_approx='probit'`) or a Monte Carlo average of `softmax(f)` over `num_samples`
-        draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
-        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
-        """
-        self._check_fitted()
-        return self._predictive(self._phi(x), link_approx, num_samples, seed)
-
-    def _predictive(self, phi, link_approx="probit", num_samples=100, seed=0):
-        f, cov = self._moments(phi)
-        if self.likelihood == "regression":
-            variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
-            return f, np.sqrt(variance)
-        if link_approx == "probit":
-            kappa = 1.0 / np.sqrt(1.0 + math.pi / 8.0 * np.diagonal(cov, axis1=1, axis2=2))
-            return softmax(f * kappa, -1)
-        if link_approx == "mc":
-            rng = np.random.default_rng(seed)
-            chol = np.linalg.cholesky(cov + 1e-10 * np.eye(cov.shape[-1]))
-            eps = rng.normal(size=(num_samples, *f.shape))
-            draws = f + np.einsum("nkl,snl->snk", chol, eps)
-            return np.mean(softmax(draws, -1), 0)
-        raise ValueError(f"Laplace: link_approx {link_approx!r} is not 'probit' or 'mc'.")
-
-    def nll(self, x, y):
-        """Mean negative log predictive density of `(x, y)`."""
-        self._check_fitted()
-        return self._nll(self._phi(x), y)
-
-    def _nll(self, phi, y):
-        y = np.asarray(y)
-        if self.likelihood == "classification":
-            return metrics.nll(self._predictive(phi)[None], y.reshape(-1).astype(int))
-        mean, stddev = self._predictive(phi)
-        return metrics.nlpd(mean[None], stddev[None], y.reshape(mean.shape))
 
     def to_model(self, link_approx="probit"):
         """A `keras.Model` computing this posterior's predictive (the probit-approximated class

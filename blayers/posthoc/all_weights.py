@@ -1,0 +1,472 @@
+"""Post-hoc Laplace approximation over all the weights of a trained Keras model (Ritter et al.,
+2018; Immer et al., 2021; Daxberger et al., 2021, "Laplace Redux").
+
+Every `keras.layers.Dense`, `Conv1D` and `Conv2D` layer `l` is a linear map of its unfolded
+inputs: with `a_t` the layer's input at location `t` (a patch for a convolution, with a 1 for the
+bias) and `Theta_l = [W; b]`, its pre-activation is `s_t = Theta_l^T a_t`. Around the trained
+weights `theta*` and under the prior `N(0, I / delta)` the posterior is `N(theta*, P^-1)`, with
+`P` block-diagonal over layers, each block `H_l + delta I` of the generalized Gauss-Newton
+matrix of the NLL
+
+    H_l = sum_n J_ln^T Lambda_n J_ln,   J_ln = d f_n / d theta_l = sum_t a_nt (x) g_nt,
+
+`g_nt = d f_n / d s_nt` the backpropagated output Jacobian and `Lambda_n` the likelihood's
+curvature in the outputs (`diag(p) - p p^T` for a softmax). `hessian_structure` picks how `H_l`
+is kept:
+
+* `'kron'`: KFAC (Martens & Grosse, 2015; Grosse & Martens, 2016 for convolutions, locations
+  and repeated calls of a layer read as extra examples),
+  `H_l ~ (1/(N T)) sum_nt a a^T  (x)  sum_nt g~ g~^T` with `g~ = g L_n`, `L_n L_n^T = Lambda_n`.
+  It is exact for one example of a dense layer.
+* `'diag'`: the exact diagonal of the GGN.
+
+The predictive linearizes the network around `theta*` (the GLM predictive of Immer et al.,
+2021): `f(x) ~ N(f*(x), sum_l J_l P_l^-1 J_l^T)`, then the probit approximation or Monte Carlo
+for classification; or, with `pred_type='nn'`, it averages the network itself over weights
+drawn from the posterior. Trainable weights of other layers (normalization, embeddings) are kept
+at their trained values: they are listed in `point_estimated`.
+"""
+
+import contextlib
+
+import keras
+import numpy as np
+import tensorflow as tf
+from scipy.special import softmax
+
+from blayers.posthoc.laplace import _batches, _LaplaceBase, precision_eigenvalues
+
+__all__ = ["AllWeightsLaplace"]
+
+_KINDS = {keras.layers.Conv1D: 1, keras.layers.Conv2D: 2, keras.layers.Dense: 0}
+
+
+def _kind(layer):
+    for cls, rank in _KINDS.items():
+        if isinstance(layer, cls):
+            return rank
+    return None
+
+
+class _Block:
+    """One dense or convolutional layer as the matrix `Theta = [W; b]` of shape
+    `[P (+1), C_out]`, with its inputs unfolded to `a [n, T, P (+1)]`."""
+
+    def __init__(self, layer, rank):
+        self.layer, self.rank = layer, rank
+        name = f"{layer.name!r} ({type(layer).__name__})"
+        if rank:
+            if getattr(layer, "groups", 1) != 1:
+                raise ValueError(f"AllWeightsLaplace: layer {name} has groups > 1.")
+            if layer.data_format != "channels_last":
+                raise ValueError(f"AllWeightsLaplace: layer {name} is not channels_last.")
+            if layer.padding not in ("valid", "same"):
+                raise ValueError(
+                    f"AllWeightsLaplace: layer {name} has padding {layer.padding!r}; "
+                    "'valid' and 'same' are supported."
+                )
+        elif len(layer.kernel.shape) != 2:
+            raise ValueError(f"AllWeightsLaplace: layer {name} does not have a 2-D kernel.")
+        self.has_bias = getattr(layer, "bias", None) is not None
+        self.kernel_shape = tuple(layer.kernel.shape)
+
+    def weights(self):
+        kernel = np.asarray(keras.ops.convert_to_numpy(self.layer.kernel), np.float64)
+        kernel = kernel.reshape(-1, self.kernel_shape[-1])
+        if not self.has_bias:
+            return kernel
+        bias = np.asarray(keras.ops.convert_to_numpy(self.layer.bias), np.float64)
+        return np.concatenate([kernel, bias[None]], 0)
+
+    def assign(self, theta):
+        kernel = theta[: -1 if self.has_bias else None].reshape(self.kernel_shape)
+        self.layer.kernel.assign(kernel.astype(self.layer.kernel.dtype))
+        if self.has_bias:
+            self.layer.bias.assign(theta[-1].astype(self.layer.bias.dtype))
+
+    def unfold(self, inputs):
+        """`a [n, T, P (+1)]`: the inputs each output location sees, in the kernel's order."""
+        x = tf.convert_to_tensor(inputs)
+        if self.rank == 0:
+            a = tf.reshape(x, [tf.shape(x)[0], -1, x.shape[-1]])
+        else:
+            layer = self.layer
+            if self.rank == 1:
+                x = x[:, None]
+            size = (1,) * (2 - self.rank) + tuple(layer.kernel_size)
+            strides = (1,) * (2 - self.rank) + tuple(layer.strides)
+            rates = (1,) * (2 - self.rank) + tuple(layer.dilation_rate)
+            a = tf.image.extract_patches(
+                x,
+                sizes=[1, *size, 1],
+                strides=[1, *strides, 1],
+                rates=[1, *rates, 1],
+                padding=layer.padding.upper(),
+            )
+            a = tf.reshape(a, [tf.shape(a)[0], -1, a.shape[-1]])
+        a = np.asarray(a.numpy(), np.float64)
+        if self.has_bias:
+            a = np.concatenate([a, np.ones((*a.shape[:2], 1))], -1)
+        return a
+
+
+@contextlib.contextmanager
+def _recording(blocks):
+    """Records each block's inputs and pre-activations (every call) during a forward pass."""
+    records = {id(b.layer): [] for b in blocks}
+    saved = []
+    for block in blocks:
+        layer = block.layer
+        call, activation = layer.call, layer.activation
+        calls = records[id(layer)]
+
+        def recorded_call(inputs, *args, _call=call, _calls=calls, **kwargs):
+            _calls.append({"a": inputs})
+            return _call(inputs, *args, **kwargs)
+
+        def recorded_activation(s, _activation=activation, _calls=calls):
+            _calls[-1]["s"] = s
+            return _activation(s) if _activation is not None else s
+
+        saved.append((layer, activation))
+        layer.call, layer.activation = recorded_call, recorded_activation
+    try:
+        yield records
+    finally:
+        for layer, activation in saved:
+            del layer.__dict__["call"]
+            layer.activation = activation
+
+
+class AllWeightsLaplace(_LaplaceBase):
+    """A Laplace approximation over the weights of every dense and convolutional layer.
+
+    Made by `Laplace(model, ..., subset_of_weights='all')`, or directly.
+
+    Args:
+      model: a trained `keras.Model` (functional, sequential or subclassed) whose output is its
+        last layer's, a dense layer with a linear activation (for classification its outputs are
+        logits; a softmax activation is read as logits).
+      likelihood: `'classification'` (softmax, integer labels) or `'regression'` (Gaussian with
+        noise stddev `sigma_noise`).
+      hessian_structure: `'kron'` (KFAC) or `'diag'` (see the module's docstring); `'full'` is
+        for the last layer only.
+      prior_precision: `delta` of the prior `N(0, I / delta)` on the weights.
+      sigma_noise: the regression's noise standard deviation.
+      dtype: `'float64'` (default) or `'float32'` for the accumulated curvature (the network's
+        Jacobians are computed in its own dtype).
+      exclude: names of dense or convolutional layers to keep at their trained values.
+    """
+
+    structures = ("kron", "diag")
+
+    def __init__(
+        self,
+        model,
+        likelihood="classification",
+        hessian_structure="kron",
+        prior_precision=1.0,
+        sigma_noise=1.0,
+        dtype="float64",
+        exclude=(),
+    ):
+        if hessian_structure == "full":
+            raise ValueError(
+                "AllWeightsLaplace: hessian_structure 'full' is for the last layer only; over all "
+                "weights use 'kron' or 'diag'."
+            )
+        self._init_common(likelihood, hessian_structure, prior_precision, sigma_noise, dtype)
+        self.model = model
+        self.last = model.layers[-1]
+        self._check_last_layer(self.last)
+        layers = [
+            layer
+            for layer in model._flatten_layers(include_self=False, recursive=True)
+            if layer.trainable and layer.name not in exclude
+        ]
+        self.blocks = [_Block(layer, _kind(layer)) for layer in layers if _kind(layer) is not None]
+        if not any(block.layer is self.last for block in self.blocks):
+            raise ValueError(
+                f"AllWeightsLaplace: the last layer {self.last.name!r} is excluded or frozen."
+            )
+        covered = {id(v) for block in self.blocks for v in block.layer.trainable_weights}
+        self.point_estimated = [v.path for v in model.trainable_weights if id(v) not in covered]
+        self._output_checked = False
+
+    # ----------------------------------------------------------------------------------------
+    # A forward pass with the Jacobians the curvature and the predictive need.
+
+    def _forward(self, x):
+        """`f [n, K]` (the logits or means) and, per block, `a [n, T, P]` and the output
+        Jacobian `g [n, K, T, C]` (calls of a shared layer stacked along `T`)."""
+        with _recording(self.blocks) as records, tf.GradientTape(persistent=True) as tape:
+            output = self.model(x, training=False)
+        last_calls = records[id(self.last)]
+        if not last_calls:
+            raise ValueError(
+                f"AllWeightsLaplace: the last layer {self.last.name!r} was not called by the "
+                "model's forward pass."
+            )
+        logits = last_calls[-1]["s"]
+        if not self._output_checked:
+            if (
+                len(logits.shape) != 2
+                or tuple(output.shape) != tuple(logits.shape)
+                or not np.allclose(self.last.activation(logits), output, atol=1e-5)
+            ):
+                raise ValueError(
+                    f"AllWeightsLaplace: the model's output {tuple(output.shape)} is not computed "
+                    f"by its last layer {self.last.name!r} as [batch, outputs] (a subclassed "
+                    "model lists its layers in the order it creates them: create the output "
+                    "layer last)."
+                )
+            self._output_checked = True
+        parts = []
+        for block in self.blocks:
+            calls = records[id(block.layer)]
+            if not calls:
+                raise ValueError(
+                    f"AllWeightsLaplace: layer {block.layer.name!r} is not used by the model's "
+                    "forward pass; pass exclude=[its name]."
+                )
+            a = np.concatenate([block.unfold(c["a"]) for c in calls], 1)
+            g = []
+            for c in calls:
+                jacobian = tape.batch_jacobian(logits, c["s"])
+                g.append(
+                    np.asarray(jacobian.numpy(), self.dtype).reshape(
+                        len(a), logits.shape[1], -1, c["s"].shape[-1]
+                    )
+                )
+            parts.append((a.astype(self.dtype), np.concatenate(g, 2)))
+        del tape
+        return np.asarray(logits.numpy(), np.float64), parts
+
+    def fit(self, data, batch_size=256, progress=False):
+        """Accumulates the curvature over `data`: a `tf.data.Dataset` of `(x, y)` batches or a
+        pair of arrays `(x, y)`, with a progress bar if `progress`. Returns `self`."""
+        self._output_checked = False
+        self.thetas = [block.weights() for block in self.blocks]
+        shapes = [theta.shape for theta in self.thetas]
+        if self.structure == "kron":
+            factors = [
+                [np.zeros((p, p), self.dtype), np.zeros((c, c), self.dtype), 0] for p, c in shapes
+            ]
+        else:
+            diagonals = [np.zeros(shape, self.dtype) for shape in shapes]
+        self._start_fit()
+        bar = keras.utils.Progbar(None, unit_name="batch") if progress else None
+        for x, y in _batches(data, batch_size):
+            f, parts = self._forward(x)
+            root = self._output_curvature_root(f).astype(self.dtype)
+            for i, (a, g) in enumerate(parts):
+                g_root = np.einsum("nkc,nkto->ncto", root, g)
+                if self.structure == "kron":
+                    factors[i][0] += np.einsum("nti,ntj->ij", a, a)
+                    factors[i][1] += np.einsum("ncto,nctp->op", g_root, g_root)
+                    factors[i][2] += a.shape[0] * a.shape[1]
+                else:
+                    diagonals[i] += np.sum(
+                        np.square(np.einsum("nti,ncto->ncio", a, g_root)), (0, 1)
+                    )
+            self._accumulate_fit(f, np.asarray(y))
+            self.num_data += len(f)
+            if bar is not None:
+                bar.add(1)
+        if self.num_data == 0:
+            raise ValueError("AllWeightsLaplace.fit: the data held no examples.")
+        self.num_outputs = f.shape[1]
+        if self.structure == "kron":
+            self._states = []
+            for factor_a, factor_g, count in factors:
+                s_a, u_a = np.linalg.eigh(factor_a.astype(np.float64) / count)
+                s_g, u_g = np.linalg.eigh(factor_g.astype(np.float64))
+                self._states.append(
+                    {"values_a": s_a, "vectors_a": u_a, "values_g": s_g, "vectors_g": u_g}
+                )
+        else:
+            self._states = [{"diag_h": d.reshape(-1).astype(np.float64)} for d in diagonals]
+        self.fitted = True
+        return self
+
+    # ----------------------------------------------------------------------------------------
+    # The posterior.
+
+    def _map_vector(self):
+        return np.concatenate([theta.reshape(-1) for theta in self.thetas])
+
+    def _block_eigenvalues(self, prior_precision, sigma_noise):
+        scale = self._curvature_scale(sigma_noise)
+        return [
+            precision_eigenvalues(np, self.structure, state, prior_precision, scale).reshape(
+                theta.shape
+            )
+            for state, theta in zip(self._states, self.thetas, strict=True)
+        ]
+
+    def _precision_eigenvalues(self, prior_precision, sigma_noise):
+        return np.concatenate(
+            [e.reshape(-1) for e in self._block_eigenvalues(prior_precision, sigma_noise)]
+        )
+
+    def _cache(self, x, batch_size=256):
+        """`f*` and, per block, the Jacobians in the posterior's eigenbasis: `(a, g)` apart for
+        a layer seen once per example (`J = a (x) g`), else `J [n, K, P, C]`."""
+        fs, blocks = [], [[] for _ in self.blocks]
+        x = np.asarray(x)
+        for start in range(0, len(x), batch_size):
+            f, parts = self._forward(x[start : start + batch_size])
+            fs.append(f)
+            for i, (a, g) in enumerate(parts):
+                if self.structure == "kron":
+                    a = a @ self._states[i]["vectors_a"]
+                    g = g @ self._states[i]["vectors_g"]
+                if a.shape[1] == 1:
+                    blocks[i].append((a[:, 0], g[:, :, 0]))
+                else:
+                    blocks[i].append((np.einsum("nti,nkto->nkio", a, g),))
+        merged = [tuple(np.concatenate(arrays) for arrays in zip(*parts)) for parts in blocks]
+        return np.concatenate(fs), merged
+
+    def _moments(self, cache):
+        f, blocks = cache
+        inverses = self._block_eigenvalues(self.prior_precision, self.sigma_noise)
+        cov = np.zeros((*f.shape, f.shape[1]))
+        for parts, eigenvalues in zip(blocks, inverses, strict=True):
+            inverse = 1.0 / eigenvalues
+            if len(parts) == 2:
+                a, g = parts
+                cov += np.einsum("nko,no,nlo->nkl", g, np.square(a) @ inverse, g)
+            else:
+                cov += np.einsum("nkio,nlio,io->nkl", parts[0], parts[0], inverse)
+        return f, cov
+
+    # ----------------------------------------------------------------------------------------
+    # Predictions and samples.
+
+    def predict(self, x, link_approx="probit", num_samples=100, seed=0, pred_type="glm"):
+        """The predictive of inputs `x`.
+
+        `pred_type='glm'`: the linearized network's Gaussian over the outputs, then (for
+        classification) the probit approximation or a Monte Carlo average of `softmax(f)`
+        (`link_approx='probit'|'mc'`). `pred_type='nn'`: the network averaged over
+        `num_samples` weight draws from the posterior. Classification returns class
+        probabilities `[n, K]`; regression `(mean, stddev)`.
+        """
+        self._check_fitted()
+        if pred_type == "glm":
+            return self._predictive(self._cache(x), link_approx, num_samples, seed)
+        if pred_type != "nn":
+            raise ValueError(f"AllWeightsLaplace: pred_type {pred_type!r} is not 'glm' or 'nn'.")
+        draws = self.sample(num_samples, seed)
+        x, outputs = np.asarray(x), []
+        try:
+            for s in range(num_samples):
+                for block, theta in zip(self.blocks, draws, strict=True):
+                    block.assign(theta[s])
+                outputs.append(
+                    np.concatenate(
+                        [
+                            keras.ops.convert_to_numpy(self.model(x[i : i + 256], training=False))
+                            for i in range(0, len(x), 256)
+                        ]
+                    )
+                )
+        finally:
+            for block, theta in zip(self.blocks, self.thetas, strict=True):
+                block.assign(theta)
+        outputs = np.stack(outputs).astype(np.float64)
+        if self.likelihood == "regression":
+            mean = outputs.mean(0)
+            return mean, np.sqrt(outputs.var(0) + self.sigma_noise**2)
+        softmax_output = getattr(self.last.activation, "__name__", "") == "softmax"
+        return (outputs if softmax_output else softmax(outputs, -1)).mean(0)
+
+    def sample(self, num_samples, seed=0):
+        """Draws of each block's `[P (+1), C]` weights, a list over blocks of
+        `[num_samples, P (+1), C]` arrays."""
+        self._check_fitted()
+        rng = np.random.default_rng(seed)
+        draws = []
+        for state, theta, eigenvalues in zip(
+            self._states,
+            self.thetas,
+            self._block_eigenvalues(self.prior_precision, self.sigma_noise),
+            strict=True,
+        ):
+            eps = rng.normal(size=(num_samples, *theta.shape)) / np.sqrt(eigenvalues)
+            if self.structure == "kron":
+                eps = np.einsum("ia,sab,ob->sio", state["vectors_a"], eps, state["vectors_g"])
+            draws.append(theta + eps)
+        return draws
+
+    # ----------------------------------------------------------------------------------------
+    # Saving.
+
+    def save(self, path):
+        """Writes the fitted posterior to an `.npz` file (the model is saved on its own)."""
+        self._check_fitted()
+        arrays = {
+            f"block{i}/{key}": value
+            for i, state in enumerate(self._states)
+            for key, value in state.items()
+        }
+        np.savez(
+            path,
+            **arrays,
+            names=np.array([block.layer.name for block in self.blocks]),
+            scalars=np.array(
+                [
+                    self.prior_precision,
+                    self.sigma_noise,
+                    self.num_data,
+                    self.log_likelihood_sum,
+                    self.sse,
+                ]
+            ),
+            likelihood=np.array(self.likelihood),
+            structure=np.array(self.structure),
+        )
+
+    @classmethod
+    def load(cls, path, model):
+        """The posterior `save` wrote, over `model` (the same trained model)."""
+        with np.load(path) as saved:
+            names = [str(n) for n in saved["names"]]
+            covered = {layer.name for layer in model._flatten_layers(include_self=False)}
+            exclude = sorted(covered - set(names))
+            self = cls(
+                model,
+                str(saved["likelihood"]),
+                str(saved["structure"]),
+                exclude=exclude,
+            )
+            if [block.layer.name for block in self.blocks] != names:
+                raise ValueError(
+                    f"AllWeightsLaplace.load: {path} holds layers {names}, the model has "
+                    f"{[block.layer.name for block in self.blocks]}."
+                )
+            prior, sigma, num_data, log_likelihood_sum, sse = saved["scalars"]
+            self.prior_precision, self.sigma_noise = float(prior), float(sigma)
+            self.num_data, self.log_likelihood_sum, self.sse = (
+                int(num_data),
+                float(log_likelihood_sum),
+                float(sse),
+            )
+            keys = ("values_a", "vectors_a", "values_g", "vectors_g")
+            keys = keys if self.structure == "kron" else ("diag_h",)
+            self._states = [
+                {key: saved[f"block{i}/{key}"] for key in keys} for i in range(len(names))
+            ]
+        self.thetas = [block.weights() for block in self.blocks]
+        self.num_outputs = self.thetas[-1].shape[1]
+        self._output_checked = False
+        self.fitted = True
+        return self
+
+    def to_model(self, link_approx="probit"):
+        raise NotImplementedError(
+            "AllWeightsLaplace: the linearized predictive needs the network's Jacobians, which a "
+            "saved Keras model cannot hold; save the posterior with save(path) beside the model "
+            "and read it back with AllWeightsLaplace.load(path, model)."
+        )
