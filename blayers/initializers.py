@@ -43,6 +43,7 @@ __all__ = [
     "TrainableInitializer",
     "TrainableLogNormal",
     "TrainableMixtureOfDeltas",
+    "TrainableMultivariateNormal",
     "TrainableNormal",
     "TrainableNormalFixedStddev",
     "TrainableNormalSharedStddev",
@@ -298,6 +299,96 @@ class TrainableNormalFixedStddev(TrainableInitializer):
 
     def get_config(self):
         return {**super().get_config(), "stddev": self.stddev}
+
+
+@_register("trainable_multivariate_normal")
+class TrainableMultivariateNormal(TrainableInitializer):
+    """Trainable full-covariance Normal over all of a weight's `p` entries, for small layers:
+    `vec(w) ~ N(vec(mean), L L^T)` with `L` lower-triangular, `diag(L) = softplus(rho)` and the
+    strictly lower part free (`p (p + 1) / 2` scale parameters; `p` at most `max_entries`).
+
+    It starts mean-field (off-diagonal zero, `rho` as `trainable_normal`'s). The weight's
+    distribution is a `MultivariateNormalTriL` reshaped to the weight; `normal_kl_divergence`
+    takes its KL analytically. The reparameterization and Flipout estimators draw from it
+    exactly (Flipout's sign flips keep a draw valid, the distribution being symmetric about its
+    mean); local reparameterization, exact only for a factorized q, refuses it.
+
+    Args:
+      mean_initializer: Keras initializer of the mean (default TruncatedNormal(stddev=1e-5)).
+      stddev_initializer: Keras initializer of `rho`, the unconstrained diagonal of `L`.
+      off_diagonal_initializer: Keras initializer of `L`'s strictly lower part (default zeros).
+      max_entries: the largest weight it accepts (its covariance has `p^2` entries).
+      seed: seeds the weight's draws.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        mean_initializer=None,
+        stddev_initializer=None,
+        off_diagonal_initializer="zeros",
+        max_entries=4096,
+        seed=None,
+        **kwargs,
+    ):
+        super().__init__(seed=seed, **kwargs)
+        self.max_entries = int(max_entries)
+        self._parameter("mean", mean_initializer or TrainableNormal._mean_default(), None, None)
+        self._parameter(
+            "stddev",
+            stddev_initializer or _default_stddev_initializer(),
+            None,
+            "softplus",
+            lambda shape: (int(np.prod(shape)),),
+        )
+        self._parameter(
+            "off_diagonal",
+            off_diagonal_initializer,
+            None,
+            None,
+            lambda shape: (int(np.prod(shape)),) * 2,
+        )
+
+    def build(self, input_shape):
+        size = int(np.prod(input_shape))
+        if size > self.max_entries:
+            raise ValueError(
+                f"trainable_multivariate_normal: a weight of shape {tuple(input_shape)} has "
+                f"{size} entries, more than max_entries={self.max_entries} (its covariance "
+                f"would have {size**2} parameters); use it for small layers."
+            )
+        super().build(input_shape)
+
+    def _full_distribution(self, params):
+        scale_tril = tf.linalg.set_diag(
+            tf.linalg.band_part(params["off_diagonal"], -1, 0), params["stddev"]
+        )
+        return (
+            tfd.MultivariateNormalTriL(tf.reshape(params["mean"], [-1]), scale_tril),
+            tfp.bijectors.Reshape(self.weight_shape, event_shape_in=[scale_tril.shape[-1]]),
+        )
+
+    def random_variable(self):
+        distribution, reshape = self._full_distribution(self.parameters())
+        return rv_lib.TransformedDistribution(
+            distribution,
+            reshape,
+            seed=seeds.next_seed(self.seed_generator),
+            name=getattr(self, "variable_name", None) or self.name,
+        )
+
+    def redraw(self, rv):
+        distribution, reshape = self._full_distribution(self.parameters())
+        distribution = tfd.TransformedDistribution(distribution, reshape, name=rv.distribution.name)
+        value = rv.value if rv.value_given else None
+        return RandomVariable(distribution, value=value, seed=rv.seed)
+
+    def get_config(self):
+        config = super().get_config()
+        for name in ("mean", "stddev", "off_diagonal"):  # fixed here, not arguments
+            config.pop(f"{name}_regularizer")
+            config.pop(f"{name}_constraint")
+        return {**config, "max_entries": self.max_entries}
 
 
 @_register("trainable_log_normal")

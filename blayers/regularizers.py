@@ -20,7 +20,7 @@ import tensorflow_probability as tfp
 from blayers import constraints as constraints_lib
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry, configurable_function
-from blayers.sampling import normal_parameters
+from blayers.sampling import flat_multivariate_normal, normal_parameters
 
 tfd = tfp.distributions
 
@@ -28,6 +28,7 @@ __all__ = [
     "PRIOR",
     "RANK1_PRIOR",
     "CauchyKLDivergence",
+    "DistributionPrior",
     "DistributionRegularizer",
     "HalfCauchyKLDivergence",
     "LogNormalKLDivergence",
@@ -137,8 +138,14 @@ class NormalKLDivergence(DistributionRegularizer):
     def divergence(self, rv):
         params = normal_parameters(rv.distribution)
         if params is None:
-            prior = tfd.Normal(tf.cast(self.mean, rv.dtype), tf.cast(self.stddev, rv.dtype))
-            return self._monte_carlo(rv, prior.log_prob)
+            mean, stddev = tf.cast(self.mean, rv.dtype), tf.cast(self.stddev, rv.dtype)
+            flat = flat_multivariate_normal(rv.distribution)
+            if flat is not None:  # a full-covariance q: analytic against the isotropic prior
+                ones = tf.ones(flat.event_shape, rv.dtype)
+                return tfd.kl_divergence(
+                    flat, tfd.MultivariateNormalDiag(mean * ones, stddev * ones)
+                )
+            return self._monte_carlo(rv, tfd.Normal(mean, stddev).log_prob)
         loc, scale = params
         shape = rv.distribution.batch_shape.concatenate(rv.distribution.event_shape)
         if scale.shape != shape:
@@ -498,6 +505,187 @@ class ScaledRegularizer(DistributionRegularizer):
         }
 
 
+@tfd.RegisterKL(tfd.Independent, tfd.Distribution)
+def _kl_independent_to_scalar(q, p, name=None):
+    """`KL[Independent(q_i) || p]` for a scalar (or batch-broadcast) `p` read as i.i.d. over
+    the reinterpreted dimensions: `sum_i KL[q_i || p]`. It lets `tfd.kl_divergence(rv.distribution,
+    tfd.Normal(0., 1.))` work on a weight's mean-field q, as `tfp.layers`' `kernel_divergence_fn`
+    users write it (TFP registers only Independent against Independent)."""
+    del name
+    if p.event_shape.rank != 0 or q.distribution.event_shape.rank != 0:
+        raise NotImplementedError(
+            f"No KL divergence from {type(q).__name__} to {type(p).__name__} with event shape "
+            f"{p.event_shape}: only a scalar prior is read as i.i.d. over the entries."
+        )
+    kl = tfd.kl_divergence(q.distribution, p)
+    kl = tf.broadcast_to(
+        kl, tf.broadcast_dynamic_shape(tf.shape(kl), q.distribution.batch_shape_tensor())
+    )
+    ndims = tf.get_static_value(q.reinterpreted_batch_ndims)
+    return tf.reduce_sum(kl, axis=list(range(-int(ndims), 0))) if ndims else kl
+
+
+def _distribution_config(distribution):
+    """A distribution as `{'class_name', 'parameters'}` of plain values (nested distributions
+    included), or a `ValueError` naming what cannot be saved."""
+    parameters = {}
+    for key, value in distribution.parameters.items():
+        if value is None or isinstance(value, (bool, int, float, str)):
+            parameters[key] = value
+        elif isinstance(value, tfd.Distribution):
+            parameters[key] = _distribution_config(value)
+        elif tf.is_tensor(value) or hasattr(value, "__array__"):
+            array = tf.convert_to_tensor(value).numpy()
+            parameters[key] = {"array": array.tolist(), "dtype": array.dtype.name}
+        else:
+            raise ValueError(
+                f"DistributionPrior: parameter {key!r} of {type(distribution).__name__} "
+                f"({type(value).__name__}) cannot be saved; give the prior as "
+                "prior_fn(shape, dtype) instead."
+            )
+    return {"class_name": type(distribution).__name__, "parameters": parameters}
+
+
+def _distribution_from_config(config):
+    parameters = {}
+    for key, value in config["parameters"].items():
+        if isinstance(value, dict) and "class_name" in value:
+            value = _distribution_from_config(value)
+        elif isinstance(value, dict) and "array" in value:
+            value = tf.constant(value["array"], value["dtype"])
+        parameters[key] = value
+    return getattr(tfd, config["class_name"])(**parameters)
+
+
+@_register("distribution_prior")
+class DistributionPrior(DistributionRegularizer, keras.layers.Layer):
+    """`KL[q || p]` for a prior `p` given as a `tfp.distributions.Distribution`, or made by
+    `prior_fn(shape, dtype) -> Distribution` when the layer builds the weight (the way
+    `tfp.layers.DenseVariational`'s `make_prior_fn` works).
+
+    `p` may be scalar (i.i.d. over the entries, e.g. `tfd.Laplace(0., 1.)`), have the weight's
+    shape as its batch shape or as its event shape, or be a distribution over the flattened
+    weight (e.g. a `MultivariateNormalTriL` of size `kernel.size`). The KL is analytic where TFP
+    knows it (and for a scalar prior against a mean-field q, summed over entries) and Monte
+    Carlo, `log q(w) - log p(w)` at the weight's draw, otherwise.
+
+    Variables `prior_fn` creates (`tf.Variable`, `tfp.util.TransformedVariable`) become this
+    layer's Keras weights: they train with the network (empirical Bayes) and save and load with
+    the model. A fixed distribution is saved by its class and parameters; `prior_fn` is saved as
+    a Keras-serializable function (`keras.saving.register_keras_serializable`).
+
+    Args:
+      distribution: a fixed prior (a `tfd.Distribution` without variables).
+      prior_fn: `fn(shape, dtype) -> tfd.Distribution`, called once when the weight is built.
+      scale_factor: multiplies the divergence.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, distribution=None, prior_fn=None, scale_factor=1.0, **kwargs):
+        keras.layers.Layer.__init__(self, **kwargs)
+        self.scale_factor = scale_factor
+        if isinstance(distribution, dict):
+            distribution = _distribution_from_config(distribution)
+        if isinstance(prior_fn, dict):
+            prior_fn = keras.saving.deserialize_keras_object(prior_fn)
+        if (distribution is None) == (prior_fn is None):
+            raise ValueError("DistributionPrior takes one of distribution and prior_fn.")
+        if distribution is not None:
+            if not isinstance(distribution, tfd.Distribution):
+                raise TypeError(
+                    f"DistributionPrior: distribution must be a tfp.distributions.Distribution, "
+                    f"got {type(distribution).__name__}."
+                )
+            if distribution.trainable_variables:
+                raise ValueError(
+                    "DistributionPrior: the prior holds variables that Keras cannot track; "
+                    "create them in prior_fn(shape, dtype) so that they are the layer's weights."
+                )
+        elif not callable(prior_fn):
+            raise TypeError(f"DistributionPrior: prior_fn must be callable, got {prior_fn!r}.")
+        self.distribution, self.prior_fn = distribution, prior_fn
+        self.prior = distribution
+        self._making_weight = False
+
+    def build(self, input_shape):
+        if self.prior_fn is not None:
+            self.prior = self._call_prior_fn(tuple(int(d) for d in input_shape))
+            if not isinstance(self.prior, tfd.Distribution):
+                raise TypeError(
+                    f"DistributionPrior: prior_fn returned {type(self.prior).__name__}, not a "
+                    "tfp.distributions.Distribution."
+                )
+        self.built = True
+
+    def _call_prior_fn(self, shape):
+        """`prior_fn(shape, dtype)`, each `tf.Variable` it creates made a Keras weight of this
+        layer (the distribution holds the weight's own `tf.Variable`)."""
+
+        def creator(next_creator, **kwargs):
+            if self._making_weight:  # the Keras weight's own variable
+                return next_creator(**kwargs)
+            initial = kwargs["initial_value"]
+            initial = tf.convert_to_tensor(initial() if callable(initial) else initial)
+            self._making_weight = True
+            try:
+                weight = self.add_weight(
+                    name=(kwargs.get("name") or "prior").split(":")[0],
+                    shape=tuple(initial.shape),
+                    dtype=kwargs.get("dtype") or initial.dtype,
+                    initializer=lambda shape, dtype=None: tf.cast(initial, dtype),
+                    trainable=kwargs.get("trainable") is not False,  # None means trainable
+                )
+            finally:
+                self._making_weight = False
+            return weight.value
+
+        with tf.variable_creator_scope(creator):
+            return self.prior_fn(shape, self.variable_dtype)
+
+    def __call__(self, x):  # a regularizer's call, not Keras' layer call
+        return DistributionRegularizer.__call__(self, x)
+
+    def divergence(self, rv):
+        if not self.built:
+            self.build(rv.shape)
+        prior, q, shape = self.prior, rv.distribution, rv.shape
+        event = prior.event_shape
+        if event.rank == 0:
+            try:
+                kl = tfd.kl_divergence(q, prior)
+                return tf.reduce_sum(tf.cast(kl, rv.dtype))
+            except NotImplementedError:
+                return self._monte_carlo(
+                    rv, lambda w: tf.broadcast_to(prior.log_prob(w), tf.shape(w))
+                )
+        if event == shape:
+            try:
+                return tf.reduce_sum(tfd.kl_divergence(q, prior))
+            except NotImplementedError:
+                return self._monte_carlo(rv, prior.log_prob)
+        if event.rank == 1 and event[0] == shape.num_elements():
+            flat = flat_multivariate_normal(q, diagonal=True)
+            if flat is not None:
+                try:
+                    return tf.reduce_sum(tfd.kl_divergence(flat, prior))
+                except NotImplementedError:
+                    pass
+            return self._monte_carlo(rv, lambda w: prior.log_prob(tf.reshape(w, [-1])))
+        raise ValueError(
+            f"DistributionPrior: a prior of batch shape {prior.batch_shape} and event shape "
+            f"{event} does not fit a weight of shape {shape}: give a scalar prior, one with the "
+            "weight's shape, or one over its flattened entries."
+        )
+
+    def get_config(self):
+        config = {"scale_factor": self.scale_factor, "name": self.name}
+        if self.prior_fn is not None:
+            config["prior_fn"] = keras.saving.serialize_keras_object(self.prior_fn)
+        else:
+            config["distribution"] = _distribution_config(self.distribution)
+        return config
+
+
 PRIOR = "prior"
 RANK1_PRIOR = "rank1_prior"
 
@@ -530,7 +718,10 @@ def rank1_prior(regularizer=None):
 
 def get(identifier):
     """A regularizer from None, a name (`'prior'`: the configured default prior; `'rank1_prior'`
-    the rank-1 factors'; a blayers or Keras regularizer name), a config dict, or an instance."""
+    the rank-1 factors'; a blayers or Keras regularizer name), a config dict, an instance, or a
+    `tfp.distributions.Distribution` (the prior of a `DistributionPrior`)."""
+    if isinstance(identifier, tfd.Distribution):
+        return DistributionPrior(identifier)
     if identifier == PRIOR:
         return prior()
     if identifier == RANK1_PRIOR:

@@ -17,6 +17,7 @@ import tensorflow_probability as tfp
 tfd = tfp.distributions
 
 __all__ = [
+    "flat_multivariate_normal",
     "normal_parameters",
     "rademacher",
     "reuse_draws",
@@ -132,6 +133,25 @@ def normal_parameters(distribution):
         distribution = distribution.distribution
     if type(distribution) is tfd.Normal:
         return distribution.loc, distribution.scale
+    return None
+
+
+def flat_multivariate_normal(distribution, diagonal=False):
+    """The multivariate Normal over a weight's flattened entries: the full-covariance q of
+    `trainable_multivariate_normal` (a `MultivariateNormalTriL` reshaped to the weight), and with
+    `diagonal` a mean-field Normal as `MultivariateNormalDiag`; None for anything else."""
+    if isinstance(distribution, tfd.TransformedDistribution) and isinstance(
+        distribution.bijector, tfp.bijectors.Reshape
+    ):
+        base = distribution.distribution
+        if isinstance(base, tfd.MultivariateNormalLinearOperator):
+            return base
+    if diagonal:
+        params = normal_parameters(distribution)
+        if params is not None:
+            shape = distribution.batch_shape.concatenate(distribution.event_shape)
+            loc, scale = (tf.reshape(tf.broadcast_to(p, shape), [-1]) for p in params)
+            return tfd.MultivariateNormalDiag(loc, scale)
     return None
 
 

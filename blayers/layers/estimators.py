@@ -21,7 +21,12 @@ Everything is exact for a mean-field Normal q (`normal_parameters`); other q fal
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers.sampling import normal_parameters, rademacher, standard_normal
+from blayers.sampling import (
+    flat_multivariate_normal,
+    normal_parameters,
+    rademacher,
+    standard_normal,
+)
 
 __all__ = [
     "FlipoutEstimator",
@@ -104,6 +109,12 @@ class LocalReparameterizationEstimator:
 
     def linear_fn(self, kernel, batch_size=None, seed=None):
         del batch_size
+        if flat_multivariate_normal(kernel.distribution) is not None:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): local reparameterization is exact only "
+                "for a factorized q, and this kernel's q has a full covariance; use the "
+                "reparameterization or Flipout estimator."
+            )
         mean, stddev = kernel_moments(kernel)
         if stddev.shape != kernel.shape:
             stddev = tf.broadcast_to(stddev, kernel.shape)

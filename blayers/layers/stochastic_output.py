@@ -42,6 +42,7 @@ __all__ = [
 ]
 
 _MIN_SCALE = 1e-5
+_CONVERSIONS = ("sample", "mean", "mode")
 
 
 class _Scale:
@@ -78,18 +79,28 @@ class _OutputLayer(NamedOutput, SeededLayer):
       units: output elements, projected from the input by a trainable `Dense` layer; None
         reads the distribution's parameters from the input itself.
       seed: seeds the output's draw (its `value`).
+      convert_to_tensor_fn: what the returned random variable is as a tensor (what Keras
+        metrics, `model.predict` and the next layer see): `'sample'` (a draw, the default),
+        `'mean'` or `'mode'` of the distribution (as `tfp.layers`' argument of that name; a
+        `RootMeanSquaredError` metric wants `'mean'`). The loss reads the distribution either way.
       output_name: name of the returned random variable (default: the layer's name).
       **kwargs: `keras.layers.Layer` arguments.
 """
 
     parameters_per_unit = 1
 
-    def __init__(self, units=None, seed=None, **kwargs):
+    def __init__(self, units=None, seed=None, convert_to_tensor_fn="sample", **kwargs):
         super().__init__(seed=seed, **kwargs)
         if units is not None and (not isinstance(units, int) or units <= 0):
             raise ValueError(
                 f"{type(self).__name__}: units must be a positive int or None, got {units!r}."
             )
+        if convert_to_tensor_fn not in _CONVERSIONS:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): convert_to_tensor_fn must be one of "
+                f"{_CONVERSIONS}, got {convert_to_tensor_fn!r}."
+            )
+        self.convert_to_tensor_fn = convert_to_tensor_fn
         self.units = units
         self.projection = None
         if units is not None:
@@ -105,10 +116,30 @@ class _OutputLayer(NamedOutput, SeededLayer):
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
         if self.projection is not None:
             x = self.projection(x)
-        return self._random_variable(x)
+        rv = self._random_variable(x)
+        if self.convert_to_tensor_fn == "sample" or rv.value_given:
+            return rv
+        try:
+            value = getattr(rv.distribution, self.convert_to_tensor_fn)()
+        except NotImplementedError:
+            raise ValueError(
+                f"{type(self).__name__} ({self.name}): {type(rv.distribution).__name__} has no "
+                f"analytic {self.convert_to_tensor_fn}; use convert_to_tensor_fn='sample'"
+                + (" or 'mode'" if self.convert_to_tensor_fn == "mean" else "")
+                + "."
+            ) from None
+        shape = tf.concat(
+            [rv.distribution.batch_shape_tensor(), rv.distribution.event_shape_tensor()], 0
+        )
+        value = tf.broadcast_to(tf.cast(value, rv.dtype), shape)
+        return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=value)
 
     def get_config(self):
-        return {**super().get_config(), "units": self.units}
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "convert_to_tensor_fn": self.convert_to_tensor_fn,
+        }
 
 
 @register

@@ -1,6 +1,8 @@
 """Stochastic output layers: shapes, distributions, use as model outputs with their log_prob as
 the loss (also in fit), composability, and Discretize's bin probabilities."""
 
+import math
+
 import keras
 import numpy as np
 import pytest
@@ -214,3 +216,46 @@ def test_scale_floor_and_multiplier():
     assert so.Normal.from_config(projected.get_config()).scale_multiplier == 0.05
     with pytest.raises(ValueError, match="scale_floor must be a positive number"):
         so.Normal(1, scale_floor=0)
+
+
+def test_convert_to_tensor_fn_picks_what_keras_metrics_see():
+    """`convert_to_tensor_fn='mean'` hands Keras' metrics the predictive mean (as `tfp.layers`'
+    argument does): `RootMeanSquaredError` equals the RMSE of the mean, whereas the default
+    (a draw) adds the noise's variance. The loss reads the distribution either way."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(2000, 1)).astype("float32")
+    y = (2.0 * x).astype("float32")
+
+    def model(conversion):
+        keras.utils.set_random_seed(0)
+        m = keras.Sequential(
+            [
+                keras.Input((1,)),
+                keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(2.0)),
+                blayers.layers.Normal(convert_to_tensor_fn=conversion),
+            ]
+        )
+        m.compile(
+            loss=lambda y_true, rv: -rv.distribution.log_prob(y_true),
+            metrics=[keras.metrics.RootMeanSquaredError()],
+        )
+        return m
+
+    scale = float(tf.nn.softplus(0.0)) + 1e-5  # the layer's initial scale
+    mean_rmse = model("mean").evaluate(x, y, verbose=0, return_dict=True)
+    sample_rmse = model("sample").evaluate(x, y, verbose=0, return_dict=True)
+    assert mean_rmse["root_mean_squared_error"] == pytest.approx(0.0, abs=1e-5)
+    # A draw's RMSE is the scale: sqrt(mean eps^2) over 2,000 draws, within 5 standard errors.
+    se = scale * math.sqrt(2.0 / 2000) / 2
+    assert abs(sample_rmse["root_mean_squared_error"] - scale) < 5 * se
+    assert mean_rmse["loss"] == pytest.approx(sample_rmse["loss"], rel=1e-5)
+
+    categorical = blayers.layers.Categorical(convert_to_tensor_fn="mode")
+    logits = np.array([[0.0, 3.0, 1.0], [2.0, 0.0, 0.0]], "float32")
+    np.testing.assert_array_equal(categorical(logits), [1, 0])
+    with pytest.raises(ValueError, match="no analytic mode"):
+        blayers.layers.MixtureNormal(1, num_components=2, convert_to_tensor_fn="mode")(X)
+    with pytest.raises(ValueError, match="convert_to_tensor_fn must be one of"):
+        blayers.layers.Normal(convert_to_tensor_fn="median")
+    config = blayers.layers.Normal(convert_to_tensor_fn="mean").get_config()
+    assert blayers.layers.Normal.from_config(config).convert_to_tensor_fn == "mean"
