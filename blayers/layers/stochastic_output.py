@@ -35,6 +35,7 @@ __all__ = [
     "Bernoulli",
     "Categorical",
     "Discretize",
+    "DistributionLambda",
     "MixtureLogistic",
     "MixtureNormal",
     "Normal",
@@ -43,6 +44,37 @@ __all__ = [
 
 _MIN_SCALE = 1e-5
 _CONVERSIONS = ("sample", "mean", "mode")
+
+
+def _check_conversion(layer, conversion):
+    if conversion not in _CONVERSIONS:
+        raise ValueError(
+            f"{type(layer).__name__} ({layer.name}): convert_to_tensor_fn must be one of "
+            f"{_CONVERSIONS}, got {conversion!r}."
+        )
+    return conversion
+
+
+def _convert(layer, rv):
+    """`rv` with its value fixed at the distribution's mean or mode, as the layer's
+    `convert_to_tensor_fn` asks (a value an interceptor gave is kept)."""
+    conversion = layer.convert_to_tensor_fn
+    if conversion == "sample" or rv.value_given:
+        return rv
+    try:
+        value = getattr(rv.distribution, conversion)()
+    except NotImplementedError:
+        raise ValueError(
+            f"{type(layer).__name__} ({layer.name}): {type(rv.distribution).__name__} has no "
+            f"analytic {conversion}; use convert_to_tensor_fn='sample'"
+            + (" or 'mode'" if conversion == "mean" else "")
+            + "."
+        ) from None
+    shape = tf.concat(
+        [rv.distribution.batch_shape_tensor(), rv.distribution.event_shape_tensor()], 0
+    )
+    value = tf.broadcast_to(tf.cast(value, rv.dtype), shape)
+    return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=value)
 
 
 class _Scale:
@@ -95,12 +127,7 @@ class _OutputLayer(NamedOutput, SeededLayer):
             raise ValueError(
                 f"{type(self).__name__}: units must be a positive int or None, got {units!r}."
             )
-        if convert_to_tensor_fn not in _CONVERSIONS:
-            raise ValueError(
-                f"{type(self).__name__} ({self.name}): convert_to_tensor_fn must be one of "
-                f"{_CONVERSIONS}, got {convert_to_tensor_fn!r}."
-            )
-        self.convert_to_tensor_fn = convert_to_tensor_fn
+        self.convert_to_tensor_fn = _check_conversion(self, convert_to_tensor_fn)
         self.units = units
         self.projection = None
         if units is not None:
@@ -116,23 +143,7 @@ class _OutputLayer(NamedOutput, SeededLayer):
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
         if self.projection is not None:
             x = self.projection(x)
-        rv = self._random_variable(x)
-        if self.convert_to_tensor_fn == "sample" or rv.value_given:
-            return rv
-        try:
-            value = getattr(rv.distribution, self.convert_to_tensor_fn)()
-        except NotImplementedError:
-            raise ValueError(
-                f"{type(self).__name__} ({self.name}): {type(rv.distribution).__name__} has no "
-                f"analytic {self.convert_to_tensor_fn}; use convert_to_tensor_fn='sample'"
-                + (" or 'mode'" if self.convert_to_tensor_fn == "mean" else "")
-                + "."
-            ) from None
-        shape = tf.concat(
-            [rv.distribution.batch_shape_tensor(), rv.distribution.event_shape_tensor()], 0
-        )
-        value = tf.broadcast_to(tf.cast(value, rv.dtype), shape)
-        return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=value)
+        return _convert(self, self._random_variable(x))
 
     def get_config(self):
         return {
@@ -367,3 +378,58 @@ class Discretize(NamedOutput, keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "low": self.low, "high": self.high}
+
+
+@register
+class DistributionLambda(SeededLayer):
+    """Any distribution made from the input by a function: `make_distribution_fn(x) ->
+    tfd.Distribution`, returned as a `RandomVariable` (the counterpart of
+    `tfp.layers.DistributionLambda`, e.g. TFP's regression tutorial's
+    `lambda t: tfd.Normal(loc=t[..., :1], scale=1e-3 + tf.math.softplus(0.05 * t[..., 1:]))`).
+
+    Args:
+      make_distribution_fn: `fn(x) -> tfd.Distribution`; saved as a Keras-serializable function
+        (a `lambda` needs `safe_mode=False` to load, as Keras' own `Lambda` layer).
+      convert_to_tensor_fn: `'sample'` (default), `'mean'` or `'mode'`, as the other stochastic
+        output layers.
+      seed: seeds the output's draw.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, make_distribution_fn, convert_to_tensor_fn="sample", **kwargs):
+        super().__init__(**kwargs)
+        if isinstance(make_distribution_fn, dict):
+            make_distribution_fn = keras.saving.deserialize_keras_object(make_distribution_fn)
+        if not callable(make_distribution_fn):
+            raise TypeError(
+                f"DistributionLambda ({self.name}): make_distribution_fn must be callable, got "
+                f"{make_distribution_fn!r}."
+            )
+        self.make_distribution_fn = make_distribution_fn
+        self.convert_to_tensor_fn = _check_conversion(self, convert_to_tensor_fn)
+
+    def call(self, inputs):
+        distribution = self.make_distribution_fn(inputs)
+        if not isinstance(distribution, tfd.Distribution):
+            raise TypeError(
+                f"DistributionLambda ({self.name}): make_distribution_fn returned "
+                f"{type(distribution).__name__}, not a tfp.distributions.Distribution."
+            )
+        return _convert(self, RandomVariable(distribution, seed=self.next_seed()))
+
+    def compute_output_spec(self, inputs):
+        # The function runs once on a zero batch of one: its distribution's shape, with the
+        # input's batch dimension.
+        example = tf.zeros([1 if d is None else d for d in inputs.shape], inputs.dtype)
+        distribution = self.make_distribution_fn(example)
+        shape = distribution.batch_shape.concatenate(distribution.event_shape).as_list()
+        if shape and inputs.shape[0] is None:
+            shape[0] = None
+        return keras.KerasTensor(shape, distribution.dtype.name)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "make_distribution_fn": keras.saving.serialize_keras_object(self.make_distribution_fn),
+            "convert_to_tensor_fn": self.convert_to_tensor_fn,
+        }
