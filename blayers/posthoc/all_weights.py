@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 from scipy.special import softmax
 
-from blayers.posthoc.laplace import _batches, _LaplaceBase, precision_eigenvalues
+from blayers.posthoc.laplace_base import _batches, _LaplaceBase, precision_eigenvalues
 
 __all__ = ["AllWeightsLaplace"]
 

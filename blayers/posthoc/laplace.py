@@ -35,209 +35,11 @@ import math
 
 import keras
 import numpy as np
-import scipy.optimize
-from scipy.special import log_softmax, softmax
 
-from blayers import metrics
+from blayers.posthoc.all_weights import AllWeightsLaplace
+from blayers.posthoc.laplace_base import _batches, _LaplaceBase, precision_eigenvalues
 
 __all__ = ["Laplace", "LaplacePredictive"]
-
-_LIKELIHOODS = ("classification", "regression")
-_STRUCTURES = ("full", "kron", "diag")
-
-
-def _batches(data, batch_size):
-    """`(x, y)` batches of NumPy arrays from a `tf.data.Dataset` of `(x, y)` or arrays."""
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        x, y = data
-        for start in range(0, len(x), batch_size):
-            yield (
-                np.asarray(x[start : start + batch_size]),
-                np.asarray(y[start : start + batch_size]),
-            )
-        return
-    for x, y in data.as_numpy_iterator():
-        yield x, y
-
-
-class _LaplaceBase:
-    """What every Laplace approximation here shares: the likelihood's curvature, the evidence
-    and its optimum, and the predictives from the outputs' Gaussian `N(f*, Sigma_f)`.
-
-    A subclass keeps the fitted posterior and provides `_cache(x)` (what the predictive needs of
-    inputs `x`, computed once), `_moments(cache)` (`f*, Sigma_f`), `_map_vector()` (the MAP
-    weights, flat) and `_precision_eigenvalues(delta, sigma)` (of the posterior precision)."""
-
-    structures = _STRUCTURES
-
-    def _init_common(self, likelihood, hessian_structure, prior_precision, sigma_noise, dtype):
-        if likelihood not in _LIKELIHOODS:
-            raise ValueError(f"Laplace: likelihood {likelihood!r} is not one of {_LIKELIHOODS}.")
-        if hessian_structure not in self.structures:
-            raise ValueError(
-                f"{type(self).__name__}: hessian_structure {hessian_structure!r} is not one of "
-                f"{self.structures}."
-            )
-        self.likelihood, self.structure = likelihood, hessian_structure
-        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
-        self.dtype = np.dtype(dtype)
-        self.fitted = False
-
-    @staticmethod
-    def _check_last_layer(layer):
-        kernel = getattr(layer, "kernel", None)
-        if kernel is None or len(kernel.shape) != 2:
-            raise ValueError(
-                f"Laplace: the last layer {layer.name!r} ({type(layer).__name__}) is not "
-                "a dense layer with a 2-D kernel."
-            )
-        activation = getattr(getattr(layer, "activation", None), "__name__", "linear")
-        if activation not in ("linear", "softmax"):
-            raise ValueError(
-                f"Laplace: the last layer {layer.name!r} has activation {activation!r}; "
-                "it must be linear (or softmax, read as logits)."
-            )
-
-    def _output_curvature(self, f):
-        """`Lambda_n` per example `[n, K, K]` (regression: for unit noise)."""
-        if self.likelihood == "regression":
-            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
-        p = softmax(f, -1)
-        return np.einsum("nk,kl->nkl", p, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, p)
-
-    def _output_curvature_root(self, f):
-        """`L_n` with `L_n L_n^T = Lambda_n`, `[n, K, K]`: for a softmax
-        `L = diag(sqrt p) - p sqrt(p)^T` (exact, as `sum p = 1`); the identity for regression."""
-        if self.likelihood == "regression":
-            return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
-        p = softmax(f.astype(np.float64), -1)
-        root = np.sqrt(p)
-        return np.einsum("nk,kl->nkl", root, np.eye(p.shape[1])) - np.einsum("nk,nl->nkl", p, root)
-
-    def _start_fit(self):
-        self.num_data, self.log_likelihood_sum, self.sse = 0, 0.0, 0.0
-
-    def _accumulate_fit(self, f, y):
-        if self.likelihood == "classification":
-            y = y.reshape(-1).astype(int)
-            self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
-        else:
-            self.sse += float(np.sum(np.square(y.reshape(f.shape) - f)))
-
-    def _curvature_scale(self, sigma_noise):
-        return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
-
-    def log_likelihood(self, sigma_noise=None):
-        """`log p(D | theta*)` over the fitted data."""
-        self._check_fitted()
-        if self.likelihood == "classification":
-            return self.log_likelihood_sum
-        sigma = self.sigma_noise if sigma_noise is None else sigma_noise
-        n_out = self.num_data * self.num_outputs
-        return -0.5 * self.sse / sigma**2 - n_out * (math.log(sigma) + 0.5 * math.log(2 * math.pi))
-
-    def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
-        """The Laplace approximation of the evidence `log p(D | delta, sigma)`."""
-        self._check_fitted()
-        delta = self.prior_precision if prior_precision is None else float(prior_precision)
-        sigma = self.sigma_noise if sigma_noise is None else float(sigma_noise)
-        eigenvalues = self._precision_eigenvalues(delta, sigma)
-        theta = self._map_vector()
-        return (
-            self.log_likelihood(sigma)
-            - 0.5 * delta * float(np.sum(theta**2))
-            - 0.5 * (float(np.sum(np.log(eigenvalues))) - theta.size * math.log(delta))
-        )
-
-    def optimize_prior_precision(self, method="marglik", val_data=None, grid=None):
-        """Sets the prior precision (and, for regression by `'marglik'`, the noise) to maximize
-        the evidence (`'marglik'`), or to minimize the NLL of `val_data` (`'val_nll'`, over a
-        log grid). Returns the prior precision."""
-        self._check_fitted()
-        if method == "marglik":
-            if self.likelihood == "regression":
-
-                def objective(params):
-                    return -self.log_marginal_likelihood(math.exp(params[0]), math.exp(params[1]))
-
-                start = [math.log(self.prior_precision), math.log(self.sigma_noise)]
-                result = scipy.optimize.minimize(
-                    objective, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}
-                )
-                self.prior_precision, self.sigma_noise = (float(v) for v in np.exp(result.x))
-            else:
-                result = scipy.optimize.minimize_scalar(
-                    lambda log_delta: -self.log_marginal_likelihood(math.exp(log_delta)),
-                    bounds=(-12.0, 12.0),
-                    method="bounded",
-                    options={"xatol": 1e-6},
-                )
-                self.prior_precision = float(math.exp(result.x))
-        elif method == "val_nll":
-            if val_data is None:
-                raise ValueError("Laplace: method='val_nll' needs val_data.")
-            grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
-            x_val, y_val = _arrays(val_data)
-            cache = self._cache(x_val)  # the network runs once; only the posterior moves
-            nlls = []
-            for delta in grid:
-                self.prior_precision = float(delta)
-                nlls.append(self._nll(cache, y_val))
-            self.prior_precision = float(grid[int(np.argmin(nlls))])
-        else:
-            raise ValueError(f"Laplace: method {method!r} is not 'marglik' or 'val_nll'.")
-        return self.prior_precision
-
-    # ----------------------------------------------------------------------------------------
-    # Predictions.
-
-    def _check_fitted(self):
-        if not self.fitted:
-            raise ValueError("Laplace: call fit(data) first.")
-
-    def functional_variance(self, x):
-        """`f* [n, K]` and the covariance of the outputs `Sigma_f [n, K, K]`."""
-        self._check_fitted()
-        return self._moments(self._cache(x))
-
-    def predict(self, x, link_approx="probit", num_samples=100, seed=0):
-        """The predictive of inputs `x`.
-
-        Classification: class probabilities `[n, K]` by the probit approximation
-        (`link_approx='probit'`) or a Monte Carlo average of `softmax(f)` over `num_samples`
-        draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
-        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
-        """
-        self._check_fitted()
-        return self._predictive(self._cache(x), link_approx, num_samples, seed)
-
-    def _predictive(self, cache, link_approx="probit", num_samples=100, seed=0):
-        f, cov = self._moments(cache)
-        if self.likelihood == "regression":
-            variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
-            return f, np.sqrt(variance)
-        if link_approx == "probit":
-            kappa = 1.0 / np.sqrt(1.0 + math.pi / 8.0 * np.diagonal(cov, axis1=1, axis2=2))
-            return softmax(f * kappa, -1)
-        if link_approx == "mc":
-            rng = np.random.default_rng(seed)
-            chol = np.linalg.cholesky(cov + 1e-10 * np.eye(cov.shape[-1]))
-            eps = rng.normal(size=(num_samples, *f.shape))
-            draws = f + np.einsum("nkl,snl->snk", chol, eps)
-            return np.mean(softmax(draws, -1), 0)
-        raise ValueError(f"Laplace: link_approx {link_approx!r} is not 'probit' or 'mc'.")
-
-    def nll(self, x, y):
-        """Mean negative log predictive density of `(x, y)`."""
-        self._check_fitted()
-        return self._nll(self._cache(x), y)
-
-    def _nll(self, cache, y):
-        y = np.asarray(y)
-        if self.likelihood == "classification":
-            return metrics.nll(self._predictive(cache)[None], y.reshape(-1).astype(int))
-        mean, stddev = self._predictive(cache)
-        return metrics.nlpd(mean[None], stddev[None], y.reshape(mean.shape))
 
 
 class Laplace(_LaplaceBase):
@@ -262,8 +64,6 @@ class Laplace(_LaplaceBase):
 
     def __new__(cls, *args, subset_of_weights="last_layer", **kwargs):
         if subset_of_weights == "all":
-            from blayers.posthoc.all_weights import AllWeightsLaplace
-
             # Not an instance of `cls`, so Python does not call `__init__` again.
             return AllWeightsLaplace(*args, **kwargs)
         if subset_of_weights != "last_layer":
@@ -595,17 +395,6 @@ class LaplacePredictive(keras.layers.Layer):
         }
 
 
-def precision_eigenvalues(ops, structure, state, prior_precision, scale):
-    """The eigenvalues of `P = scale H + delta I` (flat, in the order of `theta`'s `[D+1, K]`
-    for `'kron'` and `'diag'`), with `ops` NumPy or `keras.ops`."""
-    if structure == "kron":
-        outer = ops.outer(ops.maximum(state["values_a"], 0), ops.maximum(state["values_g"], 0))
-        return ops.reshape(outer, [-1]) * scale + prior_precision
-    if structure == "full":
-        return ops.maximum(state["values_h"], 0) * scale + prior_precision
-    return state["diag_h"] * scale + prior_precision
-
-
 def output_moments(ops, structure, state, phi, prior_precision, scale):
     """`(f*, Sigma_f)` of features `phi~ [n, D+1]`: `Sigma_f = J P^-1 J^T` through the
     precision's eigendecomposition, with `ops` NumPy or `keras.ops`."""
@@ -628,8 +417,3 @@ def output_moments(ops, structure, state, phi, prior_precision, scale):
         inner = ops.matmul(ops.square(phi), ops.reshape(inverse, [d, k]))
         cov = ops.einsum("nk,kl->nkl", inner, ops.eye(k, dtype=inner.dtype))
     return f, cov
-
-
-def _arrays(data):
-    xs, ys = zip(*_batches(data, 1 << 30))
-    return np.concatenate(xs), np.concatenate(ys)
