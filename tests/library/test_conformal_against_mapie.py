@@ -1,0 +1,80 @@
+"""Split conformal prediction against MAPIE on the same predictions: MAPIE wraps a fixed
+predictor (the probabilities or means given by index), so both libraries see identical scores
+and must return identical sets and intervals."""
+
+import mapie.classification as mapie_classification
+import mapie.regression as mapie_regression
+import numpy as np
+import pytest
+from scipy.special import softmax
+from sklearn.base import BaseEstimator, ClassifierMixin, RegressorMixin
+
+from blayers.posthoc import SplitConformalClassifier, SplitConformalRegressor
+
+
+class _FixedClassifier(ClassifierMixin, BaseEstimator):
+    """`predict_proba(X)` = the given probabilities of rows `X[:, 0]`."""
+
+    def __init__(self, probs):
+        self.probs = probs
+
+    def fit(self, x, y):
+        self.classes_ = np.arange(self.probs.shape[1])
+        return self
+
+    def predict_proba(self, x):
+        return self.probs[np.asarray(x)[:, 0].astype(int)]
+
+    def predict(self, x):
+        return self.predict_proba(x).argmax(1)
+
+
+class _FixedRegressor(RegressorMixin, BaseEstimator):
+    def __init__(self, means):
+        self.means = means
+
+    def fit(self, x, y):
+        self.n_features_in_ = 1
+        return self
+
+    def predict(self, x):
+        return self.means[np.asarray(x)[:, 0].astype(int)]
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_lac_sets_are_mapie_s(alpha):
+    rng = np.random.default_rng(0)
+    n, k = 700, 6
+    logits = rng.normal(size=(n, k)) * 2.0
+    probs = softmax(logits, -1)
+    labels = np.array([rng.choice(k, p=p) for p in probs])
+    index = np.arange(n)[:, None]
+    cal, test = slice(0, 400), slice(400, n)
+    ours = SplitConformalClassifier(alpha=alpha, method="lac").fit(probs[cal], labels[cal])
+    estimator = _FixedClassifier(probs).fit(index, labels)
+    theirs = mapie_classification.SplitConformalClassifier(
+        estimator, confidence_level=1 - alpha, conformity_score="lac", prefit=True
+    )
+    theirs.conformalize(index[cal], labels[cal])
+    _, sets = theirs.predict_set(index[test])
+    np.testing.assert_array_equal(ours.predict_set(probs[test]), sets[:, :, 0])
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_absolute_residual_intervals_are_mapie_s(alpha):
+    rng = np.random.default_rng(1)
+    n = 600
+    means = rng.normal(size=n)
+    targets = means + rng.standard_t(4, size=n)
+    index = np.arange(n)[:, None]
+    cal, test = slice(0, 350), slice(350, n)
+    ours = SplitConformalRegressor(alpha=alpha).fit(means[cal], targets[cal])
+    estimator = _FixedRegressor(means).fit(index, targets)
+    theirs = mapie_regression.SplitConformalRegressor(
+        estimator, confidence_level=1 - alpha, conformity_score="absolute", prefit=True
+    )
+    theirs.conformalize(index[cal], targets[cal])
+    _, intervals = theirs.predict_interval(index[test])
+    lower, upper = ours.predict_interval(means[test])
+    np.testing.assert_allclose(lower, intervals[:, 0, 0], rtol=1e-10)
+    np.testing.assert_allclose(upper, intervals[:, 1, 0], rtol=1e-10)
