@@ -23,7 +23,7 @@ from blayers import sampling
 
 tfd = tfp.distributions
 
-__all__ = ["RandomVariable"]
+__all__ = ["RandomVariable", "fixed_at"]
 
 
 class RandomVariable:
@@ -251,6 +251,26 @@ class _RandomVariableTraceType(tf.types.experimental.TraceType):
 
     def __repr__(self):
         return f"RandomVariableTraceType({self._rv!r})"
+
+
+def fixed_at(rv, statistic="mean"):
+    """A random variable over `rv`'s distribution whose value is the distribution's
+    `statistic` (`'mean'` or `'mode'`) broadcast to the value's shape. Raises TFP's
+    `NotImplementedError` where the distribution has no analytic one."""
+    value = tf.cast(getattr(rv.distribution, statistic)(), rv.dtype)
+    d = rv.distribution
+    if rv.shape.is_fully_defined():
+        shape = rv.shape
+    else:
+        shape = tf.concat(
+            [
+                tf.constant(rv.sample_shape.as_list(), tf.int32),
+                d.batch_shape_tensor(),
+                d.event_shape_tensor(),
+            ],
+            0,
+        )
+    return RandomVariable(d, sample_shape=rv.sample_shape, value=tf.broadcast_to(value, shape))
 
 
 def _unwrap(value):

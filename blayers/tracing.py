@@ -18,8 +18,6 @@ import contextlib
 import functools
 import threading
 
-import tensorflow as tf
-
 __all__ = ["condition", "posterior_mean", "take_mean", "tape", "trace", "traceable"]
 
 
@@ -77,17 +75,13 @@ def take_mean(f, *args, **kwargs):
     so a network of Bayesian layers under `take_mean` is the network at its posterior mean.
     Distributions without an analytic mean (TFP raises `NotImplementedError`) keep a sample.
     """
-    from blayers.random_variable import RandomVariable
+    from blayers.random_variable import fixed_at
 
     rv = traceable(f)(*args, **kwargs)  # outer interceptors see the construction too
     try:
-        mean = rv.distribution.mean()
+        return fixed_at(rv, "mean")
     except NotImplementedError:
         return rv
-    mean = (
-        tf.broadcast_to(tf.cast(mean, rv.dtype), rv.shape) if rv.shape.is_fully_defined() else mean
-    )
-    return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=mean)
 
 
 def posterior_mean():

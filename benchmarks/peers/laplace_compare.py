@@ -15,6 +15,7 @@ Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -36,6 +37,7 @@ REQUIREMENTS = ["torch", "laplace-torch==0.3"]
 HIDDEN = 128
 
 
+@functools.cache  # one read per data set, shared by its seeds
 def load(name):
     if name == "digits":
         from sklearn.datasets import load_digits

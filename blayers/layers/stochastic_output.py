@@ -26,7 +26,7 @@ import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
 from blayers.layers.base import LocalLosses, NamedOutput, SeededLayer, register
-from blayers.random_variable import RandomVariable
+from blayers.random_variable import RandomVariable, fixed_at
 
 tfd = tfp.distributions
 tfb = tfp.bijectors
@@ -62,7 +62,7 @@ def _convert(layer, rv):
     if conversion == "sample" or rv.value_given:
         return rv
     try:
-        value = getattr(rv.distribution, conversion)()
+        return fixed_at(rv, conversion)
     except NotImplementedError:
         raise ValueError(
             f"{type(layer).__name__} ({layer.name}): {type(rv.distribution).__name__} has no "
@@ -70,11 +70,6 @@ def _convert(layer, rv):
             + (" or 'mode'" if conversion == "mean" else "")
             + "."
         ) from None
-    shape = tf.concat(
-        [rv.distribution.batch_shape_tensor(), rv.distribution.event_shape_tensor()], 0
-    )
-    value = tf.broadcast_to(tf.cast(value, rv.dtype), shape)
-    return RandomVariable(rv.distribution, sample_shape=rv.sample_shape, value=value)
 
 
 class _Scale:

@@ -34,7 +34,8 @@ import numpy as np
 import tensorflow as tf
 from scipy.special import softmax
 
-from blayers.posthoc.laplace_base import _batches, _LaplaceBase, precision_eigenvalues
+from blayers.posthoc.batches import batches, input_batches
+from blayers.posthoc.laplace_base import _LaplaceBase, precision_eigenvalues
 
 __all__ = ["AllWeightsLaplace"]
 
@@ -256,7 +257,7 @@ class AllWeightsLaplace(_LaplaceBase):
             diagonals = [np.zeros(shape, self.dtype) for shape in shapes]
         self._start_fit()
         bar = keras.utils.Progbar(None, unit_name="batch") if progress else None
-        for x, y in _batches(data, batch_size):
+        for x, y in batches(data, batch_size):
             f, parts = self._forward(x)
             root = self._output_curvature_root(f).astype(self.dtype)
             for i, (a, g) in enumerate(parts):
@@ -313,9 +314,8 @@ class AllWeightsLaplace(_LaplaceBase):
         """`f*` and, per block, the Jacobians in the posterior's eigenbasis: `(a, g)` apart for
         a layer seen once per example (`J = a (x) g`), else `J [n, K, P, C]`."""
         fs, blocks = [], [[] for _ in self.blocks]
-        x = np.asarray(x)
-        for start in range(0, len(x), batch_size):
-            f, parts = self._forward(x[start : start + batch_size])
+        for batch in input_batches(x, batch_size):
+            f, parts = self._forward(batch)
             fs.append(f)
             for i, (a, g) in enumerate(parts):
                 if self.structure == "kron":
@@ -359,7 +359,7 @@ class AllWeightsLaplace(_LaplaceBase):
         if pred_type != "nn":
             raise ValueError(f"AllWeightsLaplace: pred_type {pred_type!r} is not 'glm' or 'nn'.")
         draws = self.sample(num_samples, seed)
-        x, outputs = np.asarray(x), []
+        outputs = []
         try:
             for s in range(num_samples):
                 for block, theta in zip(self.blocks, draws, strict=True):
@@ -367,8 +367,8 @@ class AllWeightsLaplace(_LaplaceBase):
                 outputs.append(
                     np.concatenate(
                         [
-                            keras.ops.convert_to_numpy(self.model(x[i : i + 256], training=False))
-                            for i in range(0, len(x), 256)
+                            keras.ops.convert_to_numpy(self.model(batch, training=False))
+                            for batch in input_batches(x, 256)
                         ]
                     )
                 )

@@ -37,7 +37,8 @@ import keras
 import numpy as np
 
 from blayers.posthoc.all_weights import AllWeightsLaplace
-from blayers.posthoc.laplace_base import _batches, _LaplaceBase, precision_eigenvalues
+from blayers.posthoc.batches import batches
+from blayers.posthoc.laplace_base import _LaplaceBase, precision_eigenvalues
 
 __all__ = ["Laplace", "LaplacePredictive"]
 
@@ -135,7 +136,7 @@ class Laplace(_LaplaceBase):
             factor_a, factor_g = np.zeros((d, d), self.dtype), np.zeros((k, k), self.dtype)
         self._start_fit()
         bar = keras.utils.Progbar(None, unit_name="batch") if progress else None
-        for x, y in _batches(data, batch_size):
+        for x, y in batches(data, batch_size):
             phi = self._cache(x)
             f = phi @ self.theta
             lam = self._output_curvature(f)

@@ -9,25 +9,12 @@ import scipy.optimize
 from scipy.special import log_softmax, softmax
 
 from blayers import metrics
+from blayers.posthoc.batches import arrays
 
 __all__ = ["precision_eigenvalues"]
 
 _LIKELIHOODS = ("classification", "regression")
 _STRUCTURES = ("full", "kron", "diag")
-
-
-def _batches(data, batch_size):
-    """`(x, y)` batches of NumPy arrays from a `tf.data.Dataset` of `(x, y)` or arrays."""
-    if isinstance(data, (tuple, list)) and len(data) == 2:
-        x, y = data
-        for start in range(0, len(x), batch_size):
-            yield (
-                np.asarray(x[start : start + batch_size]),
-                np.asarray(y[start : start + batch_size]),
-            )
-        return
-    for x, y in data.as_numpy_iterator():
-        yield x, y
 
 
 class _LaplaceBase:
@@ -147,7 +134,7 @@ class _LaplaceBase:
             if val_data is None:
                 raise ValueError("Laplace: method='val_nll' needs val_data.")
             grid = np.logspace(-4, 4, 41) if grid is None else np.asarray(grid, np.float64)
-            x_val, y_val = _arrays(val_data)
+            x_val, y_val = arrays(val_data)
             cache = self._cache(x_val)  # the network runs once; only the posterior moves
             nlls = []
             for delta in grid:
@@ -219,8 +206,3 @@ def precision_eigenvalues(ops, structure, state, prior_precision, scale):
     if structure == "full":
         return ops.maximum(state["values_h"], 0) * scale + prior_precision
     return state["diag_h"] * scale + prior_precision
-
-
-def _arrays(data):
-    xs, ys = zip(*_batches(data, 1 << 30))
-    return np.concatenate(xs), np.concatenate(ys)

@@ -21,6 +21,8 @@ Monte Carlo average over draws; batch-normalization statistics are recomputed fo
 import keras
 import numpy as np
 
+from blayers.posthoc.batches import input_batches
+
 __all__ = ["SWAG", "update_batch_norm"]
 
 
@@ -278,7 +280,7 @@ def update_batch_norm(model, data, batch_size=256):
         layer.moving_mean.assign(keras.ops.zeros_like(layer.moving_mean))
         layer.moving_variance.assign(keras.ops.ones_like(layer.moving_variance))
     try:
-        for i, x in enumerate(_input_batches(data, batch_size)):
+        for i, x in enumerate(input_batches(data, batch_size)):
             # momentum i / (i + 1) makes the exponential average a plain running mean.
             for layer in layers:
                 layer.momentum = i / (i + 1)
@@ -286,13 +288,3 @@ def update_batch_norm(model, data, batch_size=256):
     finally:
         for layer, momentum in zip(layers, momenta):
             layer.momentum = momentum
-
-
-def _input_batches(data, batch_size):
-    if hasattr(data, "as_numpy_iterator"):
-        for batch in data.as_numpy_iterator():
-            yield batch[0] if isinstance(batch, tuple) else batch
-        return
-    x = data[0] if isinstance(data, (tuple, list)) else data
-    for start in range(0, len(x), batch_size):
-        yield np.asarray(x[start : start + batch_size])
