@@ -1,5 +1,5 @@
 """Post-hoc uncertainty for a finished run: `python -m blayers.posthoc --model_dir=RUN
---method=temperature|conformal|laplace|swag`.
+--method=temperature|conformal|laplace|swag|ensemble`.
 
 The run's model is rebuilt from its `operative_config.gin` and restored from its newest
 checkpoint; the run folder is read, never changed, except for `posthoc/<method>/`, which gets a
@@ -8,8 +8,9 @@ on the same examples under `base`) and the task's plots.
 
 The test set is split once (`split_seed`): `calibration_fraction` of it fits what needs held-out
 data (the temperature, the conformal quantile); both the run's model and the post-hoc method
-are scored on the rest. The Laplace curvature and SWAG's continued training use the training
-set. Every argument of `posthoc` is a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
+are scored on the rest (and, for classification, on the run's OOD set and the rest's corrupted
+copies). `ensemble` mixes the run with other finished runs of the same model. The Laplace
+curvature and SWAG's continued training use the training set. Every argument of `posthoc` is a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
 `--gin_param="Laplace.hessian_structure = 'full'"`).
 """
 
@@ -26,7 +27,7 @@ from blayers.lab import runs
 
 __all__ = ["METHODS", "posthoc", "restore"]
 
-METHODS = ("temperature", "conformal", "laplace", "swag")
+METHODS = ("temperature", "conformal", "laplace", "swag", "ensemble")
 
 # The configurable versions (`Laplace.hessian_structure = 'full'` binds these, not the library's
 # own classes, which know nothing of gin).
@@ -71,8 +72,13 @@ def posthoc(
     swag_epochs=10,
     swag_learning_rate=0.01,
     swag_max_rank=20,
+    members=(),
 ):
     """Fits `method` on the restored run and returns `(summary, arrays)`.
+
+    For classification, both the run's model (`base`) and the method (`final`) are also scored
+    on the run's OOD set (`ood_auroc_*`) and on the evaluation part of its corrupted copies of
+    the test set (`corrupted_*`, and the per-set table in the arrays), as the trainer does.
 
     Args:
       learner: the run's built and restored `SupervisedLearner`.
@@ -89,6 +95,9 @@ def posthoc(
         calibration part).
       swag_epochs, swag_learning_rate, swag_max_rank: SWAG's continued training (SGD at a
         constant rate, one collection per epoch) and its rank.
+      members: for `'ensemble'`, the other runs' folders (same model and data, other seeds);
+        the predictive is the equal mixture of this run and those (a deep ensemble,
+        Lakshminarayanan et al., 2017).
     """
     if method not in METHODS:
         raise ValueError(f"posthoc: method {method!r} is not one of {METHODS}.")
@@ -102,24 +111,58 @@ def posthoc(
     classification = task.name == "classification"
     if method in ("temperature", "laplace") and not classification:
         raise ValueError(f"posthoc: method {method!r} is for classification runs.")
+    if method == "ensemble" and not members:
+        raise ValueError(
+            "posthoc: method 'ensemble' needs the other runs: "
+            "--gin_param=\"posthoc.members = ['RUN2', 'RUN3']\"."
+        )
+    # Every input any score needs, predicted in one pass per model or draw: the whole test
+    # set, then the OOD set and the corrupted copies of the evaluation part.
+    inputs = _Inputs(x)
+    if classification and data.ood is not None:
+        inputs.add("ood", _arrays(data.ood)[0])
+    for key, dataset in (data.corrupted or {}).items() if classification else ():
+        shifted_x, shifted_y = _arrays(dataset)
+        inputs.add(key, shifted_x[evaluation], shifted_y[evaluation])
 
-    def predictive(model_, x_):
-        return task.predictive_samples(model_, _dataset(x_), num_samples, learner.eval_batch_size)
+    def predictive(model_):
+        return task.predictive_samples(
+            model_, _dataset(inputs.x), num_samples, learner.eval_batch_size
+        )
 
-    def score(params, labels):
-        if classification:
-            return metrics_lib.classification_metrics(params[0], labels)
-        return metrics_lib.regression_metrics(params[0], params[1], labels, data.target_scale)
+    def score(params):
+        """`(metrics, arrays)` of predictive parameters over `inputs`."""
+        test = [p[:, : len(x)] for p in params]
+        if not classification:
+            means, stddevs = (p[:, evaluation] for p in test)
+            return metrics_lib.regression_metrics(
+                means, stddevs, y[evaluation], data.target_scale
+            ), {
+                "means": means,
+                "stddevs": stddevs,
+                "targets": y[evaluation],
+                "inputs": x[evaluation],
+                "scale": data.target_scale,
+                "shift": data.target_mean,
+            }
+        probs = params[0]
+        ood = inputs.part(probs, "ood") if "ood" in inputs.parts else None
+        corrupted = {
+            key: (inputs.part(probs, key), inputs.labels[key])
+            for key in inputs.parts
+            if key != "ood"
+        }
+        return task.score(test[0][:, evaluation], y[evaluation], ood, corrupted)
 
-    base_params = predictive(model, x)
-    base = score([p[:, evaluation] for p in base_params], y[evaluation])
+    base_params = predictive(model)
+    base, base_arrays = score(base_params)
     start = time.perf_counter()
     extra = {}
     if method == "temperature":
         logits = _log_mean_probs(base_params[0])
         scaler = posthoc_lib.TemperatureScaling(vector=vector_scaling)
         scaler.fit(logits[calibration], y[calibration])
-        params = [scaler.predict_proba(logits[evaluation])[None]]
+        params = [scaler.predict_proba(logits)[None]]
         extra = {"temperature": scaler.temperature} if not vector_scaling else {}
     elif method == "laplace":
         laplace = _Laplace(model, "classification")
@@ -128,21 +171,28 @@ def posthoc(
             laplace.optimize_prior_precision("val_nll", val_data=(x[calibration], y[calibration]))
         else:
             laplace.optimize_prior_precision(laplace_prior)
-        params = [laplace.predict(x[evaluation])[None]]
+        params = [laplace.predict(inputs.x)[None]]
         extra = {"prior_precision": laplace.prior_precision}
     elif method == "swag":
         params = _swag(
-            learner, x, evaluation, num_samples, swag_epochs, swag_learning_rate, swag_max_rank
+            learner, inputs.x, num_samples, swag_epochs, swag_learning_rate, swag_max_rank
         )
+    elif method == "ensemble":
+        draws = [base_params]
+        for member in members:
+            member_learner, _ = restore(member)
+            draws.append(predictive(member_learner.model))
+        params = [np.concatenate(parts) for parts in zip(*draws)]
+        extra = {"ensemble_size": len(draws)}
     else:
-        params = [p[:, evaluation] for p in base_params]
+        params = base_params
     fit_seconds = time.perf_counter() - start
-    final = score(params, y[evaluation]) if method != "conformal" else dict(base)
     if method == "conformal":
+        final, arrays = dict(base), base_arrays
         final.update(
             _conformal(
                 classification,
-                base_params,
+                [p[:, : len(x)] for p in base_params],
                 calibration,
                 evaluation,
                 y,
@@ -151,6 +201,8 @@ def posthoc(
                 data.target_scale,
             )
         )
+    else:
+        final, arrays = score(params)
     final.update(extra)
     summary = {
         "status": "finished",
@@ -162,18 +214,31 @@ def posthoc(
         "base": base,
         "final": final,
     }
-    if classification:
-        arrays = {"probs": params[0], "labels": y[evaluation]}
-    else:
-        arrays = {
-            "means": params[0],
-            "stddevs": params[1],
-            "targets": y[evaluation],
-            "inputs": x[evaluation],
-            "scale": data.target_scale,
-            "shift": data.target_mean,
-        }
     return summary, arrays
+
+
+class _Inputs:
+    """The test inputs followed by named extra parts, and how to cut predictions back apart."""
+
+    def __init__(self, x):
+        self.x, self.parts, self.labels = x, {}, {}
+
+    def add(self, key, x, labels=None):
+        self.parts[key] = (len(self.x), len(self.x) + len(x))
+        self.x = np.concatenate([self.x, x.astype(self.x.dtype)])
+        if labels is not None:
+            self.labels[key] = labels
+
+    def part(self, values, key):
+        begin, end = self.parts[key]
+        return values[:, begin:end]
+
+
+def _arrays(dataset):
+    """An unbatched dataset's elements as arrays (`(x,)` or `(x, y)`)."""
+    batch = next(iter(dataset.batch(1 << 30)))
+    batch = batch if isinstance(batch, tuple) else (batch,)
+    return tuple(b.numpy() for b in batch)
 
 
 def _conformal(classification, params, calibration, evaluation, y, alpha, method, scale):
@@ -200,7 +265,7 @@ def _conformal(classification, params, calibration, evaluation, y, alpha, method
     }
 
 
-def _swag(learner, x, evaluation, num_samples, epochs, learning_rate, max_rank):
+def _swag(learner, inputs, num_samples, epochs, learning_rate, max_rank):
     import keras
 
     from blayers.layers.base import BayesianLayer
@@ -226,9 +291,7 @@ def _swag(learner, x, evaluation, num_samples, epochs, learning_rate, max_rank):
     swag.fit(train, epochs=epochs, verbose=0, shuffle=False)  # the dataset shuffles
     draws = []
     for _ in swag.draws(num_samples):
-        draws.append(
-            task.predictive_samples(model, _dataset(x[evaluation]), 1, learner.eval_batch_size)
-        )
+        draws.append(task.predictive_samples(model, _dataset(inputs), 1, learner.eval_batch_size))
     swag.assign_swa()
     return [np.concatenate([d[i] for d in draws]) for i in range(len(draws[0]))]
 

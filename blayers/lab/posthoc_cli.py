@@ -11,7 +11,10 @@ from absl import app, flags, logging
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A finished run's folder.")
 flags.DEFINE_enum(
-    "method", None, ["temperature", "conformal", "laplace", "swag"], "The post-hoc method."
+    "method",
+    None,
+    ["temperature", "conformal", "laplace", "swag", "ensemble"],
+    "The post-hoc method (ensemble: with posthoc.members, the other runs' folders).",
 )
 flags.DEFINE_multi_string("gin_file", [], "Extra gin files (after the run's operative config).")
 flags.DEFINE_multi_string("gin_param", [], "Extra gin bindings, e.g. 'posthoc.alpha = 0.05'.")

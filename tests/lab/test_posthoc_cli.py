@@ -19,21 +19,26 @@ def _run(args, timeout=300):
     )
 
 
-@pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
-    model_dir = tmp_path_factory.mktemp("posthoc") / "run"
+def _train(model_dir, seed):
     result = _run(
         [
             "blayers.train",
             "--gin_file=digits_mlp_smoke",
             "--gin_param=mlp.dense_layer = 'Dense'",
+            "--gin_param=digits.corruptions = ['gaussian_noise', 'contrast']",
             "--gin_param=train.train_steps = 150",
+            f"--gin_param=train.seed = {seed}",
             "--gin_param=train.progress = False",
             f"--model_dir={model_dir}",
         ]
     )
     assert result.returncode == 0, result.stderr[-2000:]
     return model_dir
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    return _train(tmp_path_factory.mktemp("posthoc") / "run", seed=0)
 
 
 def _in_process(model_dir, method, params=()):
@@ -61,6 +66,17 @@ def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
     assert set(base) <= set(final)  # the run's metric names, and the method's own
     assert final["accuracy"] == base["accuracy"]  # one temperature keeps every argmax
     assert final["temperature"] > 0
+    # Scored on the run's OOD set and shifted copies too, like the trainer's own metrics.
+    for key in ("ood_auroc_entropy", "corrupted_accuracy", "corrupted_nll", "corrupted_ece"):
+        assert key in run_metrics["final"] and key in base and key in final
+    assert (out / "corruptions.png").exists()
+    table = json.loads((out / "corruptions.json").read_text())
+    assert set(table) == {"clean"} | {
+        f"{name}_{severity}" for name in ("gaussian_noise", "contrast") for severity in range(1, 6)
+    }
+    assert table["contrast_5"]["accuracy"] < table["clean"]["accuracy"] - 0.1
+    assert final["corrupted_accuracy"] == base["corrupted_accuracy"]  # argmax kept
+    assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
     assert "temperature" in result.stdout and "nll" in result.stdout
     # The run itself is unchanged.
     assert json.loads((finished_run / "metrics.json").read_text()) == run_metrics
@@ -96,3 +112,21 @@ def test_laplace_and_swag_add_uncertainty_without_losing_accuracy(finished_run):
 def test_methods_refuse_what_they_cannot_do(finished_run):
     with pytest.raises(ValueError, match="method 'bayes' is not one of"):
         _in_process(finished_run, "bayes")
+
+
+def test_ensemble_mixes_finished_runs(finished_run, tmp_path):
+    other = _train(tmp_path / "other", seed=1)
+    single, _ = _in_process(other, "conformal")  # the other run scored alone
+    summary, arrays = _in_process(
+        finished_run, "ensemble", [f"posthoc.members = ['{other}']", "posthoc.num_samples = 2"]
+    )
+    final, base = summary["final"], summary["base"]
+    assert final["ensemble_size"] == 2
+    assert arrays["probs"].shape == (4, summary["num_evaluation"], 10)  # 2 draws per member
+    # log of a mean >= mean of logs (Jensen): the mixture's NLL is at most the members' mean.
+    assert final["nll"] <= (base["nll"] + single["base"]["nll"]) / 2 + 1e-9
+    assert final["corrupted_nll"] <= (base["corrupted_nll"] + single["base"]["corrupted_nll"]) / 2
+    assert final["mutual_information"] > 1e-4  # two seeds disagree; one MAP network cannot
+    assert base["mutual_information"] < 1e-9
+    with pytest.raises(ValueError, match="needs the other runs"):
+        _in_process(finished_run, "ensemble")

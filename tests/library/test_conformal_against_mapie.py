@@ -78,3 +78,40 @@ def test_absolute_residual_intervals_are_mapie_s(alpha):
     lower, upper = ours.predict_interval(means[test])
     np.testing.assert_allclose(lower, intervals[:, 0, 0], rtol=1e-10)
     np.testing.assert_allclose(upper, intervals[:, 1, 0], rtol=1e-10)
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_randomized_aps_sets_are_mapie_s_given_the_same_uniforms(alpha):
+    """Romano et al.'s randomized APS: MAPIE keeps the label that crosses the threshold when
+    `u >= V = (cumsum - q) / p`; blayers scores every label `cumsum - u p` against `q`. The two
+    rules agree given the same `u`, so with MAPIE's draws (a fresh `RandomState(seed)` at
+    calibration and again at prediction) the sets must be identical, empty sets included."""
+    seed = 3
+    rng = np.random.default_rng(2)
+    n, k = 900, 8
+    probs = softmax(rng.normal(size=(n, k)) * 4.0, -1)  # confident: some sets come out empty
+    labels = np.array([rng.choice(k, p=p) for p in probs])
+    index = np.arange(n)[:, None]
+    cal, test = slice(0, 500), slice(500, n)
+    ours = SplitConformalClassifier(alpha=alpha, method="aps", randomized=True)
+    ours._rng = np.random.RandomState(seed)  # MAPIE's generator, in place of blayers' own
+    ours.fit(probs[cal], labels[cal])
+    ours._rng = np.random.RandomState(seed)
+    our_sets = ours.predict_set(probs[test])
+    estimator = _FixedClassifier(probs).fit(index, labels)
+    theirs = mapie_classification.SplitConformalClassifier(
+        estimator,
+        confidence_level=1 - alpha,
+        conformity_score="aps",
+        prefit=True,
+        random_state=seed,
+    )
+    theirs.conformalize(index[cal], labels[cal])
+    _, sets = theirs.predict_set(
+        index[test], conformity_score_params={"include_last_label": "randomized"}
+    )
+    np.testing.assert_allclose(
+        ours.quantile, theirs._mapie_classifier.conformity_score_function_.quantiles_[0]
+    )
+    np.testing.assert_array_equal(our_sets, sets[:, :, 0])
+    assert (our_sets.sum(1) == 0).any()  # empty sets occur, and match too

@@ -40,18 +40,29 @@ class Classification(Task):
         return (distribution.probs_parameter(),)
 
     def evaluate(self, model, data, num_samples=10, batch_size=500):
-        (probs,) = self.predictive_samples(model, data.test, num_samples, batch_size)
-        ood_probs = None
-        if data.ood is not None:
-            (ood_probs,) = self.predictive_samples(model, data.ood, num_samples, batch_size)
-        labels = targets(data.test)
+        def predict(dataset):
+            return self.predictive_samples(model, dataset, num_samples, batch_size)[0]
+
+        # The order of the draws (test, OOD, shifted sets) is kept from earlier versions.
+        probs = predict(data.test)
+        ood_probs = predict(data.ood) if data.ood is not None else None
+        corrupted = {
+            key: (predict(dataset), targets(dataset))
+            for key, dataset in (data.corrupted or {}).items()
+        }
+        return self.score(probs, targets(data.test), ood_probs, corrupted)
+
+    def score(self, probs, labels, ood_probs=None, corrupted=None):
+        """`(metrics, arrays)` of predictive samples `probs [S, n, K]` against `labels [n]`, with
+        the OOD AUROC from `ood_probs [S, m, K]` and the shift table from `corrupted`
+        (`{name: (probs, labels)}`). Shared by `evaluate` and the post-hoc methods, so both
+        report the same names."""
         result = metrics_lib.classification_metrics(probs, labels, ood_probs)
         arrays = {"probs": probs, "labels": labels}
-        if data.corrupted:
+        if corrupted:
             table = {"clean": _shift_metrics(probs, labels)}
-            for key, dataset in data.corrupted.items():
-                (shifted,) = self.predictive_samples(model, dataset, num_samples, batch_size)
-                table[key] = _shift_metrics(shifted, targets(dataset))
+            for key, (shifted, shifted_labels) in corrupted.items():
+                table[key] = _shift_metrics(shifted, shifted_labels)
             for metric in ("accuracy", "nll", "ece"):
                 values = [v[metric] for k, v in table.items() if k != "clean"]
                 result[f"corrupted_{metric}"] = float(np.mean(values))
