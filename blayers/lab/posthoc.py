@@ -4,7 +4,8 @@
 The run's model is rebuilt from its `operative_config.gin` and restored from its newest
 checkpoint; the run folder is read, never changed, except for `posthoc/<method>/`, which gets a
 `metrics.json` shaped like the run's own (the same metric names under `final`, the run's model
-on the same examples under `base`) and the task's plots.
+on the same examples under `base`, and each corrupted set's numbers for both under `shift`)
+and the task's plots.
 
 The test set is split once (`split_seed`): `calibration_fraction` of it fits what needs held-out
 data (the temperature, the conformal quantile); both the run's model and the post-hoc method
@@ -214,6 +215,8 @@ def posthoc(
         "base": base,
         "final": final,
     }
+    if "corruptions" in arrays:  # each shifted set's own numbers, for both predictives
+        summary["shift"] = {"base": base_arrays["corruptions"], "final": arrays["corruptions"]}
     return summary, arrays
 
 
@@ -313,6 +316,7 @@ def restore(model_dir):
             "SupervisedLearner run."
         )
     learner = SupervisedLearner()
+    learner.check_bindings = False  # checked when the run trained; see the class attribute
     seed, steps = _query("train.seed", 0), _query("train.train_steps", 1)
     learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))
     restored = run.checkpointer(learner.state()).restore()

