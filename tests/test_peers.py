@@ -5,6 +5,8 @@ import json
 import os
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks", "peers"))
 
@@ -67,3 +69,24 @@ def test_every_case_is_defined_once():
     names = cases.case_names(["dense", "conv", "svgp"])
     assert len(names) == len(set(names)) == 9
     assert json.dumps(cases.SVGP)  # plain data, written into the JSON report
+
+
+@pytest.mark.slow
+def test_temperature_and_ece_agree_with_netcal(tmp_path):
+    """netcal 1.4 in its own environment (created on first use, as the benchmark does) fits
+    the same temperature on the same logits and measures the same ECE of the same
+    probabilities; vector scaling reaches at least netcal's likelihood on the calibration half."""
+    import calibration_compare
+
+    table = calibration_compare.main(
+        ["--datasets", "digits", "--seeds", "1", "--out", str(tmp_path / "calibration.json")]
+    )["digits"]
+    assert table["seeds"] == 1, "netcal did not run"
+    assert table["max_relative_difference/temperature"] < 1e-3
+    assert table["max_abs_difference/temperature/nll_cal"] < 1e-6
+    assert table["max_abs_difference/ece_metric"] < 1e-9
+    # Both maximize the same likelihood; blayers' optimum is no worse than netcal's.
+    ours, theirs = table["blayers/vector/nll_cal"][0], table["netcal/vector/nll_cal"][0]
+    assert ours <= theirs + 1e-4
+    # Temperature scaling never raises the NLL of the set it was fitted on.
+    assert table["blayers/temperature/nll_cal"][0] <= table["map/nll_cal"][0] + 1e-12

@@ -4,7 +4,7 @@
 `gp` (exact, sparse, random features, SNGP's head, kernels), `stochastic_output`, `reversible`,
 `vector_quantizer`, and the rest of edward2's families: `ensemble` (the member-major batch),
 `batch_ensemble`, `rank1`, `variational_dropout`, `hierarchical`, `ncp`, `spectral_norm`,
-`heteroscedastic`, `discrete_flows`; the estimators' forward passes live once in `estimators`
+`heteroscedastic`, `discrete_flows`; `replicated` (many independent small networks as one); the estimators' forward passes live once in `estimators`
 and the weight-distribution mechanism in `base`.
 `point_process.PoissonProcess` is a random variable over patterns whose rate is a layer (not a
 layer itself: a pattern has a random size).
@@ -39,6 +39,7 @@ _FAMILIES = (
     "spectral_norm",
     "heteroscedastic",
     "discrete_flows",
+    "replicated",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")
