@@ -23,13 +23,16 @@ import tensorflow as tf
 
 from blayers.layers.base import register
 
-__all__ = ["ReplicatedDense", "ReplicatedMCDropout", "replica_seeds"]
+__all__ = ["ReplicatedDense", "ReplicatedMCDropout", "ReplicatedNoise", "replica_seeds"]
 
 
-def replica_seeds(seed, replicas, salt=0):
-    """`replicas` int seeds for a layer, from one run `seed` and the layer's `salt` (its index
-    in the network), so that no two layers of a replica share a noise stream."""
-    return [int(s) for s in np.random.SeedSequence([seed, salt]).generate_state(replicas) >> 1]
+def replica_seeds(seeds, salt=0):
+    """A layer's per-replica seeds from each replica's own seed and the layer's `salt` (its
+    index in the network): replica `r`'s seed depends on `seeds[r]` alone, so it is the same
+    whichever replicas share the model, and no two layers of a replica share a noise stream."""
+    return [
+        int(np.random.SeedSequence([int(s), int(salt)]).generate_state(1)[0] >> 1) for s in seeds
+    ]
 
 
 def _per_replica(name, values, replicas, layer_name):
@@ -221,3 +224,44 @@ class ReplicatedMCDropout(keras.layers.Layer):
 
     def get_config(self):
         return {**super().get_config(), "rates": self.rates, "seeds": self.seeds}
+
+
+@register
+class ReplicatedNoise(keras.layers.Layer):
+    """A homoscedastic Gaussian likelihood per replica: appends each replica's log noise
+    variance to its means, `[R, B, d] -> [R, B, 2d]` (means, then `log sigma_r^2`), so that
+    `y[r] ~ N(means[r], sigma_r^2)`. Fixed (MC dropout's `1 / tau`) or learned.
+
+    Args:
+      variances: one variance, or one per replica (in the targets' units).
+      replicas: the number of replicas `R`.
+      trainable: learn the log variances (else they stay fixed).
+    """
+
+    def __init__(self, variances, replicas, trainable=False, **kwargs):
+        super().__init__(trainable=trainable, **kwargs)
+        self.replicas = int(replicas)
+        self.variances = _per_replica("variances", variances, self.replicas, self.name)
+        if min(self.variances) <= 0:
+            raise ValueError(f"{self.name}: variances must be positive, got {self.variances}.")
+
+    def build(self, input_shape):
+        _check_input(self.name, input_shape, self.replicas)
+        self.log_variance = self.add_weight(
+            name="log_variance",
+            shape=(self.replicas,),
+            initializer=keras.initializers.Constant(np.log(self.variances)),
+            trainable=self.trainable,
+        )
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
+        _check_input(self.name, inputs.shape, self.replicas)
+        log_variance = tf.cast(self.log_variance, inputs.dtype)[:, None, None]
+        return tf.concat([inputs, tf.broadcast_to(log_variance, tf.shape(inputs))], -1)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], 2 * input_shape[-1])
+
+    def get_config(self):
+        return {**super().get_config(), "variances": self.variances, "replicas": self.replicas}

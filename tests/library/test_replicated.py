@@ -12,7 +12,7 @@ from blayers.layers.replicated import replica_seeds
 
 
 def test_each_replica_is_the_lone_dense_layer_with_its_seed():
-    seeds = replica_seeds(0, 3)
+    seeds = replica_seeds([0, 1, 2])
     x = np.random.default_rng(0).normal(size=(3, 7, 5)).astype("float32")
     layer = ReplicatedDense(4, seeds, activation="relu", kernel_decay=[0.1, 0.2, 0.3])
     outputs = layer(x)
@@ -24,11 +24,12 @@ def test_each_replica_is_the_lone_dense_layer_with_its_seed():
         np.testing.assert_array_equal(outputs[r], lone(x[r]))
         decay += [0.1, 0.2, 0.3][r] * np.sum(np.square(lone.kernel.numpy()))
     np.testing.assert_allclose(float(sum(layer.losses)), decay, rtol=1e-6)
-    assert len(set(replica_seeds(0, 3, salt=1)) & set(seeds)) == 0  # other layers, other seeds
+    assert not set(replica_seeds([0, 1, 2], salt=1)) & set(seeds)  # other layers, other seeds
+    assert replica_seeds([1])[0] == seeds[1]  # a replica's seed is its own, in any group
 
 
 def test_replicas_do_not_mix_and_masks_do_not_depend_on_the_group():
-    seeds = replica_seeds(1, 3)
+    seeds = replica_seeds([3, 4, 5])
     x = np.random.default_rng(1).normal(size=(3, 6, 5)).astype("float32")
     group_dense = ReplicatedDense(8, seeds)
     group_drop = ReplicatedMCDropout([0.1, 0.3, 0.5], seeds)
@@ -44,7 +45,7 @@ def test_replicas_do_not_mix_and_masks_do_not_depend_on_the_group():
 
 def test_dropout_keeps_each_unit_with_probability_one_minus_rate_and_is_unbiased():
     rates = [0.05, 0.3, 0.6]
-    layer = ReplicatedMCDropout(rates, replica_seeds(2, 3))
+    layer = ReplicatedMCDropout(rates, replica_seeds([6, 7, 8]))
     x = tf.ones((3, 200, 100))
     outputs = np.stack([layer(x).numpy() for _ in range(10)])  # 200,000 units per replica
     for r, rate in enumerate(rates):

@@ -24,7 +24,7 @@ from blayers.lab.data.synthetic import (
 )
 from blayers.lab.data.tfds_source import tfds_char_lm, tfds_dataset, tfds_images
 from blayers.lab.data.translation import parallel_data, synthetic_translation, tfds_translation
-from blayers.lab.data.uci import uci, uci_num_splits
+from blayers.lab.data.uci import uci, uci_num_splits, uci_replicas
 from blayers.lab.data.uci_download import download_uci
 
 __all__ = [
@@ -54,4 +54,5 @@ __all__ = [
     "tfds_translation",
     "uci",
     "uci_num_splits",
+    "uci_replicas",
 ]

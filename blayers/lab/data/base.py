@@ -9,10 +9,23 @@ from blayers.lab import tasks as tasks_lib
 
 __all__ = [
     "Data",
+    "Replica",
     "from_arrays",
     "standardize",
     "standardized_regression",
 ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Replica:
+    """One of the independent models a `ReplicatedLearner` trains as one: its data (a split, or
+    a split's validation part), its own seed, and its hyperparameters (`{'dropout_rate': 0.05,
+    'tau': 0.1}`), read by the replicated model builder; `name` labels its metrics."""
+
+    name: str
+    data: "Data"
+    seed: int = 0
+    hparams: dict = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass

@@ -18,9 +18,9 @@ import os
 import gin
 import numpy as np
 
-from blayers.lab.data.base import standardized_regression
+from blayers.lab.data.base import Replica, standardized_regression
 
-__all__ = ["uci", "uci_num_splits"]
+__all__ = ["uci", "uci_num_splits", "uci_replicas"]
 
 LAYOUT = (
     "Expected <root>/<name>/ (or <root>/<name>/data/, as published) holding data.txt, "
@@ -108,3 +108,30 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
     return standardized_regression(
         f"uci_{name}_{split}{suffix}", x[train_idx], y[train_idx], x[test_idx], y[test_idx]
     )
+
+
+@gin.configurable(module="blayers.lab.data")
+def uci_replicas(
+    name=gin.REQUIRED, splits=None, root=None, validation=False, grid=({},), seeds=(0,)
+):
+    """One `Replica` per (split, grid point, seed) of UCI data set `name`, for a
+    `ReplicatedLearner`: every split's rows are read once and shared by its grid points.
+
+    Args:
+      name, root, validation: as `uci`.
+      splits: split indices (default every split).
+      grid: hyperparameter dicts (`[{'dropout_rate': 0.05, 'tau': 0.1}, ...]`).
+      seeds: run seeds; replica seeds are these, so a replica's seed does not depend on the
+        others in its group.
+    """
+    splits = range(uci_num_splits(name, root)) if splits is None else splits
+    replicas = []
+    for split in splits:
+        data = uci(name, split, root, validation)
+        for hparams in grid:
+            for seed in seeds:
+                label = ",".join(f"{k}={v}" for k, v in sorted(dict(hparams).items()))
+                replicas.append(
+                    Replica(f"split{split}[{label}]seed{seed}", data, int(seed), dict(hparams))
+                )
+    return replicas

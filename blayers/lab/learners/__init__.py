@@ -4,6 +4,7 @@
 * `VariationalProgramLearner`: the ELBO of a model program and a posterior program.
 * `MeshLearner`: the Mesh TensorFlow Bayesian Transformer (graph mode, model parallel).
 * `PlanetLearner`: Bayesian PlaNet (collects episodes, trains a world model, plans).
+* `ReplicatedLearner`: many small regression models (splits, grid points, seeds) as one.
 
 Chosen in gin by `train.learner = @PlanetLearner()`; each imports only what it needs, so
 importing this package loads the heavy ones (Mesh TensorFlow, dm-control) on first use.
@@ -17,6 +18,7 @@ __all__ = [
     "Learner",
     "MeshLearner",
     "PlanetLearner",
+    "ReplicatedLearner",
     "SupervisedLearner",
     "VariationalProgramLearner",
 ]
@@ -26,6 +28,7 @@ _MODULES = {
     "VariationalProgramLearner": "supervised",
     "MeshLearner": "mesh",
     "PlanetLearner": "planet",
+    "ReplicatedLearner": "replicated",
 }
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "mc_dropout_regressor",
     "mlp",
     "realnvp_flow",
+    "replicated_mc_dropout_regressor",
     "resnet",
     "sequential",
     "transformer",
@@ -102,6 +103,12 @@ def mlp(
     return keras.Sequential(model_layers, name=name)
 
 
+def mc_dropout_decay(lengthscale, dropout_rate, target_scale):
+    """The weight decay `c = l^2 (1 - p) s^2 / 4` of Gal & Ghahramani's objective, in the
+    trainer's `mean NLL + c ||W||^2 / N` (see `mc_dropout_regressor`)."""
+    return lengthscale**2 * (1.0 - dropout_rate) * target_scale**2 / 4.0
+
+
 @gin.configurable(module="blayers.lab.models")
 def mc_dropout_regressor(
     input_shape,
@@ -134,7 +141,7 @@ def mc_dropout_regressor(
         raise ValueError(
             f"mc_dropout_regressor needs tau > 0 and target_scale > 0, got {tau}, {target_scale}."
         )
-    decay = lengthscale**2 * (1.0 - dropout_rate) * target_scale**2 / 4.0
+    decay = mc_dropout_decay(lengthscale, dropout_rate, target_scale)
     return mlp(
         input_shape,
         num_outputs,
@@ -148,6 +155,52 @@ def mc_dropout_regressor(
         layer_kwargs={"kernel_regularizer": keras.regularizers.L2(decay)},
         name=name,
     )
+
+
+@gin.configurable(module="blayers.lab.models")
+def replicated_mc_dropout_regressor(
+    input_dim, replicas, hidden_units=(50,), lengthscale=1e-2, name="replicated_mc_dropout"
+):
+    """`mc_dropout_regressor` for `R` replicas at once (`blayers.layers.replicated`): replica
+    `r` drops units at its `hparams['dropout_rate']`, has the noise precision `hparams['tau']`
+    (original units) and the weight decay of its rate, its data's target scale and training
+    size. Inputs `[R, B, input_dim]`; outputs `[R, B, 2]` (mean, log noise variance).
+
+    Args:
+      input_dim: features per example.
+      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer).
+      hidden_units, lengthscale: as `mc_dropout_regressor`.
+    """
+    rates, variances, decays = [], [], []
+    for replica in replicas:
+        rate, tau = replica.hparams.get("dropout_rate", 0.05), replica.hparams.get("tau", 1.0)
+        scale = replica.data.target_scale
+        if tau <= 0 or scale <= 0:
+            raise ValueError(
+                f"replicated_mc_dropout_regressor: replica {replica.name} needs tau > 0 and a "
+                f"positive target scale, got {tau}, {scale}."
+            )
+        rates.append(rate)
+        variances.append(1.0 / (tau * scale**2))
+        decays.append(mc_dropout_decay(lengthscale, rate, scale) / replica.data.num_train)
+    seeds = [replica.seed for replica in replicas]
+    replicated = blayers_layers.replicated
+    model_layers = [keras.Input((None, input_dim))]
+    widths = (*hidden_units, 1)
+    for i, units in enumerate(widths):  # dropout before every dense layer, as theirs
+        model_layers.append(
+            replicated.ReplicatedMCDropout(rates, replicated.replica_seeds(seeds, 2 * i))
+        )
+        model_layers.append(
+            replicated.ReplicatedDense(
+                units,
+                replicated.replica_seeds(seeds, 2 * i + 1),
+                activation="relu" if i < len(hidden_units) else None,
+                kernel_decay=decays,
+            )
+        )
+    model_layers.append(replicated.ReplicatedNoise(variances, len(replicas)))
+    return keras.Sequential(model_layers, name=name)
 
 
 @gin.configurable(module="blayers.lab.models")

@@ -1,0 +1,242 @@
+"""Many small regression models trained as one (`blayers.layers.replicated`).
+
+A UCI table trains one small network per split, grid point and seed: hundreds of models whose
+steps cost mostly per-step overhead. `ReplicatedLearner` trains `R` of them in each step of the
+ordinary Loop: every weight has a leading replica axis, replica `r` reads its own training rows
+in its own order (a permutation of epoch `e` drawn from `(seed_r, e)`), and the loss is the sum
+over replicas of each one's objective, `mean NLL_r + c_r ||W_r||^2 / N` (the same per-example
+objective as `SupervisedLearner`'s). Since a replica's weights get the gradient of its own loss
+only and Adam's update is elementwise, each replica follows the trajectory it follows alone, and
+a resumed run continues exactly (the epoch's order is a function of the step).
+
+Evaluation scores each replica on its own test rows with `num_eval_samples` Monte Carlo draws
+(the Regression task's metrics: RMSE, NLPD, test log-likelihood, coverage, in original units);
+the run's metrics are the means over replicas, and `metrics.json` lists each replica's under
+`replicas` (with its name, seed and hyperparameters) for model selection.
+"""
+
+import json
+
+import gin
+import numpy as np
+import tensorflow as tf
+
+from blayers import metrics as metrics_lib
+from blayers import seeds as seeds_lib
+from blayers.lab import plots
+from blayers.lab.learners.base import KerasLearner, refuse_strategy
+from blayers.lab.learners.supervised import make_optimizer
+
+__all__ = ["ReplicatedLearner"]
+
+_LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+def _arrays(dataset):
+    x, y = next(iter(dataset.batch(1 << 30)))
+    return x.numpy().astype(np.float32), y.numpy().astype(np.float32)
+
+
+@gin.configurable(module="blayers.lab.learners")
+class ReplicatedLearner(KerasLearner):
+    """Trains `R` independent Gaussian regression models as one (module docstring).
+
+    Args:
+      replicas: the `blayers.lab.data.Replica`s (or a callable returning them, such as
+        `@uci_replicas`); all need the same number of training rows and features.
+      model: `model(input_dim, replicas)` -> a Keras model mapping `[R, B, input_dim]` to
+        `[R, B, 2]` (mean, log noise variance, in standardized units).
+      optimizer: `optimizer()` -> a Keras optimizer (elementwise ones keep replicas exact).
+      batch_size: rows a replica per step (full batches only, like the supervised stream).
+      num_eval_samples: Monte Carlo draws of the predictive at evaluation.
+      eval_rows: rows (replicas x draws x examples) in one evaluation call.
+    """
+
+    resumable_bindings = (
+        "ReplicatedLearner.num_eval_samples",
+        "ReplicatedLearner.eval_rows",
+    )
+    progress_scalars = (("loss", "loss"), ("nll", "nll"))
+
+    def __init__(
+        self,
+        replicas=gin.REQUIRED,
+        model=gin.REQUIRED,
+        optimizer=make_optimizer,
+        batch_size=128,
+        num_eval_samples=100,
+        eval_rows=1_000_000,
+    ):
+        self.replicas_source, self.model_fn, self.optimizer_fn = replicas, model, optimizer
+        for name, value in (
+            ("batch_size", batch_size),
+            ("num_eval_samples", num_eval_samples),
+            ("eval_rows", eval_rows),
+        ):
+            if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value <= 0:
+                raise ValueError(
+                    f"ReplicatedLearner.{name} must be a positive integer, got {value!r}."
+                )
+        self.batch_size, self.num_eval_samples = int(batch_size), int(num_eval_samples)
+        self.eval_rows = int(eval_rows)
+
+    # -- building --------------------------------------------------------------------------------
+    def build(self, context):
+        if context.strategy_name == "mesh" or context.strategy.num_replicas_in_sync > 1:
+            refuse_strategy(self, context, "one device (replicas already batch the work)")
+        replicas = (
+            self.replicas_source() if callable(self.replicas_source) else self.replicas_source
+        )
+        self.replicas = list(replicas)
+        if not self.replicas:
+            raise ValueError("ReplicatedLearner.replicas is empty.")
+        sizes = {(r.data.num_train, tuple(r.data.input_shape)) for r in self.replicas}
+        if len(sizes) > 1:
+            raise ValueError(
+                "ReplicatedLearner: every replica needs the same number of training rows and "
+                f"features (one data set, splits of one size); got {sorted(sizes)}."
+            )
+        ((self.num_train, input_shape),) = sizes
+        if len(input_shape) != 1:
+            raise ValueError(f"ReplicatedLearner: features must be a vector, got {input_shape}.")
+        if self.batch_size > self.num_train:
+            raise ValueError(
+                f"ReplicatedLearner.batch_size={self.batch_size} exceeds the {self.num_train} "
+                "training rows of each replica."
+            )
+        train = [_arrays(r.data.train) for r in self.replicas]
+        self.x_train = np.stack([x for x, _ in train])
+        self.y_train = np.stack([y for _, y in train])
+        self.tests = [_arrays(r.data.test) for r in self.replicas]
+        self.steps_per_epoch = self.num_train // self.batch_size
+        self.seed = context.seed
+        seeds_lib.set_seed(self.seed)
+        model = self.model_fn(input_shape[0], self.replicas)
+        optimizer = self.optimizer_fn()
+        optimizer.build(model.trainable_variables)
+        self.track(model, optimizer)
+        self._train_step_fn = self._make_train_step()
+
+    def _make_train_step(self):
+        net, opt, step = self.model, self.optimizer, self.step_variable
+
+        @tf.function
+        def train_step(x, y):
+            with tf.GradientTape() as tape:
+                outputs = net(x, training=True)
+                nll = tf.reduce_mean(_gaussian_nll(outputs, y), axis=[1, 2])  # [R]
+                penalty = tf.add_n(net.losses) if net.losses else tf.constant(0.0)
+                loss = tf.reduce_sum(nll) + penalty
+            grads = tape.gradient(loss, net.trainable_variables)
+            finite = tf.reduce_all(tf.math.is_finite(nll)) & tf.math.is_finite(penalty)
+            grads = [tf.where(finite, g, tf.zeros_like(g)) for g in grads]
+            opt.apply_gradients(zip(grads, net.trainable_variables))
+            step.assign_add(1)
+            return nll, penalty, 1.0 - tf.cast(finite, tf.float32)
+
+        return train_step
+
+    # -- training --------------------------------------------------------------------------------
+    def epoch_order(self, epoch):
+        """`[R, N]`: each replica's order of its training rows in `epoch` (from its seed)."""
+        return np.stack(
+            [
+                np.random.default_rng([replica.seed, epoch]).permutation(self.num_train)
+                for replica in self.replicas
+            ]
+        )
+
+    def batches(self):
+        epoch, skip = divmod(self.step, self.steps_per_epoch)
+        order = self.epoch_order(epoch)
+        for b in range(skip, self.steps_per_epoch):
+            rows = order[:, b * self.batch_size : (b + 1) * self.batch_size, None]
+            yield (
+                np.take_along_axis(self.x_train, rows, axis=1),
+                np.take_along_axis(self.y_train, rows, axis=1),
+            )
+
+    def train_step(self, batch):
+        nll, penalty, bad = self._train_step_fn(*batch)
+        self.last_nll = nll.numpy()
+        mean_nll = float(np.mean(self.last_nll))
+        # The weight decay (a Gaussian prior's log density, already divided by N), per replica:
+        # the supervised learner's `kl_per_example` for such a model.
+        decay = float(penalty) / len(self.replicas)
+        return {
+            "loss": mean_nll + decay,
+            "nll": mean_nll,
+            "kl_per_example": decay,
+            "non_finite": float(bad),
+        }
+
+    def diagnose_non_finite(self, batch):
+        x = batch[0]
+        bad_rows = [r for r in range(len(self.replicas)) if not np.isfinite(x[r]).all()]
+        if bad_rows:
+            return f"features of replica {self.replicas[bad_rows[0]].name} are not finite"
+        bad = [r for r, v in enumerate(getattr(self, "last_nll", [])) if not np.isfinite(v)]
+        if bad:
+            names = [self.replicas[r].name for r in bad[:5]]
+            return f"the NLL of replicas {names} is not finite (of {len(self.replicas)})"
+        return "the weight decay is not finite"
+
+    # -- evaluation and outputs ------------------------------------------------------------------
+    def predictive(self, x_tests, num_samples):
+        """`(means, stddevs)`: per replica, `[S, n_r, 1]` draws of the predictive's components
+        in standardized units, for test inputs `x_tests[r] [n_r, D]` (padded to one size)."""
+        n = max(len(x) for x in x_tests)
+        padded = np.stack([np.pad(x, ((0, n - len(x)), (0, 0))) for x in x_tests])
+        chunk = max(1, self.eval_rows // (len(x_tests) * n))
+        means, log_vars = [], []
+        for start in range(0, num_samples, chunk):
+            draws = min(chunk, num_samples - start)
+            inputs = np.tile(padded, (1, draws, 1))  # [R, draws * n, D]
+            outputs = self.model(inputs, training=False).numpy()
+            outputs = outputs.reshape(len(x_tests), draws, n, 2)
+            means.append(outputs[..., :1])
+            log_vars.append(outputs[..., 1:])
+        means, log_vars = np.concatenate(means, 1), np.concatenate(log_vars, 1)
+        return [
+            (means[r, :, : len(x)], np.exp(0.5 * log_vars[r, :, : len(x)]))
+            for r, x in enumerate(x_tests)
+        ]
+
+    def evaluate(self):
+        """Each replica's Regression metrics on its own test rows; their means."""
+        with self.training_streams_kept():
+            draws = self.predictive([x for x, _ in self.tests], self.num_eval_samples)
+        per_replica = []
+        for replica, (_, y), (means, stddevs) in zip(self.replicas, self.tests, draws):
+            scores = metrics_lib.regression_metrics(means, stddevs, y, replica.data.target_scale)
+            per_replica.append({k: float(v) for k, v in scores.items()})
+        metrics = {key: float(np.mean([m[key] for m in per_replica])) for key in per_replica[0]}
+        return metrics, {"replicas": per_replica}
+
+    def outputs(self, run, records, metrics, arrays):
+        """`training_curves.png`; each replica's metrics (with its name, seed, hyperparameters)
+        under `replicas` in `metrics.json`."""
+        curves = run.file("training_curves.png")
+        plots.training_curves(records, curves)
+        replicas = [
+            {
+                "name": replica.name,
+                "data": replica.data.name,
+                "seed": replica.seed,
+                "hparams": json.loads(json.dumps(replica.hparams, default=str)),
+                "final": scores,
+            }
+            for replica, scores in zip(self.replicas, arrays["replicas"])
+        ]
+        summary = {
+            "num_replicas": len(self.replicas),
+            "num_train": self.num_train,
+            "batch_size": self.batch_size,
+            "replicas": replicas,
+        }
+        return summary, [curves]
+
+
+def _gaussian_nll(outputs, targets):
+    mean, log_var = outputs[..., :1], outputs[..., 1:]
+    return 0.5 * (_LOG_2PI + log_var + tf.square(targets - mean) * tf.exp(-log_var))

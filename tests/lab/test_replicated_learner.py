@@ -1,0 +1,133 @@
+"""Many small models as one: three replicas trained together through the Loop end where each
+ends trained alone (same seed, same data order, same hyperparameters), with per-replica metrics
+equal to the lone runs'; a resumed replicated run continues exactly; the replicated MC dropout
+network is Gal & Ghahramani's (its objective against `mc_dropout_regressor`'s)."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from blayers.lab import loop
+from blayers.lab.data.base import Replica, standardized_regression
+from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll
+from blayers.lab.models import mc_dropout_regressor, replicated_mc_dropout_regressor
+
+
+def _data(split):
+    rng = np.random.default_rng(split)
+    x = rng.normal(size=(120, 3))
+    y = np.sin(x @ [1.0, -0.5, 0.3])[:, None] * 3 + 10 + rng.normal(size=(120, 1)) * 0.3
+    return standardized_regression(f"toy_{split}", x[:100], y[:100], x[100:], y[100:])
+
+
+REPLICAS = [
+    Replica("a", _data(0), seed=7, hparams={"dropout_rate": 0.05, "tau": 2.0}),
+    Replica("b", _data(1), seed=8, hparams={"dropout_rate": 0.2, "tau": 0.5}),
+    Replica("c", _data(0), seed=9, hparams={"dropout_rate": 0.1, "tau": 1.0}),
+]
+
+
+def _run(model_dir, replicas, steps=60, **kwargs):
+    learner = ReplicatedLearner(
+        replicas=replicas,
+        model=lambda dim, reps: replicated_mc_dropout_regressor(dim, reps, hidden_units=(16,)),
+        optimizer=lambda: keras.optimizers.Adam(1e-2),
+        batch_size=32,
+        num_eval_samples=50,
+    )
+    metrics = loop.train(
+        str(model_dir), learner=learner, train_steps=steps, progress=False, **kwargs
+    )
+    return learner, metrics
+
+
+def test_replicas_trained_together_end_where_each_ends_alone(tmp_path):
+    group, metrics = _run(tmp_path / "group", REPLICAS)
+    summary = json.loads((tmp_path / "group" / "metrics.json").read_text())
+    assert summary["num_replicas"] == 3 and [r["name"] for r in summary["replicas"]] == [
+        "a",
+        "b",
+        "c",
+    ]
+    for key in ("rmse", "test_log_likelihood", "coverage_95"):
+        assert metrics[key] == pytest.approx(
+            np.mean([r["final"][key] for r in summary["replicas"]])
+        )
+    weights = [v.numpy() for v in group.model.trainable_variables]
+    for r, replica in enumerate(REPLICAS):
+        alone, _ = _run(tmp_path / replica.name, [replica])
+        for together, lone in zip(weights, alone.model.trainable_variables):
+            np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=1e-6)
+        lone_summary = json.loads((tmp_path / replica.name / "metrics.json").read_text())
+        for key, value in lone_summary["replicas"][0]["final"].items():
+            assert summary["replicas"][r]["final"][key] == pytest.approx(value, rel=1e-4, abs=1e-5)
+    # Replicas a and c share their data but not seed or hyperparameters: they differ.
+    assert not np.allclose(weights[1][0], weights[1][2])
+
+
+def test_a_resumed_replicated_run_continues_exactly(tmp_path):
+    whole, _ = _run(tmp_path / "whole", REPLICAS, steps=40)
+    _run(tmp_path / "cut", REPLICAS, steps=15, checkpoint_every=15)
+    resumed, _ = _run(tmp_path / "cut", REPLICAS, steps=40)  # steps 15-40 after a restore
+    for a, b in zip(whole.model.trainable_variables, resumed.model.trainable_variables):
+        np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6, atol=1e-7)
+
+
+def test_each_epoch_visits_every_row_once_in_the_replica_s_own_order(tmp_path):
+    learner = ReplicatedLearner(replicas=REPLICAS, model=lambda d, r: None)
+    learner.replicas, learner.num_train = REPLICAS, 100
+    order = learner.epoch_order(3)
+    assert all(sorted(row) == list(range(100)) for row in order)
+    assert not np.array_equal(order[0], order[2])  # same data, other seed, other order
+    np.testing.assert_array_equal(order, learner.epoch_order(3))
+    assert not np.array_equal(order, learner.epoch_order(4))
+
+
+def test_the_replicated_network_has_gal_and_ghahramani_s_objective():
+    """With dropout off, replica r's output and objective (mean NLL + weight decay / N) equal
+    `mc_dropout_regressor`'s with the same weights, rate, tau and target scale."""
+    replica = Replica("a", _data(0), seed=3, hparams={"dropout_rate": 0.1, "tau": 2.0})
+    net = replicated_mc_dropout_regressor(3, [replica], hidden_units=(8,))
+    lone = mc_dropout_regressor(
+        (3,),
+        1,
+        hidden_units=(8,),
+        dropout_rate=0.1,
+        tau=2.0,
+        target_scale=replica.data.target_scale,
+    )
+    dense = [layer for layer in lone.layers if isinstance(layer, keras.layers.Dense)]
+    kernels = [v for v in net.trainable_variables if "kernel" in v.path]
+    biases = [v for v in net.trainable_variables if "bias" in v.path]
+    for layer, kernel, bias in zip(dense, kernels, biases):
+        layer.kernel.assign(kernel[0])
+        layer.bias.assign(bias[0])
+    for layer in net.layers:
+        if hasattr(layer, "rates"):
+            layer.rates = [0.0]
+    lone_drop = [layer for layer in lone.layers if hasattr(layer, "rate")]
+    for layer in lone_drop:
+        layer.rate = 0.0
+    x, y = next(iter(replica.data.train.batch(100)))
+    outputs = net(tf.convert_to_tensor(x)[None])
+    likelihood = lone(x)
+    np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-5)
+    ours = float(tf.reduce_mean(_gaussian_nll(outputs, tf.cast(y, tf.float32)[None]))) + float(
+        tf.add_n(net.losses)
+    )
+    theirs = (
+        float(-tf.reduce_mean(likelihood.distribution.log_prob(tf.cast(y, tf.float32))))
+        + float(tf.add_n(lone.losses)) / replica.data.num_train
+    )
+    assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_replicas_of_different_sizes_are_refused(tmp_path):
+    small = standardized_regression(
+        "small", np.zeros((50, 3)), np.arange(50.0)[:, None], np.zeros((5, 3)), np.zeros((5, 1))
+    )
+    with pytest.raises(ValueError, match="same number of training rows"):
+        _run(tmp_path / "bad", [REPLICAS[0], Replica("small", small)])
