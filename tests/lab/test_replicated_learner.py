@@ -131,3 +131,41 @@ def test_replicas_of_different_sizes_are_refused(tmp_path):
     )
     with pytest.raises(ValueError, match="same number of training rows"):
         _run(tmp_path / "bad", [REPLICAS[0], Replica("small", small)])
+
+
+def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.conftest import write_uci_folder
+
+    write_uci_folder(tmp_path / "uci", rows=80, splits=3)
+    model_dir = tmp_path / "run"
+    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [
+            sys.executable,
+            "-m",
+            "blayers.train",
+            "--gin_file=uci_mc_dropout_replicated_smoke",
+            "--gin_param=uci_replicas.name = 'toy'",
+            f"--gin_param=uci_replicas.root = '{tmp_path / 'uci'}'",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    summary = json.loads((model_dir / "metrics.json").read_text())
+    names = [r["name"] for r in summary["replicas"]]
+    assert len(names) == 6 and names[0] == "split0[dropout_rate=0.05,tau=1.0]seed0"
+    assert {r["hparams"]["tau"] for r in summary["replicas"]} == {1.0, 0.5}
+    assert all(np.isfinite(r["final"]["test_log_likelihood"]) for r in summary["replicas"])
+    # The test runs' form: one chosen pair per split.
+    from blayers.lab.data.uci import uci_replicas
+
+    chosen = uci_replicas(
+        "toy", root=str(tmp_path / "uci"), chosen={2: {"dropout_rate": 0.1, "tau": 0.5}}
+    )
+    assert [r.name for r in chosen] == ["split2[dropout_rate=0.1,tau=0.5]seed0"]

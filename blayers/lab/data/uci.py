@@ -112,23 +112,27 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
 
 @gin.configurable(module="blayers.lab.data")
 def uci_replicas(
-    name=gin.REQUIRED, splits=None, root=None, validation=False, grid=({},), seeds=(0,)
+    name=gin.REQUIRED, splits=None, root=None, validation=False, grid=({},), seeds=(0,), chosen=None
 ):
     """One `Replica` per (split, grid point, seed) of UCI data set `name`, for a
     `ReplicatedLearner`: every split's rows are read once and shared by its grid points.
 
     Args:
       name, root, validation: as `uci`.
-      splits: split indices (default every split).
-      grid: hyperparameter dicts (`[{'dropout_rate': 0.05, 'tau': 0.1}, ...]`).
+      splits: split indices (default every split; with `chosen`, its splits).
+      grid: hyperparameter dicts (`[{'dropout_rate': 0.05, 'tau': 0.1}, ...]`), every split's.
       seeds: run seeds; replica seeds are these, so a replica's seed does not depend on the
         others in its group.
+      chosen: `{split: hyperparameter dict}`, one grid point per split instead of `grid` (the
+        test runs after a per-split grid search).
     """
-    splits = range(uci_num_splits(name, root)) if splits is None else splits
+    if splits is None:
+        splits = sorted(chosen) if chosen is not None else range(uci_num_splits(name, root))
     replicas = []
     for split in splits:
         data = uci(name, split, root, validation)
-        for hparams in grid:
+        points = [chosen[split]] if chosen is not None else grid
+        for hparams in points:
             for seed in seeds:
                 label = ",".join(f"{k}={v}" for k, v in sorted(dict(hparams).items()))
                 replicas.append(

@@ -1,0 +1,155 @@
+"""Many small models as one: replica-steps per second of the replicated MC dropout network
+against one model per run, on the same work.
+
+Both go through the ordinary Loop (`blayers.lab.loop.train`), on data shaped like concrete's
+validation stage (741 training rows of 8 features, batches of 128, one hidden layer of 50
+units): `ReplicatedLearner` with `R` replicas (each its own rows, seed, dropout rate and tau),
+and `SupervisedLearner` on `mc_dropout_regressor`, which is what one run per split and grid
+point does (process start-up and data loading, which separate runs also pay, are not counted).
+Rates are medians over the logging intervals after the first (which includes tracing).
+
+    python benchmarks/replicated_uci.py --out benchmarks/results/replicated_uci.json
+
+The JSON also projects the full MC dropout protocol on concrete (20 splits x 12 grid points at
+4,000 epochs on 741 rows, then 20 final fits at 4,000 epochs on 927 rows) from the measured
+rates: with one model per run, and with the grid as 240 replicas and the final fits as 20.
+"""
+
+import argparse
+import os
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+
+import keras
+import numpy as np
+from common import write_json
+
+from blayers.lab import loop, runs
+from blayers.lab.data.base import Replica, standardized_regression
+from blayers.lab.learners.replicated import ReplicatedLearner
+from blayers.lab.learners.supervised import SupervisedLearner
+from blayers.lab.models import mc_dropout_regressor, replicated_mc_dropout_regressor
+
+ROWS, FEATURES, BATCH, EPOCHS = 741, 8, 128, 4000
+FINAL_ROWS = 927
+RATES = (0.005, 0.01, 0.05, 0.1)
+TAUS = (0.025, 0.05, 0.075)
+
+
+def _data(seed, rows=ROWS):
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(rows + 100, FEATURES))
+    y = x @ rng.normal(size=(FEATURES, 1)) + rng.normal(size=(rows + 100, 1))
+    return standardized_regression(f"synthetic_{seed}", x[:rows], y[:rows], x[rows:], y[rows:])
+
+
+def _rate(model_dir):
+    records = runs.RunDir(model_dir).records("train")
+    return float(np.median([r["steps_per_second"] for r in records][1:]))
+
+
+def replicated_rate(replicas, steps, log_every, rows=ROWS):
+    datasets = [_data(i % 20, rows) for i in range(min(replicas, 20))]
+    grid = [(p, t) for p in RATES for t in TAUS]
+    members = [
+        Replica(
+            f"r{i}",
+            datasets[i % len(datasets)],
+            seed=i,
+            hparams={"dropout_rate": grid[i % len(grid)][0], "tau": grid[i % len(grid)][1]},
+        )
+        for i in range(replicas)
+    ]
+    learner = ReplicatedLearner(
+        replicas=members,
+        model=replicated_mc_dropout_regressor,
+        optimizer=lambda: keras.optimizers.Adam(1e-3),
+        batch_size=BATCH,
+        num_eval_samples=1,
+    )
+    with tempfile.TemporaryDirectory() as model_dir:
+        loop.train(
+            model_dir,
+            learner=learner,
+            train_steps=steps,
+            eval_every=None,
+            log_every=log_every,
+            checkpoint_every=10 * steps,
+            progress=False,
+        )
+        return _rate(model_dir)
+
+
+def single_rate(steps, log_every, rows=ROWS):
+    data = _data(0, rows)
+    learner = SupervisedLearner(
+        data=data,
+        model=lambda shape, outputs: mc_dropout_regressor(
+            shape, outputs, dropout_rate=0.05, tau=0.05, target_scale=data.target_scale
+        ),
+        optimizer=lambda: keras.optimizers.Adam(1e-3),
+        batch_size=BATCH,
+        num_eval_samples=1,
+    )
+    with tempfile.TemporaryDirectory() as model_dir:
+        loop.train(
+            model_dir,
+            learner=learner,
+            train_steps=steps,
+            eval_every=None,
+            log_every=log_every,
+            checkpoint_every=10 * steps,
+            progress=False,
+        )
+        return _rate(model_dir)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", default="1,12,60,240")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--log_every", type=int, default=100)
+    parser.add_argument("--out", default="benchmarks/results/replicated_uci.json")
+    args = parser.parse_args()
+    single = single_rate(args.steps, args.log_every)
+    rows = [{"replicas": 1, "steps_per_second": single, "learner": "SupervisedLearner"}]
+    print(f"one model per run: {single:.0f} steps/s", flush=True)
+    for r in [int(v) for v in args.replicas.split(",")]:
+        rate = replicated_rate(r, args.steps, args.log_every)
+        rows.append(
+            {
+                "replicas": r,
+                "steps_per_second": rate,
+                "replica_steps_per_second": r * rate,
+                "x_one_model_per_run": r * rate / single,
+                "learner": "ReplicatedLearner",
+            }
+        )
+        print(f"{r} replicas: {rate:.0f} steps/s, x{r * rate / single:.1f}", flush=True)
+    projection = None
+    grid = [row for row in rows if row["replicas"] == 240 and row["learner"] != "SupervisedLearner"]
+    if grid:  # the protocol's grid is 240 replicas
+        final_rate = replicated_rate(20, args.steps, args.log_every, rows=FINAL_ROWS)
+        grid_steps = EPOCHS * (ROWS // BATCH)
+        final_steps = EPOCHS * (FINAL_ROWS // BATCH)
+        projection = {
+            "grid_steps_per_model": grid_steps,
+            "final_steps_per_model": final_steps,
+            "one_model_per_run_hours": (240 * grid_steps + 20 * final_steps) / single / 3600,
+            "replicated_minutes": (
+                grid_steps / grid[0]["steps_per_second"] + final_steps / final_rate
+            )
+            / 60,
+            "replicated_final_20_steps_per_second": final_rate,
+            "note": "training steps only; evaluation (10,000 test draws) and start-up not included",
+        }
+        print(projection, flush=True)
+    write_json(
+        {"machine": {"cpus": os.cpu_count()}, "rows": rows, "concrete_protocol": projection},
+        args.out,
+    )
+
+
+if __name__ == "__main__":
+    main()
