@@ -88,6 +88,13 @@ def _train_briefly(path, model_dir, steps, *bindings):
     "path", [p for p in SMOKES if p not in MESH + PLANET], ids=lambda p: p.name
 )
 def test_smoke_config_trains(path, tmp_path):
+    if "uci_replicas" in _text_with_includes(path):  # the user's UCI folder: a toy one here
+        from tests.conftest import write_uci_folder
+
+        write_uci_folder(tmp_path / "uci", rows=80, splits=2)
+        root = f"uci_replicas.root = '{tmp_path / 'uci'}'"
+        _train_briefly(path, tmp_path / "run", 3, "uci_replicas.name = 'toy'", root)
+        return
     if "tfds_" not in _text_with_includes(path):
         _train_briefly(path, tmp_path, 3)
         return

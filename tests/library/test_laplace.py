@@ -206,8 +206,8 @@ def test_fitted_posterior_round_trips_through_a_keras_file(tmp_path, likelihood,
     np.testing.assert_allclose(
         restored.log_marginal_likelihood(3.0), laplace.log_marginal_likelihood(3.0), rtol=1e-10
     )
-    f, cov = restored.functional_variance(x[:5])
-    f0, cov0 = laplace.functional_variance(x[:5])
+    _, cov = restored.functional_variance(x[:5])
+    _, cov0 = laplace.functional_variance(x[:5])
     np.testing.assert_allclose(cov, cov0, rtol=1e-8)
     with pytest.raises(TypeError, match="LaplacePredictive"):
         Laplace.from_model(model)

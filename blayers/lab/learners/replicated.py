@@ -15,6 +15,7 @@ the run's metrics are the means over replicas, and `metrics.json` lists each rep
 `replicas` (with its name, seed and hyperparameters) for model selection.
 """
 
+import dataclasses
 import json
 
 import gin
@@ -30,6 +31,10 @@ from blayers.lab.learners.supervised import make_optimizer
 __all__ = ["ReplicatedLearner"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
+
+
+def _joined_seed(run_seed, replica_seed):
+    return int(np.random.SeedSequence([int(run_seed), int(replica_seed)]).generate_state(1)[0] >> 1)
 
 
 def _arrays(dataset):
@@ -87,7 +92,13 @@ class ReplicatedLearner(KerasLearner):
         replicas = (
             self.replicas_source() if callable(self.replicas_source) else self.replicas_source
         )
-        self.replicas = list(replicas)
+        # A replica's seed joins the run's (`train.seed`, the `seed` macro a sweep varies):
+        # it still depends on no other replica of the group.
+        self.seed = context.seed
+        self.replica_seeds = [r.seed for r in replicas]
+        self.replicas = [
+            dataclasses.replace(r, seed=_joined_seed(self.seed, r.seed)) for r in replicas
+        ]
         if not self.replicas:
             raise ValueError("ReplicatedLearner.replicas is empty.")
         sizes = {(r.data.num_train, tuple(r.data.input_shape)) for r in self.replicas}
@@ -109,7 +120,6 @@ class ReplicatedLearner(KerasLearner):
         self.y_train = np.stack([y for _, y in train])
         self.tests = [_arrays(r.data.test) for r in self.replicas]
         self.steps_per_epoch = self.num_train // self.batch_size
-        self.seed = context.seed
         seeds_lib.set_seed(self.seed)
         model = self.model_fn(input_shape[0], self.replicas)
         optimizer = self.optimizer_fn()
@@ -222,11 +232,11 @@ class ReplicatedLearner(KerasLearner):
             {
                 "name": replica.name,
                 "data": replica.data.name,
-                "seed": replica.seed,
+                "seed": seed,
                 "hparams": json.loads(json.dumps(replica.hparams, default=str)),
                 "final": scores,
             }
-            for replica, scores in zip(self.replicas, arrays["replicas"])
+            for replica, seed, scores in zip(self.replicas, self.replica_seeds, arrays["replicas"])
         ]
         summary = {
             "num_replicas": len(self.replicas),
