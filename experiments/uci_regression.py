@@ -1,8 +1,12 @@
 """UCI regression at the published settings: MC dropout, a mean-field Flipout BNN, SVGP and
 deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside published numbers.
 
-One trainer run per (method, data set, split) through `launch.sweep`'s grid runner, each method
-with its gin file and published setting (`METHODS`):
+Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
+setting (`METHODS`). MC dropout trains in replicated form by default
+(`configs/uci_mc_dropout_replicated.gin`, `ReplicatedLearner`): all splits and grid points of a
+data set's validation stage in one run, then all its test runs in one, each replica following
+the trajectory it has alone; `--noreplicated` gives one run per (data set, split, grid point).
+The other methods run once per (data set, split):
 
 * `mc_dropout` (`configs/uci_mc_dropout.gin`): Gal & Ghahramani (2016) as in their 2018 re-run.
   Each split's dropout rate and noise precision tau come from a grid search on a validation
@@ -29,6 +33,7 @@ import dataclasses
 import json
 import math
 import os
+import re
 
 from absl import app, flags
 
@@ -149,6 +154,7 @@ class Method:
     model: str = ""  # the gin file's model builder, whose width the data set sets
     grid_search: bool = False  # Gal & Ghahramani's per-split validation grid
     dataset_epochs: tuple = ()  # (data set, epochs) exceptions
+    replicated: str = ""  # gin file of its replicated form: a data set's runs as one run
 
     def epochs_for(self, dataset):
         return dict(self.dataset_epochs).get(dataset, self.epochs)
@@ -163,6 +169,7 @@ METHODS = {
         model="mc_dropout_regressor",
         grid_search=True,
         dataset_epochs=(("protein-tertiary-structure", 20 * 100),),
+        replicated="uci_mc_dropout_replicated",
     ),
     "flipout": Method(
         "Mean-field BNN (Flipout)", "uci_flipout", epochs=500, batch_size=32, model="mlp"
@@ -391,6 +398,96 @@ def write_tables(rows, root):
     return markdown
 
 
+def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
+    """`[(run_name, bindings)]` of `method`'s next stage in replicated form: one run per data
+    set whose replicas are its splits (and, for the grid search, its grid points), bound
+    through `uci_replicas`. Without `selected`, the validation stage; with it, the test runs."""
+    spec = METHODS[method]
+    runs = []
+    for dataset in datasets:
+        chosen_splits = parse_splits(splits, uci_num_splits(dataset, uci_dir))
+        validation = spec.grid_search and selected is None
+        bindings = {
+            "uci_replicas.name": repr(dataset),
+            "uci_replicas.root": repr(os.path.abspath(uci_dir)),
+            "replicated_mc_dropout_regressor.hidden_units": f"({HIDDEN_UNITS.get(dataset, 50)},)",
+        }
+        data = uci(dataset, chosen_splits[0], uci_dir, validation=validation)
+        steps = _epoch_steps(data.num_train, epochs or spec.epochs_for(dataset), spec.batch_size)
+        bindings["train.train_steps"] = str(steps)
+        if validation:
+            if dataset not in TAU_GRID:
+                raise ValueError(
+                    f"{method}: no tau grid for data set {dataset!r} (TAU_GRID has "
+                    f"{sorted(TAU_GRID)}); its precision grid is in the targets' units."
+                )
+            grid = [{"dropout_rate": p, "tau": t} for p in DROPOUT_RATES for t in TAU_GRID[dataset]]
+            bindings.update(
+                {
+                    "uci_replicas.splits": repr(chosen_splits),
+                    "uci_replicas.validation": "True",
+                    "uci_replicas.grid": repr(grid),
+                    "ReplicatedLearner.num_eval_samples": str(GRID_EVAL_SAMPLES),
+                }
+            )
+            runs.append((f"validation/{dataset}", bindings))
+        else:
+            chosen = {
+                split: {
+                    "dropout_rate": selected[(dataset, split)][0],
+                    "tau": selected[(dataset, split)][1],
+                }
+                for split in chosen_splits
+                if (dataset, split) in selected
+            }
+            if chosen:
+                bindings["uci_replicas.chosen"] = repr(chosen)
+                runs.append((dataset, bindings))
+    return runs
+
+
+def _replicas(folder, results):
+    """`[(dataset, split, hparams, final)]` of the finished replicated runs in `results`."""
+    found = []
+    for name, _, status, _ in results:
+        if not status.startswith(("finished", "skipped")):
+            continue
+        with open(os.path.join(folder, name, "metrics.json")) as f:
+            summary = json.load(f)
+        dataset = name.split("/")[-1]
+        for replica in summary["replicas"]:
+            split = int(re.match(r"split(\d+)\[", replica["name"]).group(1))
+            found.append((dataset, split, replica["hparams"], replica["final"]))
+    return found
+
+
+def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
+    """`run_method` with each stage of each data set as one replicated run."""
+    spec = METHODS[method]
+    folder = os.path.join(root, method)
+    params = method_gin_params(gin_params, method)
+    epochs = parse_epochs(epochs).get(method)
+    runs = plan_replicated(method, uci_dir, datasets, splits, epochs)
+    results, stopped = sweep.run_experiment_grid(runs, folder, spec.replicated, params, parallel)
+    if spec.grid_search and not stopped:
+        best = {}
+        for dataset, split, hparams, final in _replicas(folder, results):
+            ll = final["test_log_likelihood"]
+            if (dataset, split) not in best or ll > best[(dataset, split)][0]:
+                best[(dataset, split)] = (ll, (hparams["dropout_rate"], hparams["tau"]))
+        selected = {key: pair for key, (_, pair) in best.items()}
+        with open(os.path.join(folder, "selected.json"), "w") as f:
+            json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
+        runs = plan_replicated(method, uci_dir, datasets, splits, epochs, selected=selected)
+        results, stopped = sweep.run_experiment_grid(
+            runs, folder, spec.replicated, params, parallel
+        )
+    found = _replicas(folder, results)
+    keys = {f"{d}/{s}": (d, s, None) for d, s, _, _ in found}
+    flat = [(f"{d}/{s}", None, "finished", final) for d, s, _, final in found]
+    return summarize(method, flat, keys), stopped
+
+
 def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
     """Trains `method`'s runs (both stages of a grid search) under `root/method`; returns
     `(rows, stopped)`."""
@@ -413,16 +510,27 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
 
 
 def run_experiment(
-    uci_dir, root, methods, datasets, splits=None, gin_params=(), parallel=1, epochs=None
+    uci_dir,
+    root,
+    methods,
+    datasets,
+    splits=None,
+    gin_params=(),
+    parallel=1,
+    epochs=None,
+    replicated=True,
 ):
     """Trains every method's runs (skipping finished ones) and writes the tables; returns the
-    rows."""
+    rows. With `replicated`, a method that has a replicated form trains each stage of each
+    data set as one run (`ReplicatedLearner`), which gives each split and grid point the
+    trajectory it has alone."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown} (choose from {sorted(METHODS)}).")
     rows = []
     for method in methods:
-        method_rows, stopped = run_method(
+        runner = run_replicated if replicated and METHODS[method].replicated else run_method
+        method_rows, stopped = runner(
             method, uci_dir, root, datasets, splits, gin_params, parallel, epochs
         )
         rows += method_rows
@@ -474,6 +582,12 @@ class UCIRegression(Experiment):
         flags.DEFINE_string(
             "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
         )
+        flags.DEFINE_bool(
+            "replicated",
+            True,
+            "Train each stage of a data set as one replicated run where the method has a "
+            "replicated form (MC dropout); --noreplicated: one run per split and grid point.",
+        )
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
@@ -487,6 +601,7 @@ class UCIRegression(Experiment):
             gin_params,
             parallel,
             options.get("epochs"),
+            options.get("replicated", True),
         )
 
 

@@ -131,6 +131,7 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
         ],
         "parallel": 2,
         "epochs": "mc_dropout:2,flipout:1",
+        "replicated": False,  # one run per split and grid point (the replicated form: below)
     }
     rows = uci_regression.run_experiment(**kwargs)
     assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp"]
@@ -156,6 +157,46 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
     # Re-running trains nothing and gives the same table.
     again = uci_regression.run_experiment(**kwargs)
     assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
+
+
+@pytest.mark.slow  # two trainer runs
+def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uci, monkeypatch):
+    """MC dropout's grid search in replicated form: every split and grid point of the
+    validation stage in one run, then the test runs (each split with its best pair) in one."""
+    from experiments import uci_regression
+
+    monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
+    monkeypatch.setitem(uci_regression.TAU_GRID, "toy", (4.0, 8.0))
+    kwargs = {
+        "uci_dir": str(toy_uci),
+        "root": str(tmp_path / "runs"),
+        "methods": ["mc_dropout"],
+        "datasets": ["toy"],
+        "splits": "0-1",
+        "gin_params": ["ReplicatedLearner.batch_size = 16"],
+        "epochs": "mc_dropout:3",
+    }
+    rows = uci_regression.run_experiment(**kwargs)
+    assert rows[0]["splits"] == 2 and np.isfinite(rows[0]["test_ll"])
+    folder = tmp_path / "runs" / "mc_dropout"
+    validation = json.loads((folder / "validation" / "toy" / "metrics.json").read_text())
+    assert validation["num_replicas"] == 8  # 2 splits x 4 grid points
+    best = {}
+    for replica in validation["replicas"]:
+        split = replica["name"].split("[")[0]
+        ll = replica["final"]["test_log_likelihood"]
+        if split not in best or ll > best[split][0]:
+            best[split] = (ll, [replica["hparams"]["dropout_rate"], replica["hparams"]["tau"]])
+    selected = json.loads((folder / "selected.json").read_text())
+    assert selected == {f"toy_{k}": v for k, (_, v) in best.items()}
+    test = json.loads((folder / "toy" / "metrics.json").read_text())
+    assert [r["name"].split("[")[0] for r in test["replicas"]] == ["split0", "split1"]
+    assert rows[0]["test_ll"] == pytest.approx(
+        np.mean([r["final"]["test_log_likelihood"] for r in test["replicas"]])
+    )
+    # Epochs count batches of the published 128 (54 rows: one an epoch), as unreplicated.
+    bindings = json.loads((folder / "toy" / "bindings.json").read_text())
+    assert bindings["train.train_steps"] == "3" and "uci_replicas.chosen" in bindings
 
 
 @pytest.mark.parametrize("module", ["uci_regression", "deep_gp_uci"])
