@@ -111,12 +111,20 @@ def adaptive_ece(probs, labels, num_bins=15):
 
 def risk_coverage_curve(confidence, correct):
     """Selective prediction: keeping the `k` most confident examples (k = 1..n), the coverage
-    `k / n` and the risk (error rate among them). Returns `(coverage [n], risk [n])`."""
+    `k / n` and the risk (error rate among them). Returns `(coverage [n], risk [n])`.
+
+    Examples of equal confidence (saturated probabilities of 1.0 are common) have no order
+    between them: the risk is its expectation over their orders, so within a tie each kept
+    example counts the tie's mean error, and the curve does not depend on the data's order."""
     confidence = np.asarray(confidence, np.float64).reshape(-1)
     errors = 1.0 - np.asarray(correct, np.float64).reshape(-1)
     order = np.argsort(-confidence, kind="stable")
+    sorted_conf, sorted_errors = confidence[order], errors[order]
+    starts = np.flatnonzero(np.r_[True, sorted_conf[1:] != sorted_conf[:-1]])
+    sizes = np.diff(np.r_[starts, len(order)])
+    group_mean = np.add.reduceat(sorted_errors, starts) / sizes if len(order) else sorted_errors
     kept = np.arange(1, len(order) + 1)
-    return kept / len(order), np.cumsum(errors[order]) / kept
+    return kept / len(order), np.cumsum(np.repeat(group_mean, sizes)) / kept
 
 
 def aurc(probs, labels):

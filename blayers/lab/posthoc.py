@@ -53,9 +53,15 @@ def _dataset(x, y=None):
     return tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
 
 
-def _log_mean_probs(probs):
+def _log_softmax64(distribution):
+    """A categorical's log-probabilities in float64: float32 probabilities saturate at 0 and 1,
+    which leaves `log 0` in the logits a temperature is fitted to."""
+    return (tf.nn.log_softmax(tf.cast(distribution.logits_parameter(), tf.float64)),)
+
+
+def _log_mean_probs(log_probs):
     """`log mean_s p_s`, the Monte Carlo predictive's log-probabilities `[n, K]`."""
-    return logsumexp(np.log(np.maximum(probs, 1e-300)), axis=0) - np.log(len(probs))
+    return logsumexp(log_probs, axis=0) - np.log(len(log_probs))
 
 
 @gin.configurable(module="blayers.lab.posthoc", denylist=["learner", "run"])
@@ -160,7 +166,14 @@ def posthoc(
     start = time.perf_counter()
     extra = {}
     if method == "temperature":
-        logits = _log_mean_probs(base_params[0])
+        log_probs = task.predictive_samples(
+            model,
+            _dataset(inputs.x),
+            num_samples,
+            learner.eval_batch_size,
+            parameters=_log_softmax64,
+        )[0]
+        logits = _log_mean_probs(log_probs)
         scaler = posthoc_lib.TemperatureScaling(vector=vector_scaling)
         scaler.fit(logits[calibration], y[calibration])
         params = [scaler.predict_proba(logits)[None]]

@@ -55,6 +55,12 @@ class TemperatureScaling:
                 f"TemperatureScaling.fit: logits must be [n, K] and labels [n]; got "
                 f"{logits.shape} and {labels.shape}."
             )
+        if not np.all(np.isfinite(logits)):
+            raise ValueError(
+                "TemperatureScaling.fit: the logits are not all finite (log-probabilities of "
+                "saturated float32 probabilities hold log 0 = -inf); pass the network's logits "
+                "or float64 log-probabilities."
+            )
         k = logits.shape[1]
         identity = np.zeros(2 * k if self.vector else 1)
         result = scipy.optimize.minimize(
@@ -65,6 +71,8 @@ class TemperatureScaling:
             method="L-BFGS-B",
         )
         start, _ = _nll_and_grad(identity, logits, labels, self.vector)
+        if not np.isfinite(result.fun):
+            raise ValueError(f"TemperatureScaling.fit: the optimizer failed ({result.message}).")
         self.params = result.x if result.fun <= start else identity
         return self
 

@@ -96,6 +96,26 @@ def test_aurc_against_its_closed_forms():
     assert metrics.aurc(probs, np.array([0, 1])) == pytest.approx((0 + 0.5) / 2)
 
 
+def test_risk_coverage_averages_over_the_orders_of_tied_confidences():
+    """Saturated probabilities tie; the curve is the expectation over every order of the tied
+    examples (checked by enumerating them), so it does not depend on the data's order."""
+    import itertools
+
+    confidence = np.array([1.0, 1.0, 1.0, 0.7, 0.7, 0.2])
+    correct = np.array([1, 0, 1, 1, 0, 0])
+    curves = []
+    for first in itertools.permutations(range(3)):
+        for second in itertools.permutations(range(3, 5)):
+            order = [*first, *second, 5]
+            errors = 1.0 - correct[order]
+            curves.append(np.cumsum(errors) / np.arange(1, 7))
+    _, risk = metrics.risk_coverage_curve(confidence, correct)
+    np.testing.assert_allclose(risk, np.mean(curves, 0))
+    shuffled = np.random.default_rng(0).permutation(6)
+    _, again = metrics.risk_coverage_curve(confidence[shuffled], correct[shuffled])
+    np.testing.assert_allclose(again, risk)
+
+
 def test_fpr_at_95_tpr():
     rng = np.random.default_rng(2)
     same = rng.normal(size=50_000)

@@ -47,6 +47,12 @@ def test_calibration_nll_is_never_above_the_model_s(vector):
     assert TemperatureScaling().fit(logits, labels).temperature == pytest.approx(1.0, rel=0.05)
 
 
+def test_temperature_scaling_refuses_log_zero_instead_of_keeping_the_identity():
+    logits = np.log(np.array([[1.0, 0.0], [0.3, 0.7]], np.float32))  # saturated: log 0
+    with pytest.raises(ValueError, match="not all finite"):
+        TemperatureScaling().fit(logits, np.array([1, 1]))
+
+
 def test_vector_scaling_recovers_per_class_scales_and_gradients_are_exact():
     rng = np.random.default_rng(3)
     z = rng.normal(size=(40_000, 3)) * 1.5

@@ -84,7 +84,9 @@ class Task:
         return []
 
     # Shared by the tasks' evaluations.
-    def predictive_samples(self, model, dataset, num_samples, batch_size=500, draws_per_call=64):
+    def predictive_samples(
+        self, model, dataset, num_samples, batch_size=500, draws_per_call=64, parameters=None
+    ):
         """Arrays `[num_samples, n, ...]` of `predictive_parameters` over an unbatched dataset,
         one fresh posterior draw per pass (memory grows with samples x examples x outputs,
         never with activations). Up to `draws_per_call` passes run in one graph loop, so that
@@ -93,17 +95,18 @@ class Task:
         An ensemble's output (`EnsembleMixture`, the uniform mixture of `E` members) gives its
         members' parameters, each pass counting as `E` draws (`[num_samples * E, n, ...]`):
         the predictive is the same mixture, and the mutual information (the members'
-        disagreement) is not lost to an average taken before the metrics see it."""
+        disagreement) is not lost to an average taken before the metrics see it.
+
+        `parameters(distribution)` -> a tuple of tensors replaces `predictive_parameters`
+        (the post-hoc temperature reads float64 log-probabilities, which do not saturate)."""
+        parameters = parameters or self.predictive_parameters
 
         def one_draw(x):
             distribution = self.likelihood(model(x, training=False))
             if not isinstance(distribution, EnsembleMixture):
-                return tuple(t[None] for t in self.predictive_parameters(distribution))
+                return tuple(t[None] for t in parameters(distribution))
             member_axis = distribution.batch_shape.rank  # members: the last batch axis
-            return tuple(
-                _move_axis_first(t, member_axis)
-                for t in self.predictive_parameters(distribution.members)
-            )
+            return tuple(_move_axis_first(t, member_axis) for t in parameters(distribution.members))
 
         @tf.function
         def several_draws(x, count):
