@@ -16,6 +16,7 @@ rates: with one model per run, and with the grid as 240 replicas and the final f
 """
 
 import argparse
+import math
 import os
 import tempfile
 
@@ -131,8 +132,9 @@ def main():
     grid = [row for row in rows if row["replicas"] == 240 and row["learner"] != "SupervisedLearner"]
     if grid:  # the protocol's grid is 240 replicas
         final_rate = replicated_rate(20, args.steps, args.log_every, rows=FINAL_ROWS)
-        grid_steps = EPOCHS * (ROWS // BATCH)
-        final_steps = EPOCHS * (FINAL_ROWS // BATCH)
+        # As experiments.uci_regression counts them: the last partial batch of an epoch counts.
+        grid_steps = EPOCHS * math.ceil(ROWS / BATCH)
+        final_steps = EPOCHS * math.ceil(FINAL_ROWS / BATCH)
         projection = {
             "grid_steps_per_model": grid_steps,
             "final_steps_per_model": final_steps,
