@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from blayers.lab import runs
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DATASETS = {"digits": ("digits_mlp", "digits"), "mnist5k": ("mnist5k_mlp", "mnist_subset")}
@@ -59,15 +61,10 @@ def _python(module, args, log):
         raise RuntimeError(f"python -m {module} {' '.join(args)} failed; see {log}")
 
 
-def _read(path):
-    with open(path) as f:
-        return json.load(f)
-
-
 def train(config, data_fn, model_dir, seed, deterministic, params):
     """The main job's run in `model_dir` (reused when finished); its `metrics.json`."""
-    metrics_path = os.path.join(model_dir, "metrics.json")
-    if not (os.path.exists(metrics_path) and _read(metrics_path).get("status") == "finished"):
+    run = runs.RunDir(model_dir)
+    if (run.metrics() or {}).get("status") != "finished":
         args = [
             f"--gin_file={config}",
             f"--gin_param={data_fn}.corruptions = True",
@@ -79,16 +76,16 @@ def train(config, data_fn, model_dir, seed, deterministic, params):
             args.append("--gin_param=mlp.dense_layer = 'Dense'")
         args += [f"--gin_param={p}" for p in params]
         _python("blayers.train", args, model_dir + ".log")
-    return _read(metrics_path)
+    return run.metrics()
 
 
 def posthoc(model_dir, method, params=()):
     """`python -m blayers.posthoc` on a finished run (reused when done); its summary."""
-    path = os.path.join(model_dir, "posthoc", method, "metrics.json")
-    if not os.path.exists(path):
+    result = runs.RunDir(os.path.join(model_dir, "posthoc", method))
+    if result.metrics() is None:
         args = [f"--model_dir={model_dir}", f"--method={method}"]
         _python("blayers.posthoc", args + [f"--gin_param={p}" for p in params], model_dir + ".log")
-    return _read(path)
+    return result.metrics()
 
 
 def _row(metrics, shift, train_seconds, fit_seconds):

@@ -37,6 +37,7 @@ import re
 
 from absl import app, flags
 
+from blayers.lab import runs
 from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from experiments.base import Experiment, ReportEntry
 from launch import sweep
@@ -452,8 +453,7 @@ def _replicas(folder, results):
     for name, _, status, _ in results:
         if not status.startswith(("finished", "skipped")):
             continue
-        with open(os.path.join(folder, name, "metrics.json")) as f:
-            summary = json.load(f)
+        summary = runs.RunDir(os.path.join(folder, name)).metrics()
         dataset = name.split("/")[-1]
         for replica in summary["replicas"]:
             split = int(re.match(r"split(\d+)\[", replica["name"]).group(1))
