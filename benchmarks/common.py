@@ -1,4 +1,5 @@
-"""Shared by the benchmark scripts: a timed training step of one layer, and JSON output."""
+"""Shared by the benchmark scripts: a timed training step of one layer, and JSON (and
+Markdown) output."""
 
 import json
 import os
@@ -46,3 +47,17 @@ def write_json(results, path):
     with open(path, "w") as f:
         json.dump(results, f, indent=2)
     print(f"wrote {path}")
+
+
+def write_results(path, payload, markdown):
+    """Writes `payload` (with the machine added) as JSON to `path`, `markdown` beside it
+    (`.md`), and prints the Markdown."""
+    import platform
+
+    payload = {"machine": {"cpus": os.cpu_count(), "python": platform.python_version()}, **payload}
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(payload, f, indent=1)
+    with open(os.path.splitext(path)[0] + ".md", "w") as f:
+        f.write(markdown)
+    print(markdown)

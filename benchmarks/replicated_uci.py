@@ -45,8 +45,19 @@ def _data(seed, rows=ROWS):
     return standardized_regression(f"synthetic_{seed}", x[:rows], y[:rows], x[rows:], y[rows:])
 
 
-def _rate(model_dir):
-    records = runs.RunDir(model_dir).records("train")
+def _rate(learner, steps, log_every):
+    """Median steps/s of `learner` under the Loop, after the first logging interval."""
+    with tempfile.TemporaryDirectory() as model_dir:
+        loop.train(
+            model_dir,
+            learner=learner,
+            train_steps=steps,
+            eval_every=None,
+            log_every=log_every,
+            checkpoint_every=10 * steps,
+            progress=False,
+        )
+        records = runs.RunDir(model_dir).records("train")
     return float(np.median([r["steps_per_second"] for r in records][1:]))
 
 
@@ -69,17 +80,7 @@ def replicated_rate(replicas, steps, log_every, rows=ROWS):
         batch_size=BATCH,
         num_eval_samples=1,
     )
-    with tempfile.TemporaryDirectory() as model_dir:
-        loop.train(
-            model_dir,
-            learner=learner,
-            train_steps=steps,
-            eval_every=None,
-            log_every=log_every,
-            checkpoint_every=10 * steps,
-            progress=False,
-        )
-        return _rate(model_dir)
+    return _rate(learner, steps, log_every)
 
 
 def single_rate(steps, log_every, rows=ROWS):
@@ -93,17 +94,7 @@ def single_rate(steps, log_every, rows=ROWS):
         batch_size=BATCH,
         num_eval_samples=1,
     )
-    with tempfile.TemporaryDirectory() as model_dir:
-        loop.train(
-            model_dir,
-            learner=learner,
-            train_steps=steps,
-            eval_every=None,
-            log_every=log_every,
-            checkpoint_every=10 * steps,
-            progress=False,
-        )
-        return _rate(model_dir)
+    return _rate(learner, steps, log_every)
 
 
 def main():

@@ -25,12 +25,12 @@ interrupted table resumes. Writes the JSON and, beside it, the Markdown tables (
 import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
 
 import numpy as np
+from common import write_results
 
 from blayers.lab import runs
 
@@ -210,23 +210,17 @@ def main(argv=None):
             cases.append({"dataset": name, "seed": seed, "rows": rows})
             print(f"[uncertainty] {name} seed {seed}: {json.dumps(rows)}", flush=True)
     table = summarize(cases)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "smoke": args.smoke,
-                "members": args.members,
-                "wall_seconds": time.perf_counter() - start,
-                "cases": cases,
-                "table": table,
-            },
-            f,
-            indent=1,
-        )
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(table))
-    print(markdown(table))
+    write_results(
+        args.out,
+        {
+            "smoke": args.smoke,
+            "members": args.members,
+            "wall_seconds": time.perf_counter() - start,
+            "cases": cases,
+            "table": table,
+        },
+        markdown(table),
+    )
     return table
 
 

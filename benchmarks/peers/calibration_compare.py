@@ -13,10 +13,8 @@ environment (CPU PyTorch), created once and cached like the other peers (`--venv
 Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
-import argparse
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -193,41 +191,16 @@ def markdown(table):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", default="digits,mnist5k")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/calibration_peers.json")
-    parser.add_argument(
-        "--venv_dir", default=os.path.expanduser(os.path.join("~", ".cache", "blayers", "peers"))
+    return peers.compare_main(
+        argv,
+        __doc__,
+        "netcal",
+        REQUIREMENTS,
+        "benchmarks/results/calibration_peers.json",
+        one_case,
+        summarize,
+        markdown,
     )
-    parser.add_argument("--timeout", type=int, default=1800)
-    args = parser.parse_args(argv)
-    python, reason = peers.ensure_venv("netcal", REQUIREMENTS, args.venv_dir, args.timeout)
-    if python is None:
-        print(f"[calibration] netcal is not available: {reason}", flush=True)
-    rows = []
-    for name in args.datasets.split(","):
-        for seed in range(args.seeds):
-            rows.append(one_case(name, seed, python, args.timeout))
-            print(f"[calibration] {name} seed {seed}: {json.dumps(rows[-1])}", flush=True)
-    table = summarize(rows)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "requirements": REQUIREMENTS,
-                "unavailable": reason,
-                "rows": rows,
-                "table": table,
-            },
-            f,
-            indent=1,
-        )
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(table))
-    print(markdown(table))
-    return table
 
 
 if __name__ == "__main__":

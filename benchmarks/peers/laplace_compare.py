@@ -14,11 +14,9 @@ the fit time (curvature + prior precision). laplace-torch runs in its own virtua
 Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
-import argparse
 import functools
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -190,41 +188,17 @@ def markdown(table):
     return "\n".join(lines) + "\n"
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--datasets", default="digits,mnist5k")
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--out", default="benchmarks/results/laplace_peers.json")
-    parser.add_argument(
-        "--venv_dir", default=os.path.expanduser(os.path.join("~", ".cache", "blayers", "peers"))
+def main(argv=None):
+    return peers.compare_main(
+        argv,
+        __doc__,
+        "laplace_torch",
+        REQUIREMENTS,
+        "benchmarks/results/laplace_peers.json",
+        one_case,
+        summarize,
+        markdown,
     )
-    parser.add_argument("--timeout", type=int, default=1800)
-    args = parser.parse_args()
-    python, reason = peers.ensure_venv("laplace_torch", REQUIREMENTS, args.venv_dir, args.timeout)
-    if python is None:
-        print(f"[laplace] laplace-torch is not available: {reason}", flush=True)
-    rows = []
-    for name in args.datasets.split(","):
-        for seed in range(args.seeds):
-            rows.append(one_case(name, seed, python, args.timeout))
-            print(f"[laplace] {name} seed {seed}: {json.dumps(rows[-1])}", flush=True)
-    table = summarize(rows)
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            {
-                "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-                "requirements": REQUIREMENTS,
-                "unavailable": reason,
-                "rows": rows,
-                "table": table,
-            },
-            f,
-            indent=1,
-        )
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write(markdown(table))
-    print(markdown(table))
 
 
 if __name__ == "__main__":

@@ -103,6 +103,40 @@ def ensure_venv(name, requirements, venv_dir, timeout):
     return python, None
 
 
+def compare_main(argv, doc, venv, requirements, default_out, one_case, summarize, markdown):
+    """The command line of a same-data comparison with one peer library (`laplace_compare`,
+    `calibration_compare`): `one_case(dataset, seed, python, timeout)` per data set and seed
+    (python: the peer's environment's interpreter, or None when it cannot be created), then
+    `summarize(rows)` written as JSON and `markdown(table)` beside it. Returns the table."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--datasets", default="digits,mnist5k")
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--out", default=default_out)
+    parser.add_argument(
+        "--venv_dir", default=os.path.expanduser(os.path.join("~", ".cache", "blayers", "peers"))
+    )
+    parser.add_argument("--timeout", type=int, default=1800)
+    args = parser.parse_args(argv)
+    python, reason = ensure_venv(venv, requirements, args.venv_dir, args.timeout)
+    if python is None:
+        print(f"[{venv}] the peer is not available: {reason}", flush=True)
+    rows = []
+    for name in args.datasets.split(","):
+        for seed in range(args.seeds):
+            rows.append(one_case(name, seed, python, args.timeout))
+            print(f"[{venv}] {name} seed {seed}: {json.dumps(rows[-1])}", flush=True)
+    table = summarize(rows)
+    sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: the shared output helper
+    from common import write_results
+
+    write_results(
+        args.out,
+        {"requirements": requirements, "unavailable": reason, "rows": rows, "table": table},
+        markdown(table),
+    )
+    return table
+
+
 def run_worker(python, framework, names, repeats, timeout):
     spec = FRAMEWORKS[framework]
     env = {**os.environ, **spec.get("env", {}), "PYTHONPATH": REPO}
