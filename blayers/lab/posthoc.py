@@ -11,7 +11,8 @@ The test set is split once (`split_seed`): `calibration_fraction` of it fits wha
 data (the temperature, the conformal quantile); both the run's model and the post-hoc method
 are scored on the rest (and, for classification, on the run's OOD set and the rest's corrupted
 copies). `ensemble` mixes the run with other finished runs of the same model. The Laplace
-curvature and SWAG's continued training use the training set. Every argument of `posthoc` is a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
+curvature and SWAG's continued training use the training set. Every argument of `posthoc` is
+a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
 `--gin_param="Laplace.hessian_structure = 'full'"`).
 """
 
@@ -20,11 +21,12 @@ import time
 import gin
 import numpy as np
 import tensorflow as tf
-from scipy.special import logsumexp
 
 from blayers import metrics as metrics_lib
 from blayers import posthoc as posthoc_lib
 from blayers.lab import runs
+from blayers.lab.tasks.base import features, targets
+from blayers.posthoc.batches import input_batches
 
 __all__ = ["METHODS", "posthoc", "restore"]
 
@@ -53,15 +55,15 @@ def _dataset(x, y=None):
     return tf.data.Dataset.from_tensor_slices(x if y is None else (x, y))
 
 
-def _log_softmax64(distribution):
-    """A categorical's log-probabilities in float64: float32 probabilities saturate at 0 and 1,
+def _probs64(distribution):
+    """A categorical's probabilities computed in float64: float32 ones saturate at 0 and 1,
     which leaves `log 0` in the logits a temperature is fitted to."""
-    return (tf.nn.log_softmax(tf.cast(distribution.logits_parameter(), tf.float64)),)
+    return (tf.nn.softmax(tf.cast(distribution.logits_parameter(), tf.float64)),)
 
 
-def _log_mean_probs(log_probs):
+def _log_mean_probs(probs):
     """`log mean_s p_s`, the Monte Carlo predictive's log-probabilities `[n, K]`."""
-    return logsumexp(log_probs, axis=0) - np.log(len(log_probs))
+    return np.log(np.mean(probs, axis=0))
 
 
 @gin.configurable(module="blayers.lab.posthoc", denylist=["learner", "run"])
@@ -127,14 +129,14 @@ def posthoc(
     # set, then the OOD set and the corrupted copies of the evaluation part.
     inputs = _Inputs(x)
     if classification and data.ood is not None:
-        inputs.add("ood", _arrays(data.ood)[0])
+        inputs.add("ood", np.concatenate(list(input_batches(data.ood.batch(4096), None))))
     for key, dataset in (data.corrupted or {}).items() if classification else ():
-        shifted_x, shifted_y = _arrays(dataset)
-        inputs.add(key, shifted_x[evaluation], shifted_y[evaluation])
+        inputs.add(key, features(dataset)[evaluation], targets(dataset)[evaluation])
 
     def predictive(model_):
+        parameters = _probs64 if classification else None
         return task.predictive_samples(
-            model_, _dataset(inputs.x), num_samples, learner.eval_batch_size
+            model_, _dataset(inputs.x), num_samples, learner.eval_batch_size, parameters=parameters
         )
 
     def score(params):
@@ -166,14 +168,7 @@ def posthoc(
     start = time.perf_counter()
     extra = {}
     if method == "temperature":
-        log_probs = task.predictive_samples(
-            model,
-            _dataset(inputs.x),
-            num_samples,
-            learner.eval_batch_size,
-            parameters=_log_softmax64,
-        )[0]
-        logits = _log_mean_probs(log_probs)
+        logits = _log_mean_probs(base_params[0])
         scaler = posthoc_lib.TemperatureScaling(vector=vector_scaling)
         scaler.fit(logits[calibration], y[calibration])
         params = [scaler.predict_proba(logits)[None]]
@@ -248,13 +243,6 @@ class _Inputs:
     def part(self, values, key):
         begin, end = self.parts[key]
         return values[:, begin:end]
-
-
-def _arrays(dataset):
-    """An unbatched dataset's elements as arrays (`(x,)` or `(x, y)`)."""
-    batch = next(iter(dataset.batch(1 << 30)))
-    batch = batch if isinstance(batch, tuple) else (batch,)
-    return tuple(b.numpy() for b in batch)
 
 
 def _conformal(classification, params, calibration, evaluation, y, alpha, method, scale):

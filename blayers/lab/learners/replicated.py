@@ -27,6 +27,7 @@ from blayers import seeds as seeds_lib
 from blayers.lab import plots
 from blayers.lab.learners.base import KerasLearner, refuse_strategy
 from blayers.lab.learners.supervised import make_optimizer
+from blayers.lab.tasks.base import features, targets
 
 __all__ = ["ReplicatedLearner"]
 
@@ -38,8 +39,7 @@ def _joined_seed(run_seed, replica_seed):
 
 
 def _arrays(dataset):
-    x, y = next(iter(dataset.batch(1 << 30)))
-    return x.numpy().astype(np.float32), y.numpy().astype(np.float32)
+    return features(dataset).astype(np.float32), targets(dataset).astype(np.float32)
 
 
 @gin.configurable(module="blayers.lab.learners")

@@ -98,7 +98,7 @@ class Task:
         disagreement) is not lost to an average taken before the metrics see it.
 
         `parameters(distribution)` -> a tuple of tensors replaces `predictive_parameters`
-        (the post-hoc temperature reads float64 log-probabilities, which do not saturate)."""
+        (the post-hoc methods read float64 probabilities, which do not saturate)."""
         parameters = parameters or self.predictive_parameters
 
         def one_draw(x):

@@ -43,7 +43,7 @@ class Classification(Task):
         def predict(dataset):
             return self.predictive_samples(model, dataset, num_samples, batch_size)[0]
 
-        # The order of the draws (test, OOD, shifted sets) is kept from earlier versions.
+        # Draws in this order (test, OOD, shifted sets), so seeded runs keep their numbers.
         probs = predict(data.test)
         ood_probs = predict(data.ood) if data.ood is not None else None
         corrupted = {
