@@ -447,18 +447,21 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
     return runs
 
 
-def _replicas(folder, results):
-    """`[(dataset, split, hparams, final)]` of the finished replicated runs in `results`."""
-    found = []
+def _replica_results(folder, results):
+    """The replicas of the finished replicated runs in `results`, as `(results, keys)` in the
+    form `select` and `summarize` read (one entry per replica)."""
+    flat, keys = [], {}
     for name, _, status, _ in results:
         if not status.startswith(("finished", "skipped")):
             continue
-        summary = runs.RunDir(os.path.join(folder, name)).metrics()
         dataset = name.split("/")[-1]
-        for replica in summary["replicas"]:
+        for replica in runs.RunDir(os.path.join(folder, name)).metrics()["replicas"]:
             split = int(re.match(r"split(\d+)\[", replica["name"]).group(1))
-            found.append((dataset, split, replica["hparams"], replica["final"]))
-    return found
+            hparams = replica["hparams"]
+            key = f"{name}/{replica['name']}"
+            flat.append((key, None, "finished", replica["final"]))
+            keys[key] = (dataset, split, (hparams.get("dropout_rate"), hparams.get("tau")))
+    return flat, keys
 
 
 def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
@@ -467,25 +470,17 @@ def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel
     folder = os.path.join(root, method)
     params = method_gin_params(gin_params, method)
     epochs = parse_epochs(epochs).get(method)
-    runs = plan_replicated(method, uci_dir, datasets, splits, epochs)
-    results, stopped = sweep.run_experiment_grid(runs, folder, spec.replicated, params, parallel)
+    planned = plan_replicated(method, uci_dir, datasets, splits, epochs)
+    results, stopped = sweep.run_experiment_grid(planned, folder, spec.replicated, params, parallel)
     if spec.grid_search and not stopped:
-        best = {}
-        for dataset, split, hparams, final in _replicas(folder, results):
-            ll = final["test_log_likelihood"]
-            if (dataset, split) not in best or ll > best[(dataset, split)][0]:
-                best[(dataset, split)] = (ll, (hparams["dropout_rate"], hparams["tau"]))
-        selected = {key: pair for key, (_, pair) in best.items()}
+        selected = select(*_replica_results(folder, results))
         with open(os.path.join(folder, "selected.json"), "w") as f:
             json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
-        runs = plan_replicated(method, uci_dir, datasets, splits, epochs, selected=selected)
+        planned = plan_replicated(method, uci_dir, datasets, splits, epochs, selected=selected)
         results, stopped = sweep.run_experiment_grid(
-            runs, folder, spec.replicated, params, parallel
+            planned, folder, spec.replicated, params, parallel
         )
-    found = _replicas(folder, results)
-    keys = {f"{d}/{s}": (d, s, None) for d, s, _, _ in found}
-    flat = [(f"{d}/{s}", None, "finished", final) for d, s, _, final in found]
-    return summarize(method, flat, keys), stopped
+    return summarize(method, *_replica_results(folder, results)), stopped
 
 
 def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
