@@ -28,14 +28,11 @@ from blayers.lab import plots
 from blayers.lab.learners.base import KerasLearner, refuse_strategy
 from blayers.lab.learners.supervised import make_optimizer
 from blayers.lab.tasks.base import features, targets
+from blayers.layers.replicated import replica_seeds
 
 __all__ = ["ReplicatedLearner"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
-
-
-def _joined_seed(run_seed, replica_seed):
-    return int(np.random.SeedSequence([int(run_seed), int(replica_seed)]).generate_state(1)[0] >> 1)
 
 
 def _arrays(dataset):
@@ -97,7 +94,8 @@ class ReplicatedLearner(KerasLearner):
         self.seed = context.seed
         self.replica_seeds = [r.seed for r in replicas]
         self.replicas = [
-            dataclasses.replace(r, seed=_joined_seed(self.seed, r.seed)) for r in replicas
+            dataclasses.replace(r, seed=replica_seeds([self.seed], salt=r.seed)[0])
+            for r in replicas
         ]
         if not self.replicas:
             raise ValueError("ReplicatedLearner.replicas is empty.")
