@@ -116,6 +116,7 @@ def test_methods_refuse_what_they_cannot_do(finished_run):
         _in_process(finished_run, "bayes")
 
 
+@pytest.mark.slow  # a second trainer run and two post-hoc passes (about a minute)
 def test_ensemble_mixes_finished_runs(finished_run, tmp_path):
     other = _train(tmp_path / "other", seed=1)
     single, _ = _in_process(other, "conformal")  # the other run scored alone

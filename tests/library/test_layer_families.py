@@ -10,6 +10,7 @@ from conftest import check_moments
 
 import blayers
 from blayers import constraints
+from blayers.lab import configurables  # noqa: F401 - gin names of the library
 from blayers.layers import convolutional as conv_lib
 from blayers.layers import recurrent as rnn_lib
 
@@ -22,7 +23,7 @@ def _set_posterior(initializer, mean, stddev):
     initializer.stddev.assign(SOFTPLUS.inverse(stddev))
 
 
-def _many_calls(fn, num_draws, per_call=50):
+def _many_calls(fn, num_draws, per_call=10):  # small graphs: tracing costs more than calls
     call = tf.function(lambda: tf.stack([tf.convert_to_tensor(fn()) for _ in range(per_call)]))
     return np.concatenate([call().numpy() for _ in range(num_draws // per_call)])
 
