@@ -2,11 +2,12 @@
 deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside published numbers.
 
 Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
-setting (`METHODS`). MC dropout trains in replicated form by default
-(`configs/uci_mc_dropout_replicated.gin`, `ReplicatedLearner`): all splits and grid points of a
-data set's validation stage in one run, then all its test runs in one, each replica following
-the trajectory it has alone; `--noreplicated` gives one run per (data set, split, grid point).
-The other methods run once per (data set, split):
+setting (`METHODS`). MC dropout and Flipout train in replicated form by default
+(`configs/uci_{mc_dropout,flipout}_replicated.gin`, `ReplicatedLearner`): for MC dropout all
+splits and grid points of a data set's validation stage in one run, then all its test runs in
+one; for Flipout all its splits in one run; each replica follows the trajectory it has alone.
+`--noreplicated` gives one run per (data set, split, grid point). The GP methods run once per
+(data set, split):
 
 * `mc_dropout` (`configs/uci_mc_dropout.gin`): Gal & Ghahramani (2016) as in their 2018 re-run.
   Each split's dropout rate and noise precision tau come from a grid search on a validation
@@ -156,6 +157,7 @@ class Method:
     grid_search: bool = False  # Gal & Ghahramani's per-split validation grid
     dataset_epochs: tuple = ()  # (data set, epochs) exceptions
     replicated: str = ""  # gin file of its replicated form: a data set's runs as one run
+    replicated_model: str = ""  # that gin file's model builder, whose width the data set sets
 
     def epochs_for(self, dataset):
         return dict(self.dataset_epochs).get(dataset, self.epochs)
@@ -171,9 +173,16 @@ METHODS = {
         grid_search=True,
         dataset_epochs=(("protein-tertiary-structure", 20 * 100),),
         replicated="uci_mc_dropout_replicated",
+        replicated_model="replicated_mc_dropout_regressor",
     ),
     "flipout": Method(
-        "Mean-field BNN (Flipout)", "uci_flipout", epochs=500, batch_size=32, model="mlp"
+        "Mean-field BNN (Flipout)",
+        "uci_flipout",
+        epochs=500,
+        batch_size=32,
+        model="mlp",
+        replicated="uci_flipout_replicated",
+        replicated_model="replicated_flipout_regressor",
     ),
     "svgp": Method("SVGP", "deep_gp_uci", (("deep_gp.depth", "1"),)),
     "dgp2": Method("DGP-2", "deep_gp_uci", (("deep_gp.depth", "2"),)),
@@ -411,12 +420,15 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
         bindings = {
             "uci_replicas.name": repr(dataset),
             "uci_replicas.root": repr(os.path.abspath(uci_dir)),
-            "replicated_mc_dropout_regressor.hidden_units": f"({HIDDEN_UNITS.get(dataset, 50)},)",
+            f"{spec.replicated_model}.hidden_units": f"({HIDDEN_UNITS.get(dataset, 50)},)",
         }
         data = uci(dataset, chosen_splits[0], uci_dir, validation=validation)
         steps = _epoch_steps(data.num_train, epochs or spec.epochs_for(dataset), spec.batch_size)
         bindings["train.train_steps"] = str(steps)
-        if validation:
+        if not spec.grid_search:  # one stage: every split at the method's fixed setting
+            bindings["uci_replicas.splits"] = repr(chosen_splits)
+            runs.append((dataset, bindings))
+        elif validation:
             if dataset not in TAU_GRID:
                 raise ValueError(
                     f"{method}: no tau grid for data set {dataset!r} (TAU_GRID has "
@@ -581,7 +593,8 @@ class UCIRegression(Experiment):
             "replicated",
             True,
             "Train each stage of a data set as one replicated run where the method has a "
-            "replicated form (MC dropout); --noreplicated: one run per split and grid point.",
+            "replicated form (MC dropout, Flipout); --noreplicated: one run per split and grid "
+            "point.",
         )
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):

@@ -21,9 +21,17 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from blayers import constraints as constraints_lib
+from blayers.initializers import RHO_RANGE
 from blayers.layers.base import register
 
-__all__ = ["ReplicatedDense", "ReplicatedMCDropout", "ReplicatedNoise", "replica_seeds"]
+__all__ = [
+    "ReplicatedDense",
+    "ReplicatedDenseFlipout",
+    "ReplicatedMCDropout",
+    "ReplicatedNoise",
+    "replica_seeds",
+]
 
 
 def replica_seeds(seeds, salt=0):
@@ -66,6 +74,26 @@ def _check_input(layer_name, input_shape, replicas, rank=3):
             f"{layer_name}: inputs must be [replicas={replicas}, batch, features]; got shape "
             f"{tuple(input_shape)}."
         )
+
+
+def _next_call(counter):
+    """The layer's call index `t` (then counts the call): the second half of its draws' seeds."""
+    t = tf.cast(counter.value, tf.int32)
+    counter.assign_add(1)
+    return t
+
+
+def _stateless(sampler, shape, seeds, t, dtype):
+    """`[R, *shape]`: replica `r`'s slice drawn by `sampler` from the stateless seed
+    `(seeds[r], t)`, so it is the same whichever replicas share the call."""
+    return tf.stack([sampler(shape, seed=tf.stack([seed, t]), dtype=dtype) for seed in seeds])
+
+
+def _call_counter(layer):
+    # Named like Keras' seed generators' state: checkpointed with them, kept out of evaluation.
+    return layer.add_weight(
+        name="seed_generator_state", shape=(), dtype="int32", initializer="zeros", trainable=False
+    )
 
 
 @register
@@ -113,16 +141,19 @@ class ReplicatedDense(keras.layers.Layer):
         )
         self.kernel_decay = _per_replica("kernel_decay", kernel_decay, self.replicas, self.name)
 
-    def _draw(self, initializer, shape):
-        """`[R, *shape]`: replica `r`'s slice drawn with seed `seeds[r]`."""
-        config = dict(initializer)
+    def _draw(self, initializer, shape, seeds=None):
+        """`[R, *shape]`: replica `r`'s slice drawn with seed `seeds[r]` (default the layer's)."""
+        config = dict(keras.initializers.serialize(keras.initializers.get(initializer)))
         slices = []
-        for seed in self.seeds:
+        for seed in self.seeds if seeds is None else seeds:
             inner = dict(config.get("config") or {})
             if "seed" in inner:  # random initializers; Zeros and the like take none
                 inner["seed"] = seed
             instance = keras.initializers.deserialize({**config, "config": inner})
-            slices.append(keras.ops.convert_to_numpy(instance(shape, dtype=self.variable_dtype)))
+            with tf.init_scope():  # eager values, even when first built inside a tf.function
+                slices.append(
+                    keras.ops.convert_to_numpy(instance(shape, dtype=self.variable_dtype))
+                )
         return np.stack(slices)
 
     def build(self, input_shape):
@@ -168,6 +199,142 @@ class ReplicatedDense(keras.layers.Layer):
 
 
 @register
+class ReplicatedDenseFlipout(ReplicatedDense):
+    """`R` independent mean-field Bayesian dense layers with the Flipout estimator
+    (`blayers.layers.DenseFlipout`, Wen et al., 2018): replica `r`'s kernel has the posterior
+    `q_r(W) = N(M_r, softplus(rho_r)^2)` elementwise, and its outputs are
+    `activation(x @ M_r + ((x * s) @ dW_r) * o + b_r)` with one perturbation
+    `dW_r = softplus(rho_r) * eps` per call and per-row signs `s`, `o` in {-1, +1}.
+
+    Replica `r`'s draws at the layer's `t`-th call come from stateless seeds derived from
+    `(seeds[r], t)`, so they do not depend on which other replicas share the call; its initial
+    means and stddev parameters are drawn as `DenseFlipout`'s defaults draw them (means
+    `TruncatedNormal(stddev=1e-5)`, `rho ~ U(softplus^-1(1e-3), softplus^-1(5e-2))`), each
+    from its own seed. The layer's loss is `sum_r kl_weight[r] * KL[q_r(W) || N(0,
+    prior_stddev[r]^2)]` (the bias is deterministic, as `DenseFlipout`'s default): with
+    `kl_weight[r] = 1 / N_r` a replica's objective is `DenseFlipout`'s negative ELBO per example.
+
+    The rows of one call share the call's perturbation `dW_r` (as the examples of one batch do
+    in `DenseFlipout`), so Monte Carlo draws of a predictive take one call each
+    (`independent_rows` is False).
+
+    Args:
+      units: output features of every replica.
+      seeds: one int per replica (its length is the number of replicas `R`).
+      activation, use_bias: as `keras.layers.Dense`.
+      kernel_initializer: initializer of the kernel means (default `TruncatedNormal(1e-5)`).
+      stddev_initializer: initializer of the unconstrained `rho` (stddev = softplus(rho)).
+      bias_initializer: initializer of the deterministic bias.
+      prior_stddev: one float or `R`: the stddev of each replica's zero-mean Normal prior.
+      kl_weight: one float or `R`: each replica's KL coefficient (`1 / N_r` for an ELBO per
+        example); None adds no KL.
+    """
+
+    independent_rows = False
+
+    def __init__(
+        self,
+        units,
+        seeds,
+        activation=None,
+        use_bias=True,
+        kernel_initializer=None,
+        stddev_initializer=None,
+        bias_initializer="zeros",
+        prior_stddev=1.0,
+        kl_weight=None,
+        **kwargs,
+    ):
+        kwargs.pop("kernel_decay", None)
+        super().__init__(
+            units,
+            seeds,
+            activation=activation,
+            use_bias=use_bias,
+            kernel_initializer=kernel_initializer
+            or keras.initializers.TruncatedNormal(stddev=1e-5),
+            bias_initializer=bias_initializer,
+            **kwargs,
+        )
+        self.stddev_initializer = keras.initializers.serialize(
+            keras.initializers.get(
+                stddev_initializer or keras.initializers.RandomUniform(*RHO_RANGE)
+            )
+        )
+        self.prior_stddev = _per_replica("prior_stddev", prior_stddev, self.replicas, self.name)
+        if min(self.prior_stddev) <= 0:
+            raise ValueError(f"{self.name}: prior_stddev must be positive, got {prior_stddev}.")
+        self.kl_weight = _per_replica("kl_weight", kl_weight, self.replicas, self.name)
+        # Independent streams per replica for the init of rho, the noise and the two signs.
+        self._rho_seeds, self._noise_seeds, self._in_seeds, self._out_seeds = (
+            replica_seeds(self.seeds, salt) for salt in range(1, 5)
+        )
+
+    def build(self, input_shape):
+        super().build(input_shape)
+        rho = self._draw(self.stddev_initializer, self.kernel.shape[1:], self._rho_seeds)
+        self.kernel_rho = self.add_weight(
+            name="kernel_rho", shape=rho.shape, initializer=keras.initializers.Constant(rho)
+        )
+        self.counter = _call_counter(self)
+
+    @property
+    def kernel_stddev(self):
+        return tf.nn.softplus(self.kernel_rho)
+
+    def kl_divergence(self):
+        """`[R]`: each replica's `KL[q_r(W) || N(0, prior_stddev[r]^2)]`, summed over entries."""
+        prior = tf.constant(self.prior_stddev, self.kernel.dtype)[:, None, None]
+        ratio = self.kernel_stddev / prior
+        kl = -tf.math.log(ratio) + 0.5 * (tf.square(ratio) + tf.square(self.kernel / prior)) - 0.5
+        return tf.reduce_sum(kl, [1, 2])
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
+        _check_input(self.name, inputs.shape, self.replicas)
+        t = _next_call(self.counter)
+        dtype = inputs.dtype
+        kernel, stddev = tf.cast(self.kernel, dtype), tf.cast(self.kernel_stddev, dtype)
+        eps = _stateless(
+            tf.random.stateless_normal, tf.shape(kernel)[1:], self._noise_seeds, t, dtype
+        )
+        rows = tf.shape(inputs)[1]
+        sign_in = _rademacher([rows, tf.shape(inputs)[2]], self._in_seeds, t, dtype)
+        sign_out = _rademacher([rows, self.units], self._out_seeds, t, dtype)
+        outputs = tf.einsum("rbi,rio->rbo", inputs, kernel)
+        outputs += tf.einsum("rbi,rio->rbo", inputs * sign_in, stddev * eps) * sign_out
+        if self.bias is not None:
+            outputs = outputs + tf.cast(self.bias, dtype)[:, None, :]
+        if self.kl_weight is not None:
+            weight = tf.constant(self.kl_weight, self.kernel.dtype)
+            self.add_loss(tf.reduce_sum(weight * self.kl_divergence()))
+        return self.activation(outputs)
+
+    def get_config(self):
+        config = super().get_config()
+        config.pop("kernel_decay")
+        return {
+            **config,
+            "stddev_initializer": self.stddev_initializer,
+            "prior_stddev": self.prior_stddev,
+            "kl_weight": self.kl_weight,
+        }
+
+
+def _rademacher(shape, seeds, t, dtype):
+    draws = _stateless(
+        lambda shape, seed, dtype: tf.random.stateless_uniform(
+            shape, seed=seed, minval=0, maxval=2, dtype=tf.int32
+        ),
+        shape,
+        seeds,
+        t,
+        tf.int32,
+    )
+    return tf.cast(2 * draws - 1, dtype)
+
+
+@register
 class ReplicatedMCDropout(keras.layers.Layer):
     """`R` independent MC dropout layers (`blayers.layers.MCDropout`, active at prediction
     too): `y[r] = x[r] * m[r] / (1 - rates[r])`, `m[r] ~ Bernoulli(1 - rates[r])`.
@@ -182,6 +349,8 @@ class ReplicatedMCDropout(keras.layers.Layer):
       seeds: one int per replica (its length is the number of replicas `R`).
     """
 
+    independent_rows = True  # every row has its own mask: Monte Carlo draws may share a call
+
     def __init__(self, rates, seeds, **kwargs):
         super().__init__(**kwargs)
         self.seeds = _check_seeds(seeds, self.name)
@@ -193,28 +362,16 @@ class ReplicatedMCDropout(keras.layers.Layer):
 
     def build(self, input_shape):
         _check_input(self.name, input_shape, self.replicas)
-        self.counter = self.add_weight(
-            name="seed_generator_state",
-            shape=(),
-            dtype="int32",
-            initializer="zeros",
-            trainable=False,
-        )
+        self.counter = _call_counter(self)
 
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
         _check_input(self.name, inputs.shape, self.replicas)
         if not any(self.rates):
             return inputs
-        t = tf.cast(self.counter.value, tf.int32)
-        self.counter.assign_add(1)
-        shape = tf.shape(inputs)[1:]
-        # One stateless draw per replica: a replica's mask is the same alone or in a group.
-        uniforms = tf.stack(
-            [
-                tf.random.stateless_uniform(shape, seed=tf.stack([seed, t]), dtype=inputs.dtype)
-                for seed in self.seeds
-            ]
+        t = _next_call(self.counter)
+        uniforms = _stateless(
+            tf.random.stateless_uniform, tf.shape(inputs)[1:], self.seeds, t, inputs.dtype
         )
         keep = tf.constant([1.0 - r for r in self.rates], inputs.dtype)[:, None, None]
         return tf.where(uniforms < keep, inputs / keep, tf.zeros_like(inputs))
@@ -230,7 +387,8 @@ class ReplicatedMCDropout(keras.layers.Layer):
 class ReplicatedNoise(keras.layers.Layer):
     """A homoscedastic Gaussian likelihood per replica: appends each replica's log noise
     variance to its means, `[R, B, d] -> [R, B, 2d]` (means, then `log sigma_r^2`), so that
-    `y[r] ~ N(means[r], sigma_r^2)`. Fixed (MC dropout's `1 / tau`) or learned.
+    `y[r] ~ N(means[r], sigma_r^2)`. Fixed (MC dropout's `1 / tau`) or learned, with
+    `sigma_r^2 = softplus(raw_r)` as `blayers.layers.GaussianLikelihood` parameterizes it.
 
     Args:
       variances: one variance, or one per replica (in the targets' units).
@@ -247,17 +405,24 @@ class ReplicatedNoise(keras.layers.Layer):
 
     def build(self, input_shape):
         _check_input(self.name, input_shape, self.replicas)
-        self.log_variance = self.add_weight(
-            name="log_variance",
+        self.raw_noise_variance = self.add_weight(
+            name="noise_variance",
             shape=(self.replicas,),
-            initializer=keras.initializers.Constant(np.log(self.variances)),
+            initializer=keras.initializers.Constant(
+                [float(constraints_lib.softplus_inverse(v)) for v in self.variances]
+            ),
             trainable=self.trainable,
         )
+
+    @property
+    def noise_variance(self):
+        """`[R]`: each replica's noise variance."""
+        return tf.nn.softplus(self.raw_noise_variance)
 
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
         _check_input(self.name, inputs.shape, self.replicas)
-        log_variance = tf.cast(self.log_variance, inputs.dtype)[:, None, None]
+        log_variance = tf.math.log(tf.cast(self.noise_variance, inputs.dtype))[:, None, None]
         return tf.concat([inputs, tf.broadcast_to(log_variance, tf.shape(inputs))], -1)
 
     def compute_output_shape(self, input_shape):

@@ -162,7 +162,8 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
 @pytest.mark.slow  # two trainer runs
 def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uci, monkeypatch):
     """MC dropout's grid search in replicated form: every split and grid point of the
-    validation stage in one run, then the test runs (each split with its best pair) in one."""
+    validation stage in one run, then the test runs (each split with its best pair) in one;
+    Flipout's splits in one run."""
     from experiments import uci_regression
 
     monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
@@ -170,14 +171,23 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     kwargs = {
         "uci_dir": str(toy_uci),
         "root": str(tmp_path / "runs"),
-        "methods": ["mc_dropout"],
+        "methods": ["mc_dropout", "flipout"],
         "datasets": ["toy"],
         "splits": "0-1",
-        "gin_params": ["ReplicatedLearner.batch_size = 16"],
-        "epochs": "mc_dropout:3",
+        "gin_params": ["mc_dropout: ReplicatedLearner.batch_size = 16"],
+        "epochs": "mc_dropout:3,flipout:2",
     }
     rows = uci_regression.run_experiment(**kwargs)
-    assert rows[0]["splits"] == 2 and np.isfinite(rows[0]["test_ll"])
+    assert [r["method"] for r in rows] == ["mc_dropout", "flipout"]
+    assert all(r["splits"] == 2 and np.isfinite(r["test_ll"]) for r in rows)
+    flipout = tmp_path / "runs" / "flipout" / "toy"
+    flipout_bindings = json.loads((flipout / "bindings.json").read_text())
+    # 54 rows in batches of 32: one full batch an epoch, two epochs.
+    assert flipout_bindings["train.train_steps"] == "4"
+    assert flipout_bindings["uci_replicas.splits"] == "[0, 1]"
+    assert flipout_bindings["replicated_flipout_regressor.hidden_units"] == "(50,)"
+    flipout_metrics = json.loads((flipout / "metrics.json").read_text())
+    assert [r["name"] for r in flipout_metrics["replicas"]] == ["split0[]seed0", "split1[]seed0"]
     folder = tmp_path / "runs" / "mc_dropout"
     validation = json.loads((folder / "validation" / "toy" / "metrics.json").read_text())
     assert validation["num_replicas"] == 8  # 2 splits x 4 grid points

@@ -1,7 +1,8 @@
 """Many small models as one: three replicas trained together through the Loop end where each
 ends trained alone (same seed, same data order, same hyperparameters), with per-replica metrics
 equal to the lone runs'; a resumed replicated run continues exactly; the replicated MC dropout
-network is Gal & Ghahramani's (its objective against `mc_dropout_regressor`'s)."""
+network is Gal & Ghahramani's (its objective against `mc_dropout_regressor`'s), and the replicated
+Flipout network is `mlp(dense_layer='DenseFlipout')`'s negative ELBO per example."""
 
 import json
 
@@ -13,7 +14,12 @@ import tensorflow as tf
 from blayers.lab import loop
 from blayers.lab.data.base import Replica, standardized_regression
 from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll
-from blayers.lab.models import mc_dropout_regressor, replicated_mc_dropout_regressor
+from blayers.lab.models import (
+    mc_dropout_regressor,
+    mlp,
+    replicated_flipout_regressor,
+    replicated_mc_dropout_regressor,
+)
 
 
 def _data(split):
@@ -30,10 +36,18 @@ REPLICAS = [
 ]
 
 
-def _run(model_dir, replicas, steps=60, **kwargs):
+def _mc_dropout(dim, replicas):
+    return replicated_mc_dropout_regressor(dim, replicas, hidden_units=(16,))
+
+
+def _flipout(dim, replicas):
+    return replicated_flipout_regressor(dim, replicas, hidden_units=(16,))
+
+
+def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
     learner = ReplicatedLearner(
         replicas=replicas,
-        model=lambda dim, reps: replicated_mc_dropout_regressor(dim, reps, hidden_units=(16,)),
+        model=model,
         optimizer=lambda: keras.optimizers.Adam(1e-2),
         batch_size=32,
         num_eval_samples=50,
@@ -44,8 +58,9 @@ def _run(model_dir, replicas, steps=60, **kwargs):
     return learner, metrics
 
 
-def test_replicas_trained_together_end_where_each_ends_alone(tmp_path):
-    group, metrics = _run(tmp_path / "group", REPLICAS)
+@pytest.mark.parametrize("model", [_mc_dropout, _flipout], ids=["mc_dropout", "flipout"])
+def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
+    group, metrics = _run(tmp_path / "group", REPLICAS, model=model)
     summary = json.loads((tmp_path / "group" / "metrics.json").read_text())
     assert summary["num_replicas"] == 3 and [r["name"] for r in summary["replicas"]] == [
         "a",
@@ -62,7 +77,7 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
     weights = [v.numpy() for v in group.model.trainable_variables]
     for r, replica in enumerate(REPLICAS):
-        alone, _ = _run(tmp_path / replica.name, [replica])
+        alone, _ = _run(tmp_path / replica.name, [replica], model=model)
         for together, lone in zip(weights, alone.model.trainable_variables):
             np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=1e-6)
         lone_summary = json.loads((tmp_path / replica.name / "metrics.json").read_text())
@@ -126,6 +141,43 @@ def test_the_replicated_network_has_gal_and_ghahramani_s_objective():
         float(-tf.reduce_mean(likelihood.distribution.log_prob(tf.cast(y, tf.float32))))
         + float(tf.add_n(lone.losses)) / replica.data.num_train
     )
+    assert ours == pytest.approx(theirs, rel=1e-5)
+
+
+def test_the_replicated_flipout_network_has_dense_flipout_s_objective():
+    """With the posterior stddevs near 0 (so both estimators' noise vanishes), replica r's
+    outputs, noise variance and objective (mean NLL + KL / N) equal those of
+    `mlp(dense_layer='DenseFlipout', noise_variance=0.1, learn_noise=True)` with the same
+    posterior means, stddevs and noise."""
+    replica = Replica("a", _data(0), seed=3, hparams={"prior_stddev": 0.5})
+    net = replicated_flipout_regressor(3, [replica], hidden_units=(8,))
+    lone = mlp((3,), 1, hidden_units=(8,), dense_layer="DenseFlipout", noise_variance=0.1)
+    for layer in lone.layers[:2]:
+        layer.kernel_regularizer.stddev = 0.5  # the replica's prior, N(0, 0.5^2)
+    x, y = next(iter(replica.data.train.batch(100)))
+    x = tf.convert_to_tensor(x, tf.float32)
+    outputs, likelihood = net(x[None]), lone(x)  # builds both
+    ours = {v.path.split("/", 1)[1]: v for v in net.trainable_variables}
+    rng = np.random.default_rng(0)
+    for layer, replicated in zip(lone.layers[:2], net.layers[:2]):
+        variables = {v.path.split("/")[-1]: v for v in layer.trainable_variables}
+        replicated.kernel.assign(rng.normal(size=replicated.kernel.shape) * 0.5)  # not ~1e-5
+        variables["mean"].assign(replicated.kernel[0])
+        variables["bias"].assign(replicated.bias[0])
+        replicated.kernel_rho.assign(tf.fill(replicated.kernel_rho.shape, -16.0))
+        variables["stddev"].assign(tf.fill(variables["stddev"].shape, -16.0))
+    lone.layers[-1].raw_noise_variance.assign(net.layers[-1].raw_noise_variance[0])
+    assert len(ours) == 7  # means, rhos and biases of two layers, and the noise
+    outputs, likelihood = net(x[None]), lone(x)
+    np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-4)
+    np.testing.assert_allclose(
+        np.exp(outputs[0, :, 1]), likelihood.distribution.variance()[:, 0], rtol=1e-5
+    )
+    y = tf.cast(y, tf.float32)
+    theirs_kl = float(tf.add_n(lone.losses)) / replica.data.num_train
+    assert float(tf.add_n(net.losses)) == pytest.approx(theirs_kl, rel=1e-5)
+    ours = float(tf.reduce_mean(_gaussian_nll(outputs, y[None]))) + float(tf.add_n(net.losses))
+    theirs = float(-tf.reduce_mean(likelihood.distribution.log_prob(y))) + theirs_kl
     assert ours == pytest.approx(theirs, rel=1e-5)
 
 

@@ -1,13 +1,22 @@
 """Replicated layers: replica `r` is the lone layer seeded `seeds[r]` (weights, outputs, weight
 decay), replicas never mix (outputs, masks and training alone or in a group are the same), and
-the dropout masks keep each unit with probability `1 - rate` (to 5 standard errors)."""
+the dropout masks keep each unit with probability `1 - rate` (to 5 standard errors); Flipout's
+outputs have the posterior's moments and its KL the closed form."""
 
 import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 
-from blayers.layers import MCDropout, ReplicatedDense, ReplicatedMCDropout
+from blayers.layers import (
+    DenseFlipout,
+    MCDropout,
+    ReplicatedDense,
+    ReplicatedDenseFlipout,
+    ReplicatedMCDropout,
+    ReplicatedNoise,
+)
 from blayers.layers.replicated import replica_seeds
 
 
@@ -115,3 +124,112 @@ def test_config_round_trip_and_errors_name_the_layer():
     with pytest.raises(ValueError, match="kernel_decay needs one value or 2"):
         ReplicatedDense(3, [1, 2], kernel_decay=[1.0, 2.0, 3.0])
     assert MCDropout(0.1)  # the lone layer this one replicates
+
+
+def _flipout(seeds, **kwargs):
+    # Posterior stddevs near 0.3 and means of order 1, so the noise is far from negligible.
+    return ReplicatedDenseFlipout(
+        4,
+        seeds,
+        kernel_initializer=keras.initializers.RandomNormal(stddev=1.0),
+        stddev_initializer=keras.initializers.RandomUniform(-1.5, -0.5),
+        bias_initializer=keras.initializers.RandomNormal(stddev=1.0),
+        **kwargs,
+    )
+
+
+def test_flipout_replicas_do_not_mix_and_their_kl_is_the_closed_form():
+    seeds = replica_seeds([1, 2, 3])
+    x = np.random.default_rng(2).normal(size=(3, 6, 5)).astype("float32")
+    group = _flipout(seeds, prior_stddev=[1.0, 0.5, 2.0], kl_weight=[0.1, 0.2, 0.3])
+    alone = [
+        _flipout([s], prior_stddev=[p], kl_weight=[w])
+        for s, p, w in zip(seeds, [1.0, 0.5, 2.0], [0.1, 0.2, 0.3])
+    ]
+    for _ in range(3):  # the perturbations and signs of successive calls match too
+        together = group(x)
+        for r, lone in enumerate(alone):
+            # Equal up to the batched matmul's rounding (the draws themselves are identical).
+            np.testing.assert_allclose(together[r], lone(x[r : r + 1])[0], rtol=1e-5, atol=1e-6)
+    expected = 0.0
+    for r, prior in enumerate([1.0, 0.5, 2.0]):
+        q = tfp.distributions.Normal(group.kernel[r], group.kernel_stddev[r])
+        kl = tfp.distributions.kl_divergence(q, tfp.distributions.Normal(0.0, prior))
+        np.testing.assert_allclose(group.kl_divergence()[r], np.sum(kl), rtol=1e-5)
+        expected += [0.1, 0.2, 0.3][r] * np.sum(kl)
+    np.testing.assert_allclose(float(group.losses[-1]), expected, rtol=1e-5)
+
+
+def test_flipout_outputs_have_the_posterior_s_mean_and_variance():
+    # Given x, each output is x @ W + b with W ~ q: mean x @ M + b, variance x^2 @ S^2; each row
+    # is a valid draw (Flipout's signs), so rows of one call and calls both sample it.
+    layer = _flipout(replica_seeds([4, 5]))
+    x = np.tile(np.random.default_rng(5).normal(size=(2, 1, 5)).astype("float32"), (1, 20, 1))
+    call = tf.function(layer)
+    calls = 1000
+    draws = np.concatenate([call(x).numpy() for _ in range(calls)], axis=1)  # [2, 20,000, 4]
+    mean = np.einsum("ri,rio->ro", x[:, 0], layer.kernel.numpy()) + layer.bias.numpy()
+    variance = np.einsum("ri,rio->ro", x[:, 0] ** 2, layer.kernel_stddev.numpy() ** 2)
+    # Rows within a call share |dW|: the standard errors count calls, not rows (conservative);
+    # a sample variance's relative standard error is at most sqrt(2 / calls).
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * np.sqrt(variance / calls))
+    np.testing.assert_allclose(draws.var(1), variance, rtol=5 * np.sqrt(2 / calls))
+    assert variance.min() > 0.05
+
+
+def test_flipout_training_in_a_group_follows_each_replica_s_lone_trajectory():
+    rng = np.random.default_rng(4)
+    xs = rng.normal(size=(3, 16, 4)).astype("float32")
+    ys = np.sin(xs.sum(-1, keepdims=True)).astype("float32")
+
+    def train(seeds, priors, x, y):
+        model = keras.Sequential(
+            [
+                keras.Input((None, 4)),
+                ReplicatedDenseFlipout(
+                    8, seeds, activation="relu", prior_stddev=priors, kl_weight=1 / 16
+                ),
+                ReplicatedDenseFlipout(1, [s + 7 for s in seeds], kl_weight=1 / 16),
+                ReplicatedNoise(0.1, len(seeds), trainable=True),
+            ]
+        )
+        optimizer = keras.optimizers.Adam(1e-2)
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                out = model(x)
+                nll = 0.5 * (out[..., 1:] + tf.square(y - out[..., :1]) * tf.exp(-out[..., 1:]))
+                loss = tf.reduce_sum(tf.reduce_mean(nll, [1, 2])) + tf.add_n(model.losses)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply(grads, model.trainable_variables)
+
+        for _ in range(30):
+            step()
+        return [v.numpy() for v in model.trainable_variables]
+
+    seeds, priors = [5, 6, 7], [1.0, 0.3, 3.0]
+    group = train(seeds, priors, xs, ys)
+    for r in range(3):
+        alone = train([seeds[r]], [priors[r]], xs[r : r + 1], ys[r : r + 1])
+        for together, lone in zip(group, alone):
+            np.testing.assert_allclose(together[r : r + 1], lone, rtol=1e-5, atol=1e-6)
+    assert not np.allclose(group[-1][0], group[-1][1])  # each learned its own noise
+
+
+def test_flipout_config_round_trip_and_defaults_are_dense_flipout_s():
+    layer = ReplicatedDenseFlipout(3, [1, 2], prior_stddev=0.5, kl_weight=0.1, name="rf")
+    x = np.ones((2, 4, 5), "float32")
+    layer(x)
+    clone = ReplicatedDenseFlipout.from_config(layer.get_config())
+    clone(x)
+    for a, b in zip(layer.weights, clone.weights):
+        np.testing.assert_array_equal(a, b)
+    assert clone.prior_stddev == [0.5, 0.5] and clone.kl_weight == [0.1, 0.1]
+    # DenseFlipout's default posterior: means of order 1e-5, stddevs in [1e-3, 5e-2].
+    assert np.abs(layer.kernel.numpy()).max() < 1e-4
+    stddev = layer.kernel_stddev.numpy()
+    assert stddev.min() >= 1e-3 - 1e-7 and stddev.max() <= 5e-2 + 1e-7
+    assert DenseFlipout(3)  # the lone layer this one replicates
+    with pytest.raises(ValueError, match="rf2: prior_stddev must be positive"):
+        ReplicatedDenseFlipout(3, [1, 2], prior_stddev=[1.0, 0.0], name="rf2")

@@ -195,12 +195,19 @@ class ReplicatedLearner(KerasLearner):
         in standardized units, for test inputs `x_tests[r] [n_r, D]` (padded to one size)."""
         n = max(len(x) for x in x_tests)
         padded = np.stack([np.pad(x, ((0, n - len(x)), (0, 0))) for x in x_tests])
-        chunk = max(1, self.eval_rows // (len(x_tests) * n))
+        # Draws stack as rows of one call where every row has its own noise (dropout masks);
+        # Flipout's rows share a call's perturbation, so each of its draws is a call.
+        independent = all(getattr(layer, "independent_rows", True) for layer in self.model.layers)
+        chunk = max(1, self.eval_rows // (len(x_tests) * n)) if independent else 1
+        if not hasattr(self, "_predict_fn"):
+            self._predict_fn = tf.function(
+                lambda x: self.model(x, training=False), reduce_retracing=True
+            )
         means, log_vars = [], []
         for start in range(0, num_samples, chunk):
             draws = min(chunk, num_samples - start)
             inputs = np.tile(padded, (1, draws, 1))  # [R, draws * n, D]
-            outputs = self.model(inputs, training=False).numpy()
+            outputs = self._predict_fn(tf.constant(inputs)).numpy()
             outputs = outputs.reshape(len(x_tests), draws, n, 2)
             means.append(outputs[..., :1])
             log_vars.append(outputs[..., 1:])

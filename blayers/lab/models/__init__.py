@@ -35,6 +35,7 @@ __all__ = [
     "mc_dropout_regressor",
     "mlp",
     "realnvp_flow",
+    "replicated_flipout_regressor",
     "replicated_mc_dropout_regressor",
     "resnet",
     "sequential",
@@ -200,6 +201,52 @@ def replicated_mc_dropout_regressor(
             )
         )
     model_layers.append(replicated.ReplicatedNoise(variances, len(replicas)))
+    return keras.Sequential(model_layers, name=name)
+
+
+@gin.configurable(module="blayers.lab.models")
+def replicated_flipout_regressor(
+    input_dim,
+    replicas,
+    hidden_units=(50,),
+    activation="relu",
+    prior_stddev=1.0,
+    noise_variance=0.1,
+    learn_noise=True,
+    name="replicated_flipout",
+):
+    """`mlp(dense_layer='DenseFlipout', noise_variance=..., learn_noise=True)`, the mean-field
+    Flipout regressor, for `R` replicas at once (`blayers.layers.replicated`): each replica has
+    its own posterior, its own `N(0, prior_stddev^2)` prior and KL weight `1 / N_r` (its negative
+    ELBO per example) and its own learned noise variance (standardized units). A replica's
+    `hparams` may override `prior_stddev` and `noise_variance`. Inputs `[R, B, input_dim]`;
+    outputs `[R, B, 2]` (mean, log noise variance).
+
+    Args:
+      input_dim: features per example.
+      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer).
+      hidden_units, activation: the hidden layers, as `mlp`'s.
+      prior_stddev: the weights' prior stddev (Hernandez-Lobato & Adams' VI baseline: 1).
+      noise_variance: the initial noise variance; learn_noise: whether it is trained.
+    """
+    priors = [r.hparams.get("prior_stddev", prior_stddev) for r in replicas]
+    variances = [r.hparams.get("noise_variance", noise_variance) for r in replicas]
+    kl_weights = [1.0 / r.data.num_train for r in replicas]
+    seeds = [replica.seed for replica in replicas]
+    replicated = blayers_layers.replicated
+    model_layers = [keras.Input((None, input_dim))]
+    widths = (*hidden_units, 1)
+    for i, units in enumerate(widths):
+        model_layers.append(
+            replicated.ReplicatedDenseFlipout(
+                units,
+                replicated.replica_seeds(seeds, i),
+                activation=activation if i < len(hidden_units) else None,
+                prior_stddev=priors,
+                kl_weight=kl_weights,
+            )
+        )
+    model_layers.append(replicated.ReplicatedNoise(variances, len(replicas), trainable=learn_noise))
     return keras.Sequential(model_layers, name=name)
 
 
