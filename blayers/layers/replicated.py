@@ -30,6 +30,7 @@ __all__ = [
     "ReplicatedDenseFlipout",
     "ReplicatedMCDropout",
     "ReplicatedNoise",
+    "ReplicatedSparseGaussianProcess",
     "replica_seeds",
 ]
 
@@ -390,14 +391,22 @@ class ReplicatedNoise(keras.layers.Layer):
     `y[r] ~ N(means[r], sigma_r^2)`. Fixed (MC dropout's `1 / tau`) or learned, with
     `sigma_r^2 = softplus(raw_r)` as `blayers.layers.GaussianLikelihood` parameterizes it.
 
+    With `function_variance=True` the inputs are a GP's marginal means and variances
+    `[R, B, 2d]` (`ReplicatedSparseGaussianProcess(sample=False)`) and the outputs are
+    `[R, B, 3d]`: means, `log sigma_r^2`, then the function's variances `s^2`, from which the
+    learner takes the variational expectation `E_q[log N(y; f, sigma^2)] = log N(y; mu,
+    sigma^2) - s^2 / (2 sigma^2)` and the predictive `N(mu, sigma^2 + s^2)`.
+
     Args:
       variances: one variance, or one per replica (in the targets' units).
       replicas: the number of replicas `R`.
-      trainable: learn the log variances (else they stay fixed).
+      trainable: learn the variances (else they stay fixed).
+      function_variance: the inputs carry the function's variances (see above).
     """
 
-    def __init__(self, variances, replicas, trainable=False, **kwargs):
+    def __init__(self, variances, replicas, trainable=False, function_variance=False, **kwargs):
         super().__init__(trainable=trainable, **kwargs)
+        self.function_variance = bool(function_variance)
         self.replicas = int(replicas)
         self.variances = _per_replica("variances", variances, self.replicas, self.name)
         if min(self.variances) <= 0:
@@ -423,10 +432,223 @@ class ReplicatedNoise(keras.layers.Layer):
         inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
         _check_input(self.name, inputs.shape, self.replicas)
         log_variance = tf.math.log(tf.cast(self.noise_variance, inputs.dtype))[:, None, None]
-        return tf.concat([inputs, tf.broadcast_to(log_variance, tf.shape(inputs))], -1)
+        if not self.function_variance:
+            return tf.concat([inputs, tf.broadcast_to(log_variance, tf.shape(inputs))], -1)
+        means, variances = tf.split(inputs, 2, axis=-1)
+        return tf.concat([means, tf.broadcast_to(log_variance, tf.shape(means)), variances], -1)
 
     def compute_output_shape(self, input_shape):
+        if self.function_variance:
+            return (*input_shape[:-1], 3 * input_shape[-1] // 2)
         return (*input_shape[:-1], 2 * input_shape[-1])
 
     def get_config(self):
-        return {**super().get_config(), "variances": self.variances, "replicas": self.replicas}
+        return {
+            **super().get_config(),
+            "variances": self.variances,
+            "replicas": self.replicas,
+            "function_variance": self.function_variance,
+        }
+
+
+@register
+class ReplicatedSparseGaussianProcess(keras.layers.Layer):
+    """`R` independent sparse variational GP layers (`blayers.layers.SparseGaussianProcess`,
+    whitened, full Cholesky `q`, ARD exponentiated quadratic kernel), for SVGP and the deep GPs
+    of Salimbeni & Deisenroth (2017), replica by replica.
+
+    Replica `r` has inducing inputs `Z_r [M, d]`, kernel amplitude and length scales, and per
+    output unit `q(v) = N(m, L L^T)` over whitened inducing outputs. With `A = L_Z^{-1} K_Zx`
+    its marginals are `mu(x) = m(x) + A^T m` and `sigma^2(x) = k(x, x) - ||A_x||^2 +
+    ||L^T A_x||^2`, computed in float64 (a batched Cholesky over replicas); the layer adds
+    `sum_r kl_weight[r] * KL[q_r(v) || N(0, I)]` to its losses.
+
+    With `sample=True` (a deep GP's inner layers) it returns one reparameterized draw of the
+    marginals per row, `mu + sigma * eps` with `eps` from the stateless seed `(seeds[r], t)`
+    (Salimbeni & Deisenroth's doubly stochastic estimator); otherwise `[R, B, 2 units]`, the
+    marginal means then variances, for a likelihood to integrate in closed form
+    (`ReplicatedNoise(function_variance=True)`).
+
+    Args:
+      units: output functions of every replica.
+      inducing_inputs: `[R, M, d]` initial inducing inputs (k-means centres of each replica's
+        inputs, as Salimbeni & Deisenroth start them).
+      seeds: one int per replica (its length is the number of replicas `R`).
+      mean_fn: `'zero'`, or `'linear'` (inner layers: `x @ W + b`, `W` starting at the
+        identity `eye(d, units)`, trainable, as `SparseGaussianProcess`'s).
+      amplitude, length_scale: initial kernel amplitude and length scales.
+      initial_variational_scale: initial diagonal of every `L` (small for inner layers).
+      kl_weight: one float or `R` (`1 / N_r`: the ELBO per example); None adds no KL.
+      sample: return a draw (inner layers) instead of the marginals' moments.
+      jitter: added to the diagonal of `K_ZZ` before its Cholesky factorization.
+    """
+
+    independent_rows = True  # each row's draw has its own noise
+
+    def __init__(
+        self,
+        units,
+        inducing_inputs,
+        seeds,
+        mean_fn="zero",
+        amplitude=1.0,
+        length_scale=1.0,
+        initial_variational_scale=1.0,
+        kl_weight=None,
+        sample=False,
+        jitter=1e-6,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        self.units = int(units)
+        self.seeds = _check_seeds(seeds, self.name)
+        self.replicas = len(self.seeds)
+        self.inducing_inputs_init = np.asarray(inducing_inputs, np.float32)
+        if self.inducing_inputs_init.ndim != 3 or len(self.inducing_inputs_init) != self.replicas:
+            raise ValueError(
+                f"{self.name}: inducing_inputs must be [replicas={self.replicas}, M, features], "
+                f"got shape {self.inducing_inputs_init.shape}."
+            )
+        if mean_fn not in ("zero", "linear"):
+            raise ValueError(f"{self.name}: mean_fn must be 'zero' or 'linear', got {mean_fn!r}.")
+        for name, value in (
+            ("amplitude", amplitude),
+            ("length_scale", length_scale),
+            ("initial_variational_scale", initial_variational_scale),
+            ("jitter", jitter),
+        ):
+            if not value > 0:
+                raise ValueError(f"{self.name}: {name} must be positive, got {value!r}.")
+        self.mean_fn, self.sample, self.jitter = mean_fn, bool(sample), float(jitter)
+        self.amplitude, self.length_scale = float(amplitude), float(length_scale)
+        self.initial_variational_scale = float(initial_variational_scale)
+        self.kl_weight = _per_replica("kl_weight", kl_weight, self.replicas, self.name)
+        self._noise_seeds = replica_seeds(self.seeds, 1)
+
+    @property
+    def num_inducing(self):
+        return self.inducing_inputs_init.shape[1]
+
+    def build(self, input_shape):
+        _check_input(self.name, input_shape, self.replicas)
+        r, m, d = self.inducing_inputs_init.shape
+        if input_shape[-1] != d:
+            raise ValueError(
+                f"{self.name}: inputs have {input_shape[-1]} features, the inducing inputs {d}."
+            )
+        constant = keras.initializers.Constant
+        self.inducing_inputs = self.add_weight(
+            name="inducing_inputs", shape=(r, m, d), initializer=constant(self.inducing_inputs_init)
+        )
+        softplus_inverse = constraints_lib.softplus_inverse
+        self.raw_amplitude = self.add_weight(
+            name="amplitude",
+            shape=(r,),
+            initializer=constant(float(softplus_inverse(self.amplitude))),
+        )
+        self.raw_length_scale = self.add_weight(
+            name="length_scale",
+            shape=(r, d),
+            initializer=constant(float(softplus_inverse(self.length_scale))),
+        )
+        if self.mean_fn == "linear":
+            eye = np.broadcast_to(np.eye(d, self.units, dtype="float32"), (r, d, self.units))
+            self.mean_kernel = self.add_weight(
+                name="mean_kernel", shape=(r, d, self.units), initializer=constant(eye)
+            )
+            self.mean_bias = self.add_weight(
+                name="mean_bias", shape=(r, self.units), initializer="zeros"
+            )
+        self.variational_mean = self.add_weight(
+            name="variational_mean", shape=(r, self.units, m), initializer="zeros"
+        )
+        init = np.zeros((r, self.units, m, m), "float32")
+        init[..., np.arange(m), np.arange(m)] = float(
+            softplus_inverse(self.initial_variational_scale)
+        )
+        self.variational_scale = self.add_weight(
+            name="variational_scale", shape=init.shape, initializer=constant(init)
+        )
+        self.counter = _call_counter(self)
+
+    def variational_scale_tril(self):
+        """`[R, units, M, M]`: each `L`, lower-triangular with a softplus-positive diagonal."""
+        raw = tf.cast(self.variational_scale, tf.float64)
+        lower = tf.linalg.band_part(raw, -1, 0)
+        return tf.linalg.set_diag(lower, tf.nn.softplus(tf.linalg.diag_part(raw)))
+
+    def kl_divergence(self):
+        """`[R]`: `sum_units KL[N(m, L L^T) || N(0, I)] = 1/2 (||L||_F^2 + ||m||^2 - M units)
+        - sum log diag L` per replica."""
+        scale = self.variational_scale_tril()
+        mean = tf.cast(self.variational_mean, tf.float64)
+        m = float(self.num_inducing * self.units)
+        return 0.5 * (
+            tf.reduce_sum(tf.square(scale), [1, 2, 3]) + tf.reduce_sum(tf.square(mean), [1, 2]) - m
+        ) - tf.reduce_sum(tf.math.log(tf.linalg.diag_part(scale)), [1, 2])
+
+    def _covariance(self, a, b):
+        """`[R, n, m]`: each replica's `k(a, b)`, squared distances by one matmul in float64."""
+        amplitude = tf.nn.softplus(tf.cast(self.raw_amplitude, tf.float64))[:, None, None]
+        length_scale = tf.nn.softplus(tf.cast(self.raw_length_scale, tf.float64))[:, None, :]
+        a, b = a / length_scale, b / length_scale
+        squared = (
+            tf.reduce_sum(tf.square(a), -1)[:, :, None]
+            + tf.reduce_sum(tf.square(b), -1)[:, None, :]
+            - 2.0 * tf.matmul(a, b, transpose_b=True)
+        )
+        return tf.square(amplitude) * tf.exp(-0.5 * tf.maximum(squared, 0.0))
+
+    def predict_marginals(self, inputs):
+        """`(mu, sigma^2)`, each `[R, B, units]` in float64, of every replica's `q(f(x))`."""
+        x = tf.cast(inputs, tf.float64)
+        z = tf.cast(self.inducing_inputs, tf.float64)
+        k_zz = self._covariance(z, z)
+        chol = tf.linalg.cholesky(k_zz + self.jitter * tf.eye(self.num_inducing, dtype=k_zz.dtype))
+        a = tf.linalg.triangular_solve(chol, self._covariance(z, x))  # [R, M, B]
+        q_mean = tf.cast(self.variational_mean, tf.float64)  # [R, U, M]
+        mean = tf.transpose(tf.matmul(q_mean, a), [0, 2, 1])  # [R, B, U]
+        if self.mean_fn == "linear":
+            mean += tf.matmul(x, tf.cast(self.mean_kernel, tf.float64))
+            mean += tf.cast(self.mean_bias, tf.float64)[:, None, :]
+        projected = tf.matmul(self.variational_scale_tril(), a[:, None], transpose_a=True)
+        amplitude = tf.nn.softplus(tf.cast(self.raw_amplitude, tf.float64))
+        prior = tf.square(amplitude)[:, None] - tf.reduce_sum(tf.square(a), 1)  # [R, B]
+        variance = prior[..., None] + tf.transpose(
+            tf.reduce_sum(tf.square(projected), 2), [0, 2, 1]
+        )
+        return mean, tf.maximum(variance, 1e-12)
+
+    def call(self, inputs):
+        inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
+        _check_input(self.name, inputs.shape, self.replicas)
+        mean, variance = self.predict_marginals(inputs)
+        if self.kl_weight is not None:
+            weight = tf.constant(self.kl_weight, tf.float64)
+            self.add_loss(tf.cast(tf.reduce_sum(weight * self.kl_divergence()), self.dtype))
+        dtype = inputs.dtype
+        if not self.sample:
+            return tf.cast(tf.concat([mean, variance], -1), dtype)
+        t = _next_call(self.counter)
+        eps = _stateless(
+            tf.random.stateless_normal, tf.shape(mean)[1:], self._noise_seeds, t, tf.float64
+        )
+        return tf.cast(mean + tf.sqrt(variance) * eps, dtype)
+
+    def compute_output_shape(self, input_shape):
+        return (*input_shape[:-1], self.units * (1 if self.sample else 2))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "units": self.units,
+            "inducing_inputs": self.inducing_inputs_init.tolist(),
+            "seeds": self.seeds,
+            "mean_fn": self.mean_fn,
+            "amplitude": self.amplitude,
+            "length_scale": self.length_scale,
+            "initial_variational_scale": self.initial_variational_scale,
+            "kl_weight": self.kl_weight,
+            "sample": self.sample,
+            "jitter": self.jitter,
+        }

@@ -98,6 +98,7 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
             "SupervisedLearner.num_eval_samples = 2",
         ],
         "parallel": 2,
+        "replicated": False,  # one run per split (the replicated form: test_uci_regression_...)
     }
     rows = deep_gp_uci.run_experiment(**kwargs)
     assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["published_ll"] == -2.40
@@ -163,7 +164,7 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
 def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uci, monkeypatch):
     """MC dropout's grid search in replicated form: every split and grid point of the
     validation stage in one run, then the test runs (each split with its best pair) in one;
-    Flipout's splits in one run."""
+    Flipout's and SVGP's splits in one run each."""
     from experiments import uci_regression
 
     monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
@@ -171,14 +172,23 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     kwargs = {
         "uci_dir": str(toy_uci),
         "root": str(tmp_path / "runs"),
-        "methods": ["mc_dropout", "flipout"],
+        "methods": ["mc_dropout", "flipout", "svgp"],
         "datasets": ["toy"],
         "splits": "0-1",
-        "gin_params": ["mc_dropout: ReplicatedLearner.batch_size = 16"],
+        "gin_params": [
+            "mc_dropout: ReplicatedLearner.batch_size = 16",
+            "svgp: train.train_steps = 5",
+            "svgp: replicated_deep_gp.num_inducing = 5",
+        ],
         "epochs": "mc_dropout:3,flipout:2",
     }
     rows = uci_regression.run_experiment(**kwargs)
-    assert [r["method"] for r in rows] == ["mc_dropout", "flipout"]
+    assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp"]
+    svgp = tmp_path / "runs" / "svgp" / "toy"
+    svgp_bindings = json.loads((svgp / "bindings.json").read_text())
+    assert svgp_bindings["replicated_deep_gp.depth"] == "1"
+    assert svgp_bindings["ReplicatedLearner.batch_size"] == "54"  # full batches
+    assert json.loads((svgp / "metrics.json").read_text())["step"] == 5
     assert all(r["splits"] == 2 and np.isfinite(r["test_ll"]) for r in rows)
     flipout = tmp_path / "runs" / "flipout" / "toy"
     flipout_bindings = json.loads((flipout / "bindings.json").read_text())

@@ -16,6 +16,7 @@ from blayers.lab.data.base import Replica, standardized_regression
 from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll
 from blayers.lab.models import (
     mc_dropout_regressor,
+    replicated_deep_gp,
     mlp,
     replicated_flipout_regressor,
     replicated_mc_dropout_regressor,
@@ -44,6 +45,14 @@ def _flipout(dim, replicas):
     return replicated_flipout_regressor(dim, replicas, hidden_units=(16,))
 
 
+def _svgp(dim, replicas):
+    return replicated_deep_gp(dim, replicas, depth=1, num_inducing=10)
+
+
+def _dgp2(dim, replicas):
+    return replicated_deep_gp(dim, replicas, depth=2, num_inducing=10)
+
+
 def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
     learner = ReplicatedLearner(
         replicas=replicas,
@@ -58,9 +67,12 @@ def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
     return learner, metrics
 
 
-@pytest.mark.parametrize("model", [_mc_dropout, _flipout], ids=["mc_dropout", "flipout"])
+@pytest.mark.parametrize(
+    "model", [_mc_dropout, _flipout, _svgp, _dgp2], ids=["mc_dropout", "flipout", "svgp", "dgp2"]
+)
 def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
-    group, metrics = _run(tmp_path / "group", REPLICAS, model=model)
+    steps = 150 if model in (_svgp, _dgp2) else 60  # GPs: Adam moves q(u) from the prior slowly
+    group, metrics = _run(tmp_path / "group", REPLICAS, steps=steps, model=model)
     summary = json.loads((tmp_path / "group" / "metrics.json").read_text())
     assert summary["num_replicas"] == 3 and [r["name"] for r in summary["replicas"]] == [
         "a",
@@ -72,12 +84,12 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
             np.mean([r["final"][key] for r in summary["replicas"]])
         )
     # It learns: each replica's test RMSE (original units) is a quarter under its targets' spread
-    # after 60 steps (a network that learned nothing would match it).
+    # (a model that learned nothing would match it).
     for replica, scores in zip(REPLICAS, summary["replicas"]):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
     weights = [v.numpy() for v in group.model.trainable_variables]
     for r, replica in enumerate(REPLICAS):
-        alone, _ = _run(tmp_path / replica.name, [replica], model=model)
+        alone, _ = _run(tmp_path / replica.name, [replica], steps=steps, model=model)
         for together, lone in zip(weights, alone.model.trainable_variables):
             np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=1e-6)
         lone_summary = json.loads((tmp_path / replica.name / "metrics.json").read_text())
@@ -225,3 +237,23 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
         "toy", root=str(tmp_path / "uci"), chosen={2: {"dropout_rate": 0.1, "tau": 0.5}}
     )
     assert [r.name for r in chosen] == ["split2[dropout_rate=0.1,tau=0.5]seed0"]
+
+
+def test_a_gp_s_loss_is_the_closed_form_variational_expectation():
+    """Outputs (mean, log noise variance, function variance) give `-E_q[log N(y; f, sigma^2)]`,
+    `GaussianLikelihood.variational_expectation`'s closed form (Hensman et al., 2013)."""
+    import tensorflow_probability as tfp
+
+    from blayers.layers.gp import GaussianLikelihood
+
+    rng = np.random.default_rng(0)
+    mean, variance, y = rng.normal(size=(3, 1, 20, 1))
+    variance = np.abs(variance)
+    likelihood = GaussianLikelihood(0.3)
+    f = tfp.distributions.Normal(mean, np.sqrt(variance))
+    expected = -likelihood.variational_expectation(
+        type("F", (), {"distribution": f, "shape": f.batch_shape})(), y
+    )
+    noise = float(likelihood.noise_variance)
+    outputs = np.concatenate([mean, np.full_like(mean, np.log(noise)), variance], -1)
+    np.testing.assert_allclose(_gaussian_nll(tf.constant(outputs), y), expected, rtol=1e-6)

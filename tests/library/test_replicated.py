@@ -16,6 +16,7 @@ from blayers.layers import (
     ReplicatedDenseFlipout,
     ReplicatedMCDropout,
     ReplicatedNoise,
+    ReplicatedSparseGaussianProcess,
 )
 from blayers.layers.replicated import replica_seeds
 
@@ -233,3 +234,89 @@ def test_flipout_config_round_trip_and_defaults_are_dense_flipout_s():
     assert DenseFlipout(3)  # the lone layer this one replicates
     with pytest.raises(ValueError, match="rf2: prior_stddev must be positive"):
         ReplicatedDenseFlipout(3, [1, 2], prior_stddev=[1.0, 0.0], name="rf2")
+
+
+def _svgp(seeds, inducing, **kwargs):
+    return ReplicatedSparseGaussianProcess(2, inducing, seeds, **kwargs)
+
+
+def _perturb(layer, rng):
+    """Parameters away from their initial values, so that every term of the maths counts."""
+    for variable in layer.trainable_variables:
+        variable.assign(variable + rng.normal(size=variable.shape).astype("float32") * 0.3)
+
+
+def test_svgp_replicas_are_the_lone_sparse_gp_with_the_same_parameters():
+    from blayers.layers.gp import SparseGaussianProcess
+
+    rng = np.random.default_rng(6)
+    inducing = rng.normal(size=(3, 7, 4)).astype("float32")
+    x = rng.normal(size=(3, 9, 4)).astype("float32")
+    layer = _svgp(replica_seeds([1, 2, 3]), inducing, mean_fn="linear", kl_weight=[0.1, 0.2, 0.3])
+    layer(x)
+    _perturb(layer, rng)
+    outputs = layer(x).numpy()
+    expected_loss = 0.0
+    for r in range(3):
+        lone = SparseGaussianProcess(
+            2, num_inducing=7, mean_fn="linear", cholesky_dtype="float64", jitter=1e-6
+        )
+        lone(x[r])
+        lone.inducing_inputs.assign(layer.inducing_inputs[r])
+        lone.raw_amplitude.assign(layer.raw_amplitude[r])
+        lone.raw_length_scale.assign(layer.raw_length_scale[r])
+        lone.mean_kernel.assign(layer.mean_kernel[r])
+        lone.mean_bias.assign(layer.mean_bias[r])
+        lone.variational_mean.assign(layer.variational_mean[r])
+        lone.variational_scale.assign(layer.variational_scale[r])
+        mean, variance, kl = lone.predict_marginals(x[r])
+        np.testing.assert_allclose(outputs[r, :, :2], mean, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(outputs[r, :, 2:], variance, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(layer.kl_divergence()[r], kl, rtol=1e-5)
+        expected_loss += [0.1, 0.2, 0.3][r] * float(kl)
+    np.testing.assert_allclose(float(layer.losses[-1]), expected_loss, rtol=1e-5)
+    alone = _svgp(replica_seeds([2]), inducing[1:2], mean_fn="linear")
+    alone(x[1:2])
+    for mine, theirs in zip(alone.trainable_variables, layer.trainable_variables):
+        mine.assign(theirs[1:2])
+    np.testing.assert_allclose(alone(x[1:2])[0], outputs[1], rtol=1e-6)  # no mixing
+
+
+def test_svgp_draws_have_the_marginals_moments_and_do_not_depend_on_the_group():
+    rng = np.random.default_rng(7)
+    inducing = rng.normal(size=(2, 5, 3)).astype("float32")
+    x = np.tile(rng.normal(size=(2, 1, 3)).astype("float32"), (1, 4000, 1))
+    seeds = replica_seeds([4, 5])
+    moments = _svgp(seeds, inducing)
+    moments(x[:, :1])
+    _perturb(moments, rng)
+    sampler = _svgp(seeds, inducing, sample=True)
+    sampler(x[:, :1])
+    for mine, theirs in zip(sampler.trainable_variables, moments.trainable_variables):
+        mine.assign(theirs)
+    mean, variance = np.split(moments(x[:, :1]).numpy()[:, 0], 2, axis=-1)
+    draws = sampler(x).numpy()  # independent across rows
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * np.sqrt(variance / 4000))
+    np.testing.assert_allclose(draws.var(1), variance, rtol=5 * np.sqrt(2 / 4000))
+    lone = _svgp(seeds[1:], inducing[1:], sample=True)
+    lone(x[1:, :1])
+    for mine, theirs in zip(lone.trainable_variables, sampler.trainable_variables):
+        mine.assign(theirs[1:])
+    lone.counter.assign(sampler.counter)
+    np.testing.assert_allclose(lone(x[1:])[0], sampler(x)[1], rtol=1e-6)
+
+
+def test_noise_with_a_function_variance_and_the_svgp_config_round_trip():
+    noise = ReplicatedNoise([0.5, 2.0], 2, function_variance=True)
+    out = noise(np.array([[[1.0, 0.1]], [[2.0, 0.2]]], "float32")).numpy()
+    np.testing.assert_allclose(
+        out[:, 0], [[1.0, np.log(0.5), 0.1], [2.0, np.log(2.0), 0.2]], rtol=1e-6
+    )
+    layer = _svgp([1, 2], np.zeros((2, 3, 4)), mean_fn="linear", kl_weight=0.5, name="gp")
+    clone = ReplicatedSparseGaussianProcess.from_config(layer.get_config())
+    x = np.ones((2, 5, 4), "float32")
+    np.testing.assert_array_equal(layer(x), clone(x))
+    with pytest.raises(ValueError, match=r"gp2: inducing_inputs must be \[replicas=2"):
+        _svgp([1, 2], np.zeros((3, 3, 4)), name="gp2")
+    with pytest.raises(ValueError, match="gp3: inputs have 5 features, the inducing inputs 4"):
+        _svgp([1, 2], np.zeros((2, 3, 4)), name="gp3")(np.ones((2, 5, 5), "float32"))

@@ -47,7 +47,8 @@ class ReplicatedLearner(KerasLearner):
       replicas: the `blayers.lab.data.Replica`s (or a callable returning them, such as
         `@uci_replicas`); all need the same number of training rows and features.
       model: `model(input_dim, replicas)` -> a Keras model mapping `[R, B, input_dim]` to
-        `[R, B, 2]` (mean, log noise variance, in standardized units).
+        `[R, B, 2]` (mean, log noise variance, in standardized units), or `[R, B, 3]` with a
+        GP's function variance last (the loss is then the variational expectation).
       optimizer: `optimizer()` -> a Keras optimizer (elementwise ones keep replicas exact).
       batch_size: rows a replica per step (full batches only, like the supervised stream).
       num_eval_samples: Monte Carlo draws of the predictive at evaluation.
@@ -203,17 +204,18 @@ class ReplicatedLearner(KerasLearner):
             self._predict_fn = tf.function(
                 lambda x: self.model(x, training=False), reduce_retracing=True
             )
-        means, log_vars = [], []
+        means, variances = [], []
         for start in range(0, num_samples, chunk):
             draws = min(chunk, num_samples - start)
             inputs = np.tile(padded, (1, draws, 1))  # [R, draws * n, D]
-            outputs = self._predict_fn(tf.constant(inputs)).numpy()
-            outputs = outputs.reshape(len(x_tests), draws, n, 2)
+            outputs = self._predict_fn(tf.constant(inputs)).numpy().astype(np.float64)
+            outputs = outputs.reshape(len(x_tests), draws, n, outputs.shape[-1])
             means.append(outputs[..., :1])
-            log_vars.append(outputs[..., 1:])
-        means, log_vars = np.concatenate(means, 1), np.concatenate(log_vars, 1)
+            # The predictive's variance: the noise's, plus a GP's function variance if given.
+            variances.append(np.exp(outputs[..., 1:2]) + outputs[..., 2:3].sum(-1, keepdims=True))
+        means, variances = np.concatenate(means, 1), np.concatenate(variances, 1)
         return [
-            (means[r, :, : len(x)], np.exp(0.5 * log_vars[r, :, : len(x)]))
+            (means[r, :, : len(x)], np.sqrt(variances[r, :, : len(x)]))
             for r, x in enumerate(x_tests)
         ]
 
@@ -253,5 +255,11 @@ class ReplicatedLearner(KerasLearner):
 
 
 def _gaussian_nll(outputs, targets):
-    mean, log_var = outputs[..., :1], outputs[..., 1:]
-    return 0.5 * (_LOG_2PI + log_var + tf.square(targets - mean) * tf.exp(-log_var))
+    """`-log N(y; mu, sigma^2)` for outputs (mean, log sigma^2); with a third channel, the
+    function's variance `s^2` (a GP's marginals), the negative variational expectation
+    `-E_q[log N(y; f, sigma^2)]`, which adds `s^2 / (2 sigma^2)`."""
+    mean, log_var = outputs[..., :1], outputs[..., 1:2]
+    squared = tf.square(targets - mean)
+    if outputs.shape[-1] == 3:
+        squared += outputs[..., 2:3]
+    return 0.5 * (_LOG_2PI + log_var + squared * tf.exp(-log_var))

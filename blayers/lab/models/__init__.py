@@ -15,7 +15,7 @@ from blayers import layers as blayers_layers
 from blayers.lab.models.baselines import uncertainty_baseline
 from blayers.lab.models.cox import CoxProcess, cox_process
 from blayers.lab.models.flows import realnvp_flow
-from blayers.lab.models.gaussian_process import deep_gp
+from blayers.lab.models.gaussian_process import deep_gp, replicated_deep_gp
 from blayers.lab.models.resnet import resnet
 from blayers.lab.models.sequence import lstm_sequence_model
 from blayers.lab.models.transformer import transformer, transformer_lm, transformer_schedule
@@ -35,6 +35,7 @@ __all__ = [
     "mc_dropout_regressor",
     "mlp",
     "realnvp_flow",
+    "replicated_deep_gp",
     "replicated_flipout_regressor",
     "replicated_mc_dropout_regressor",
     "resnet",

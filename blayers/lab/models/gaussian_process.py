@@ -12,9 +12,10 @@ import keras
 import numpy as np
 
 from blayers.lab.tasks import Regression
+from blayers.layers import replicated as replicated_lib
 from blayers.layers.gp import GaussianLikelihood, SparseGaussianProcess
 
-__all__ = ["deep_gp"]
+__all__ = ["deep_gp", "replicated_deep_gp"]
 
 
 @gin.configurable(module="blayers.lab.models")
@@ -70,4 +71,87 @@ def deep_gp(
         )
     )
     model_layers.append(GaussianLikelihood(noise_variance, name="likelihood"))
+    return keras.Sequential(model_layers, name=name)
+
+
+def kmeans_centres(x, num_inducing, seed):
+    """`num_inducing` k-means centres of the rows of `x` (`scipy.cluster.vq.kmeans2` from
+    distinct random rows, as Salimbeni & Deisenroth start their inducing inputs); with fewer
+    rows than centres, the rows and then standard normal draws."""
+    from scipy.cluster.vq import kmeans2
+
+    x = np.asarray(x, np.float64)
+    rng = np.random.default_rng(seed)
+    if len(x) <= num_inducing:
+        extra = rng.standard_normal((num_inducing - len(x), x.shape[1]))
+        return np.concatenate([x, extra]).astype(np.float32)
+    centres, _ = kmeans2(x, num_inducing, minit="points", seed=rng)
+    return centres.astype(np.float32)
+
+
+@gin.configurable(module="blayers.lab.models")
+def replicated_deep_gp(
+    input_dim,
+    replicas,
+    depth=2,
+    num_inducing=100,
+    hidden_units=None,
+    inner_variational_scale=1e-3,
+    noise_variance=0.05,
+    name="replicated_deep_gp",
+):
+    """`deep_gp` (SVGP for `depth=1`) for `R` replicas at once
+    (`blayers.layers.ReplicatedSparseGaussianProcess`): every replica has its own inducing
+    inputs (k-means centres of its own training inputs, from its seed; an inner layer's of
+    those inputs under its identity mean, which is what reaches it at the start), kernels,
+    `q(u)`, KL weight `1 / N_r` and learned noise variance. Inner layers pass one draw per row
+    (the doubly stochastic ELBO); the last layer's marginals go to the likelihood in closed
+    form. Inputs `[R, B, input_dim]`; outputs `[R, B, 3]` (mean, log noise variance, the
+    function's variance).
+
+    Args:
+      input_dim: features per example.
+      replicas: the `blayers.lab.data.Replica`s.
+      depth, num_inducing, hidden_units, inner_variational_scale, noise_variance: as
+        `deep_gp`'s.
+    """
+    if depth < 1:
+        raise ValueError(f"replicated_deep_gp needs depth >= 1, got {depth}.")
+    hidden = hidden_units or min(input_dim, 30)
+    seeds = [replica.seed for replica in replicas]
+    inputs = [
+        np.asarray([x for x, _ in replica.data.train.as_numpy_iterator()], np.float64).reshape(
+            replica.data.num_train, input_dim
+        )
+        for replica in replicas
+    ]
+    kl_weights = [1.0 / replica.data.num_train for replica in replicas]
+    model_layers = [keras.Input((None, input_dim))]
+    width = input_dim
+    for i in range(depth):
+        last = i == depth - 1
+        salt = replicated_lib.replica_seeds(seeds, 10 + i)
+        centres = np.stack(
+            [kmeans_centres(x[:, :width], num_inducing, s) for x, s in zip(inputs, salt)]
+        )
+        if centres.shape[-1] < width:  # an inner width above the inputs': zero-padded
+            centres = np.pad(centres, ((0, 0), (0, 0), (0, width - centres.shape[-1])))
+        model_layers.append(
+            replicated_lib.ReplicatedSparseGaussianProcess(
+                1 if last else hidden,
+                centres,
+                replicated_lib.replica_seeds(seeds, i),
+                mean_fn="zero" if last else "linear",
+                initial_variational_scale=1.0 if last else inner_variational_scale,
+                kl_weight=kl_weights,
+                sample=not last,
+                name=f"gp_{i}",
+            )
+        )
+        width = hidden
+    model_layers.append(
+        replicated_lib.ReplicatedNoise(
+            noise_variance, len(replicas), trainable=True, function_variance=True
+        )
+    )
     return keras.Sequential(model_layers, name=name)
