@@ -10,6 +10,11 @@ Rates are medians over the logging intervals after the first (which includes tra
 
     python benchmarks/replicated_uci.py --out benchmarks/results/replicated_uci.json
 
+With `--gp_depths=1,2,3` it also times the deep GPs (SVGP, DGP-2, DGP-3) at concrete's final
+shape (927 rows of 8 features, full batches, 100 inducing points a layer): 20 splits as
+replicas of `replicated_deep_gp` against one `deep_gp` run, and projects the 20,000 steps of
+the published protocol for the 20 splits both ways.
+
 The JSON also projects the full MC dropout protocol on concrete (20 splits x 12 grid points at
 4,000 epochs on 741 rows, then 20 final fits at 4,000 epochs on 927 rows) from the measured
 rates: with one model per run, and with the grid as 240 replicas and the final fits as 20.
@@ -30,7 +35,12 @@ from blayers.lab import loop, runs
 from blayers.lab.data.base import Replica, standardized_regression
 from blayers.lab.learners.replicated import ReplicatedLearner
 from blayers.lab.learners.supervised import SupervisedLearner
-from blayers.lab.models import mc_dropout_regressor, replicated_mc_dropout_regressor
+from blayers.lab.models import (
+    deep_gp,
+    mc_dropout_regressor,
+    replicated_deep_gp,
+    replicated_mc_dropout_regressor,
+)
 
 ROWS, FEATURES, BATCH, EPOCHS = 741, 8, 128, 4000
 FINAL_ROWS = 927
@@ -97,13 +107,35 @@ def single_rate(steps, log_every, rows=ROWS):
     return _rate(learner, steps, log_every)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--replicas", default="1,12,60,240")
-    parser.add_argument("--steps", type=int, default=600)
-    parser.add_argument("--log_every", type=int, default=100)
-    parser.add_argument("--out", default="benchmarks/results/replicated_uci.json")
-    args = parser.parse_args()
+GP_STEPS = 20_000
+
+
+def gp_rates(depth, replicas, steps, log_every):
+    """`(replicated steps/s with `replicas` splits, one deep_gp run's steps/s)` at concrete's
+    final shape, full batches, float32 Adam 0.01 (as `configs/deep_gp_uci*.gin`)."""
+    datasets = [_data(i, FINAL_ROWS) for i in range(replicas)]
+    members = [Replica(f"split{i}", d, seed=0) for i, d in enumerate(datasets)]
+    replicated = ReplicatedLearner(
+        replicas=members,
+        model=lambda dim, reps: replicated_deep_gp(dim, reps, depth=depth),
+        optimizer=lambda: keras.optimizers.Adam(1e-2),
+        batch_size=FINAL_ROWS,
+        num_eval_samples=1,
+    )
+    single = SupervisedLearner(
+        data=datasets[0],
+        model=lambda shape, outputs: deep_gp(
+            shape, outputs, depth=depth, inducing_inputs_initializer="kmeans", noise_variance=0.05
+        ),
+        optimizer=lambda: keras.optimizers.Adam(1e-2),
+        batch_size=FINAL_ROWS,
+        num_eval_samples=1,
+    )
+    return _rate(replicated, steps, log_every), _rate(single, steps, log_every)
+
+
+def mc_dropout_part(args):
+    """The MC dropout rows and the concrete protocol's projection."""
     single = single_rate(args.steps, args.log_every)
     rows = [{"replicas": 1, "steps_per_second": single, "learner": "SupervisedLearner"}]
     print(f"one model per run: {single:.0f} steps/s", flush=True)
@@ -138,10 +170,47 @@ def main():
             "note": "training steps only; evaluation (10,000 test draws) and start-up not included",
         }
         print(projection, flush=True)
-    write_json(
-        {"machine": {"cpus": os.cpu_count()}, "rows": rows, "concrete_protocol": projection},
-        args.out,
-    )
+    return rows, projection
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--replicas", default="1,12,60,240")
+    parser.add_argument("--steps", type=int, default=600)
+    parser.add_argument("--log_every", type=int, default=100)
+    parser.add_argument("--gp_depths", default="", help="e.g. 1,2,3 (default: none)")
+    parser.add_argument("--gp_steps", type=int, default=60)
+    parser.add_argument("--out", default="benchmarks/results/replicated_uci.json")
+    args = parser.parse_args()
+    gp_rows = []
+    for depth in [int(d) for d in args.gp_depths.split(",") if d]:
+        together, alone = gp_rates(depth, 20, args.gp_steps, args.gp_steps // 4)
+        gp_rows.append(
+            {
+                "depth": depth,
+                "replicas": 20,
+                "replicated_steps_per_second": together,
+                "one_run_steps_per_second": alone,
+                "x_one_model_per_run": 20 * together / alone,
+                "protocol_20_splits_replicated_hours": GP_STEPS / together / 3600,
+                "protocol_20_splits_one_run_each_hours": 20 * GP_STEPS / alone / 3600,
+            }
+        )
+        print(gp_rows[-1], flush=True)
+    rows, projection = [], None
+    if args.replicas:  # '' times the deep GPs only
+        rows, projection = mc_dropout_part(args)
+    previous = {}
+    if os.path.exists(args.out):  # a run of one part keeps the other part's numbers
+        import json
+
+        with open(args.out) as f:
+            previous = json.load(f)
+    result = {"machine": {"cpus": os.cpu_count()}, "rows": rows, "concrete_protocol": projection}
+    if not args.replicas:
+        result = {**previous, "machine": result["machine"]}
+    result["deep_gps"] = gp_rows or previous.get("deep_gps", [])
+    write_json(result, args.out)
 
 
 if __name__ == "__main__":
