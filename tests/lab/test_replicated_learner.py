@@ -88,7 +88,11 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
     for replica, scores in zip(REPLICAS, summary["replicas"]):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
     weights = [v.numpy() for v in group.model.trainable_variables]
-    for r, replica in enumerate(REPLICAS):
+    # Every replica alone for MC dropout; for the others the middle one (its neighbours on
+    # both sides share the group) keeps the suite short.
+    compared = range(len(REPLICAS)) if model is _mc_dropout else [1]
+    for r in compared:
+        replica = REPLICAS[r]
         alone, _ = _run(tmp_path / replica.name, [replica], steps=steps, model=model)
         for together, lone in zip(weights, alone.model.trainable_variables):
             np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=1e-6)
