@@ -345,6 +345,25 @@ def test_uci_split_selection():
         parse_splits("a-b", 20)
 
 
+def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
+    from experiments.uci_regression import summarize, write_tables
+
+    def finals(lls):
+        return [
+            (f"r{i}", None, "finished", {"test_log_likelihood": v, "rmse": 1.0})
+            for i, v in enumerate(lls)
+        ]
+
+    keys = {f"r{i}": ("concrete", i, None) for i in range(4)}
+    # Published -2.93. Mean -2.95 with standard error 0.0258: within one SE, at or above.
+    (near,) = summarize("mc_dropout", finals([-2.90, -2.92, -2.98, -3.00]), keys)
+    assert near["meets_published_ll"] and near["published_ll_gap"] == pytest.approx(-0.02)
+    (far,) = summarize("mc_dropout", finals([-3.05, -3.06, -3.05, -3.06]), keys)
+    assert not far["meets_published_ll"]
+    table = write_tables([near, far], str(tmp_path))
+    assert "| yes |" in table and "| no (-0.12) |" in table
+
+
 @pytest.mark.slow  # an end-to-end run
 def test_uncertainty_baselines_experiment_writes_its_table(tmp_path):
     """All six methods through the comparison script at a few steps: one row each, with the
