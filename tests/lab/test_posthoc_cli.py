@@ -27,6 +27,7 @@ def _train(model_dir, seed):
             "--gin_param=mlp.dense_layer = 'Dense'",
             "--gin_param=digits.corruptions = ['gaussian_noise', 'contrast']",
             "--gin_param=train.train_steps = 150",
+            "--gin_param=train.eval_every = None",  # the final evaluation is the one scored
             f"--gin_param=train.seed = {seed}",
             "--gin_param=train.progress = False",
             f"--model_dir={model_dir}",
@@ -145,6 +146,7 @@ def test_a_bayesian_run_is_rebuilt_from_its_operative_config(tmp_path):
             "blayers.train",
             "--gin_file=digits_mlp_smoke",
             "--gin_param=train.progress = False",
+            "--gin_param=train.eval_every = None",
             f"--model_dir={model_dir}",
         ]
     )
