@@ -211,6 +211,24 @@ def main():
         result = {**previous, "machine": result["machine"]}
     result["deep_gps"] = gp_rows or previous.get("deep_gps", [])
     write_json(result, args.out)
+    if gp_rows:  # the docs' table
+        lines = [
+            (
+                "| model | steps/s, 20 replicas | steps/s, one run | x one run per split "
+                "| 20,000 steps x 20 splits, replicated | one run per split |"
+            ),
+            "|---|---|---|---|---|---|",
+        ]
+        for row in gp_rows:
+            name = {1: "SVGP"}.get(row["depth"], f"DGP-{row['depth']}")
+            lines.append(
+                f"| {name} | {row['replicated_steps_per_second']:.1f} "
+                f"| {row['one_run_steps_per_second']:.1f} | {row['x_one_model_per_run']:.1f} "
+                f"| {row['protocol_20_splits_replicated_hours']:.1f} h "
+                f"| {row['protocol_20_splits_one_run_each_hours']:.1f} h |"
+            )
+        with open(os.path.splitext(args.out)[0] + "_deep_gps.md", "w") as f:
+            f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":
