@@ -195,13 +195,18 @@ def test_ci_runs_the_readme_s_test_command_and_builds_the_docs():
 def test_every_included_snippet_ships_with_the_repository():
     # The site includes files by path (pymdownx.snippets); an included file that git ignores
     # exists on the machine that wrote it and nowhere else, and the site build fails from a clone.
-    ignored = [line.strip().rstrip("/") for line in (REPOSITORY / ".gitignore").read_text().splitlines()
-               if line.strip() and not line.startswith("#")]
+    ignored = [
+        line.strip().rstrip("/")
+        for line in (REPOSITORY / ".gitignore").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
     for page in PAGES:
         for included in re.findall(r'^--8<-- "([^"]+)"', page.read_text(), flags=re.MULTILINE):
             assert (REPOSITORY / included).is_file(), f"{page.name} includes missing {included}"
             for pattern in ignored:
                 anchored = pattern.lstrip("/")
-                assert not (included == anchored or included.startswith(anchored + "/")
-                            or pathlib.PurePath(included).match(anchored)), (
-                    f"{page.name} includes {included}, which .gitignore ignores ({pattern})")
+                assert not (
+                    included == anchored
+                    or included.startswith(anchored + "/")
+                    or pathlib.PurePath(included).match(anchored)
+                ), f"{page.name} includes {included}, which .gitignore ignores ({pattern})"

@@ -16,8 +16,8 @@ from blayers.lab.data.base import Replica, standardized_regression
 from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll
 from blayers.lab.models import (
     mc_dropout_regressor,
-    replicated_deep_gp,
     mlp,
+    replicated_deep_gp,
     replicated_flipout_regressor,
     replicated_mc_dropout_regressor,
 )
