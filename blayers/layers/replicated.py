@@ -246,7 +246,11 @@ class ReplicatedDenseFlipout(ReplicatedDense):
         kl_weight=None,
         **kwargs,
     ):
-        kwargs.pop("kernel_decay", None)
+        if kwargs.pop("kernel_decay", None) is not None:  # the prior is the regularizer here
+            raise ValueError(
+                f"{type(self).__name__}: kernel_decay does not apply to a weight posterior; "
+                "set prior_stddev (and kl_weight)."
+            )
         super().__init__(
             units,
             seeds,

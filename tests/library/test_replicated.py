@@ -232,6 +232,8 @@ def test_flipout_config_round_trip_and_defaults_are_dense_flipout_s():
     stddev = layer.kernel_stddev.numpy()
     assert stddev.min() >= 1e-3 - 1e-7 and stddev.max() <= 5e-2 + 1e-7
     assert DenseFlipout(3)  # the lone layer this one replicates
+    with pytest.raises(ValueError, match="kernel_decay does not apply"):
+        ReplicatedDenseFlipout(3, [1, 2], kernel_decay=0.1)
     with pytest.raises(ValueError, match="rf2: prior_stddev must be positive"):
         ReplicatedDenseFlipout(3, [1, 2], prior_stddev=[1.0, 0.0], name="rf2")
 
