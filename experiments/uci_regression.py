@@ -267,6 +267,16 @@ def _epoch_steps(num_train, epochs, batch_size):
     return epochs * math.ceil(num_train / batch_size)
 
 
+def grid_pairs(method, dataset):
+    """Gal & Ghahramani's `(dropout rate, tau)` grid of `dataset`, or an error naming it."""
+    if dataset not in TAU_GRID:
+        raise ValueError(
+            f"{method}: no tau grid for data set {dataset!r} (TAU_GRID has "
+            f"{sorted(TAU_GRID)}); its precision grid is in the targets' units."
+        )
+    return [(p, t) for p in DROPOUT_RATES for t in TAU_GRID[dataset]]
+
+
 def _data_bindings(dataset, split, uci_dir, validation=False):
     bindings = {
         "uci.name": repr(dataset),
@@ -306,12 +316,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
                 keys[runs[-1][0]] = (dataset, split, None)
                 continue
             if spec.grid_search and selected is None:
-                if dataset not in TAU_GRID:
-                    raise ValueError(
-                        f"mc_dropout: no tau grid for data set {dataset!r} (TAU_GRID has "
-                        f"{sorted(TAU_GRID)}); its precision grid is in the targets' units."
-                    )
-                pairs = [(p, t) for p in DROPOUT_RATES for t in TAU_GRID[dataset]]
+                pairs = grid_pairs(method, dataset)
                 validation = True
             elif spec.grid_search:
                 if (dataset, split) not in selected:
@@ -464,12 +469,7 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
             bindings["uci_replicas.splits"] = repr(chosen_splits)
             runs.append((dataset, bindings))
         elif validation:
-            if dataset not in TAU_GRID:
-                raise ValueError(
-                    f"{method}: no tau grid for data set {dataset!r} (TAU_GRID has "
-                    f"{sorted(TAU_GRID)}); its precision grid is in the targets' units."
-                )
-            grid = [{"dropout_rate": p, "tau": t} for p in DROPOUT_RATES for t in TAU_GRID[dataset]]
+            grid = [{"dropout_rate": p, "tau": t} for p, t in grid_pairs(method, dataset)]
             bindings.update(
                 {
                     "uci_replicas.splits": repr(chosen_splits),

@@ -125,6 +125,7 @@ class ReplicatedLearner(KerasLearner):
         optimizer.build(model.trainable_variables)
         self.track(model, optimizer)
         self._train_step_fn = self._make_train_step()
+        self._predict_fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
 
     def _make_train_step(self):
         net, opt, step = self.model, self.optimizer, self.step_variable
@@ -200,10 +201,6 @@ class ReplicatedLearner(KerasLearner):
         # Flipout's rows share a call's perturbation, so each of its draws is a call.
         independent = all(getattr(layer, "independent_rows", True) for layer in self.model.layers)
         chunk = max(1, self.eval_rows // (len(x_tests) * n)) if independent else 1
-        if not hasattr(self, "_predict_fn"):
-            self._predict_fn = tf.function(
-                lambda x: self.model(x, training=False), reduce_retracing=True
-            )
         means, variances = [], []
         for start in range(0, num_samples, chunk):
             draws = min(chunk, num_samples - start)
@@ -211,8 +208,10 @@ class ReplicatedLearner(KerasLearner):
             outputs = self._predict_fn(tf.constant(inputs)).numpy().astype(np.float64)
             outputs = outputs.reshape(len(x_tests), draws, n, outputs.shape[-1])
             means.append(outputs[..., :1])
-            # The predictive's variance: the noise's, plus a GP's function variance if given.
-            variances.append(np.exp(outputs[..., 1:2]) + outputs[..., 2:3].sum(-1, keepdims=True))
+            variance = np.exp(outputs[..., 1:2])
+            if outputs.shape[-1] == 3:  # a GP's function variance adds to the noise's
+                variance = variance + outputs[..., 2:3]
+            variances.append(variance)
         means, variances = np.concatenate(means, 1), np.concatenate(variances, 1)
         return [
             (means[r, :, : len(x)], np.sqrt(variances[r, :, : len(x)]))

@@ -12,6 +12,7 @@ import keras
 import numpy as np
 
 from blayers.lab.tasks import Regression
+from blayers.lab.tasks.base import features
 from blayers.layers import replicated as replicated_lib
 from blayers.layers.gp import GaussianLikelihood, SparseGaussianProcess
 
@@ -119,12 +120,7 @@ def replicated_deep_gp(
         raise ValueError(f"replicated_deep_gp needs depth >= 1, got {depth}.")
     hidden = hidden_units or min(input_dim, 30)
     seeds = [replica.seed for replica in replicas]
-    inputs = [
-        np.asarray([x for x, _ in replica.data.train.as_numpy_iterator()], np.float64).reshape(
-            replica.data.num_train, input_dim
-        )
-        for replica in replicas
-    ]
+    inputs = [features(replica.data.train).reshape(-1, input_dim) for replica in replicas]
     kl_weights = [1.0 / replica.data.num_train for replica in replicas]
     model_layers = [keras.Input((None, input_dim))]
     width = input_dim
