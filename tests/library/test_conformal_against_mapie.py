@@ -115,3 +115,54 @@ def test_randomized_aps_sets_are_mapie_s_given_the_same_uniforms(alpha):
     )
     np.testing.assert_array_equal(our_sets, sets[:, :, 0])
     assert (our_sets.sum(1) == 0).any()  # empty sets occur, and match too
+
+
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_raps_sets_are_mapie_s_given_its_tuned_penalty_and_calibration_part(alpha):
+    """RAPS (Angelopoulos et al., 2021). MAPIE tunes `k_star` and `lambda_star` on a held-out
+    stratified tenth of the calibration set (its `size_raps` is overwritten by
+    `set_external_attributes`, so the default `StratifiedShuffleSplit` test size applies) and
+    calibrates on the rest; blayers takes `k_reg` and `lam` as given. Given MAPIE's values, its
+    calibration part (in its order) and its uniforms, the threshold and the sets must be
+    identical."""
+    from mapie.conformity_scores import RAPSConformityScore
+    from sklearn.model_selection import StratifiedShuffleSplit
+
+    seed = 3
+    rng = np.random.default_rng(2)
+    n, k = 1500, 8
+    probs = softmax(rng.normal(size=(n, k)) * 2.0, -1)
+    labels = np.array([rng.choice(k, p=p) for p in probs])
+    index = np.arange(n)[:, None]
+    cal, test = slice(0, 1000), slice(1000, n)
+    theirs = mapie_classification.SplitConformalClassifier(
+        _FixedClassifier(probs).fit(index, labels),
+        confidence_level=1 - alpha,
+        conformity_score=RAPSConformityScore(),
+        prefit=True,
+        random_state=seed,
+    )
+    theirs.conformalize(index[cal], labels[cal])
+    _, sets = theirs.predict_set(
+        index[test], conformity_score_params={"include_last_label": "randomized"}
+    )
+    score = theirs._mapie_classifier.conformity_score_function_
+    part, held_out = next(
+        StratifiedShuffleSplit(n_splits=1, random_state=seed).split(index[cal], labels[cal])
+    )
+    np.testing.assert_array_equal(score.X_raps[:, 0], index[cal][held_out, 0])
+    k_star, lambda_star = int(np.ravel(score.k_star)[0]), float(np.ravel(score.lambda_star)[0])
+    assert 1 <= k_star < k and lambda_star > 0  # the penalty is in play
+
+    def calibrated(method, **kwargs):
+        ours = SplitConformalClassifier(alpha=alpha, method=method, randomized=True, **kwargs)
+        ours._rng = np.random.RandomState(seed)  # MAPIE's generator, in place of blayers' own
+        ours.fit(probs[cal][part], labels[cal][part])
+        ours._rng = np.random.RandomState(seed)
+        return ours, ours.predict_set(probs[test])
+
+    ours, our_sets = calibrated("raps", k_reg=k_star, lam=lambda_star)
+    np.testing.assert_allclose(ours.quantile, score.quantiles_[0])
+    np.testing.assert_array_equal(our_sets, sets[:, :, 0])
+    _, aps_sets = calibrated("aps")
+    assert (aps_sets != our_sets).any()  # the penalty changes sets, so the check can fail
