@@ -361,8 +361,21 @@ def select(results, keys):
     return {key: pair for key, (_, pair) in best.items()}
 
 
-def summarize(method, results, keys):
-    """One row per data set from `method`'s finished test runs."""
+def train_seconds(folder, results, dataset_of):
+    """`{dataset: seconds}`: the training steps' wall-clock seconds (`metrics.json`'s
+    `train_seconds`, resumes included, evaluations not) of the finished runs in `results`."""
+    seconds = {}
+    for name, _, status, _ in results:
+        if status.startswith(("finished", "skipped")):
+            metrics = runs.RunDir(os.path.join(folder, name)).metrics()
+            dataset = dataset_of(name)
+            seconds[dataset] = seconds.get(dataset, 0.0) + metrics.get("train_seconds", 0.0)
+    return seconds
+
+
+def summarize(method, results, keys, seconds=None):
+    """One row per data set from `method`'s finished test runs; `seconds` (`{dataset:
+    seconds}`, every stage's training) becomes the row's `train_hours`."""
     groups = {}
     for name, _, status, final in results:
         if status.startswith(("finished", "skipped")):
@@ -381,6 +394,8 @@ def summarize(method, results, keys):
             "rmse": rmse[0],
             "rmse_se": rmse[1],
         }
+        if seconds and dataset in seconds:
+            row["train_hours"] = seconds[dataset] / 3600.0
         for key in ("ll", "ll_se", "rmse", "rmse_se"):
             if f"{method}_{key}" in published:
                 row[f"published_{key}"] = published[f"{method}_{key}"]
@@ -417,6 +432,7 @@ def write_tables(rows, root):
         "at or above (1 SE)",
         "RMSE (ours)",
         "RMSE (published)",
+        "training",
     ]
     table = []
     for r in rows:
@@ -431,13 +447,28 @@ def write_tables(rows, root):
                 "" if meets is None else ("yes" if meets else f"no ({r['published_ll_gap']:+.2f})"),
                 _fmt(r["rmse"], r["rmse_se"], r["splits"]),
                 _fmt(r.get("published_rmse"), r.get("published_rmse_se")),
+                _duration(r.get("train_hours")),
             ]
         )
     markdown = sweep.write_table(header, table, root)
+    hours = [r["train_hours"] for r in rows if r.get("train_hours") is not None]
+    notes = f"\nReferences: {SOURCES}\n"
+    if hours:
+        notes = (
+            f"\nTraining: the wall-clock time of every stage's training steps (both stages of a "
+            f"grid search; evaluations and start-up not counted), {_duration(sum(hours))} for "
+            f"the {len(hours)} rows.\n" + notes
+        )
     with open(os.path.join(root, "results.md"), "a") as f:
-        f.write(f"\nReferences: {SOURCES}\n")
-    print("\n" + markdown + f"\nReferences: {SOURCES}")
+        f.write(notes)
+    print("\n" + markdown + notes)
     return markdown
+
+
+def _duration(hours):
+    if hours is None:
+        return ""
+    return f"{hours * 60:.0f} min" if hours < 1.0 else f"{hours:.1f} h"
 
 
 def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
@@ -519,6 +550,7 @@ def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel
     epochs = parse_epochs(epochs).get(method)
     planned = plan_replicated(method, uci_dir, datasets, splits, epochs)
     results, stopped = sweep.run_experiment_grid(planned, folder, spec.replicated, params, parallel)
+    finished = list(results)  # every stage's runs, for the training time
     if spec.grid_search and not stopped:
         selected = select(*_replica_results(folder, results))
         with open(os.path.join(folder, "selected.json"), "w") as f:
@@ -527,7 +559,9 @@ def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel
         results, stopped = sweep.run_experiment_grid(
             planned, folder, spec.replicated, params, parallel
         )
-    return summarize(method, *_replica_results(folder, results)), stopped
+        finished += results
+    seconds = train_seconds(folder, finished, lambda name: name.split("/")[-1])
+    return summarize(method, *_replica_results(folder, results), seconds), stopped
 
 
 def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
@@ -539,6 +573,7 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
     epochs = parse_epochs(epochs).get(method)
     runs, keys = plan(method, uci_dir, datasets, splits, epochs)
     results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
+    seconds = train_seconds(folder, results, lambda name: keys[name][0])
     if spec.grid_search and not stopped:
         selected = select(results, keys)
         missing = sorted({k[:2] for k in keys.values()} - set(selected))
@@ -548,7 +583,9 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
         with open(os.path.join(folder, "selected.json"), "w") as f:
             json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
         results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
-    return summarize(method, results, keys), stopped
+        for dataset, more in train_seconds(folder, results, lambda name: keys[name][0]).items():
+            seconds[dataset] = seconds.get(dataset, 0.0) + more
+    return summarize(method, results, keys, seconds), stopped
 
 
 def run_experiment(

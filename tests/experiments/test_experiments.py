@@ -155,6 +155,12 @@ def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, m
     svgp = json.loads((runs / "svgp" / "toy_split1" / "metrics.json").read_text())
     assert svgp["step"] == 10  # the method-prefixed binding reached only SVGP's runs
     assert "| toy | MC dropout | 1 |" in (runs / "results.md").read_text()
+    seconds = [
+        json.loads((folder / "metrics.json").read_text())["train_seconds"]
+        for folder in [test_run, *(runs / "mc_dropout" / "validation").iterdir()]
+    ]
+    assert all(s > 0 for s in seconds)  # both stages count
+    assert rows[0]["train_hours"] == pytest.approx(sum(seconds) / 3600)
     # Re-running trains nothing and gives the same table.
     again = uci_regression.run_experiment(**kwargs)
     assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
@@ -217,6 +223,14 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     # Epochs count batches of the published 128 (54 rows: one an epoch), as unreplicated.
     bindings = json.loads((folder / "toy" / "bindings.json").read_text())
     assert bindings["train.train_steps"] == "3" and "uci_replicas.chosen" in bindings
+    # The training time counts both stages of the grid search.
+    assert validation["train_seconds"] > 0 and test["train_seconds"] > 0
+    assert rows[0]["train_hours"] == pytest.approx(
+        (validation["train_seconds"] + test["train_seconds"]) / 3600
+    )
+    assert rows[1]["train_hours"] == pytest.approx(flipout_metrics["train_seconds"] / 3600)
+    results = (tmp_path / "runs" / "results.md").read_text()
+    assert "| training |" in results and "for the 3 rows" in results
 
 
 @pytest.mark.parametrize("module", ["uci_regression", "deep_gp_uci"])
@@ -362,6 +376,10 @@ def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
     assert not far["meets_published_ll"]
     table = write_tables([near, far], str(tmp_path))
     assert "| yes |" in table and "| no (-0.12) |" in table
+    near["train_hours"], far["train_hours"] = 0.25, 1.5
+    write_tables([near, far], str(tmp_path))
+    results = (tmp_path / "results.md").read_text()
+    assert "| 15 min |" in results and "| 1.5 h |" in results and "1.8 h for the 2 rows" in results
 
 
 @pytest.mark.slow  # an end-to-end run
