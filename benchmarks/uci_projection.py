@@ -1,0 +1,158 @@
+"""The full UCI protocol's training time on this machine, projected cell by cell.
+
+Each stage `experiments.uci_regression` would run (replicated form: MC dropout's 12-point
+validation grid and its final fits, Flipout's one stage, the GPs' 20,000 full-batch steps) is
+trained for a few logging windows at its real shape (the data set's rows and features from
+`--uci_dir`, every split as a replica, the published batch and model), through the same
+`blayers.train` runs the experiment starts; its median step rate times the stage's planned
+steps is the projection. Training steps only: evaluations (MC dropout's 10,000 test draws)
+and start-up come on top, as in the experiment's `training` column, which the projection is
+checked against where a cell was measured (`--measured`).
+
+    python benchmarks/uci_projection.py --uci_dir=~/data/uci \\
+        --out benchmarks/results/uci_projection.json
+
+Writes the JSON and a Markdown table (hours per data set and method, and the total: what the
+one command for every set and method would take).
+"""
+
+import argparse
+import os
+import re
+import sys
+import tempfile
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments
+
+import numpy as np  # noqa: E402
+from common import write_json  # noqa: E402
+
+from blayers.lab import runs  # noqa: E402
+from blayers.lab.config import find_config_file  # noqa: E402
+from blayers.lab.data.uci import uci_num_splits  # noqa: E402
+from experiments import uci_regression as uci  # noqa: E402
+from launch import sweep  # noqa: E402
+
+WINDOWS = 4  # logging windows per measurement; the first (tracing) is dropped
+
+
+def _gin_steps(gin_file):
+    """The gin file's `train.train_steps` (the GPs' steps, which the experiment does not bind)."""
+    with open(find_config_file(gin_file)) as f:
+        return int(re.search(r"^train\.train_steps\s*=\s*(\d+)", f.read(), re.M).group(1))
+
+
+def stages(method, uci_dir, dataset):
+    """`[(name, bindings, planned steps)]`: the stages of `method` on `dataset`, as the
+    experiment plans them (the final fits at the grid's first pair: the shape is the same)."""
+    spec = uci.METHODS[method]
+    planned = uci.plan_replicated(method, uci_dir, [dataset])
+    if spec.grid_search:
+        pair = uci.grid_pairs(method, dataset)[0]
+        splits = range(uci_num_splits(dataset, uci_dir))
+        planned += uci.plan_replicated(
+            method, uci_dir, [dataset], selected={(dataset, s): pair for s in splits}
+        )
+    return [
+        (
+            name,
+            b,
+            int(b["train.train_steps"])
+            if "train.train_steps" in b
+            else _gin_steps(spec.replicated),
+        )
+        for name, b in planned
+    ]
+
+
+def step_rate(method, name, bindings, log_every, root):
+    """Median steps/s of a stage's run over `WINDOWS - 1` windows after the first."""
+    spec = uci.METHODS[method]
+    run = f"{method}/{name}".replace("/", "_")
+    measured = {
+        **bindings,
+        "train.train_steps": str(WINDOWS * log_every),
+        "train.log_every": str(log_every),
+        "train.eval_every": "None",
+        "ReplicatedLearner.num_eval_samples": "1",
+    }
+    results, stopped = sweep.run_experiment_grid([(run, measured)], root, spec.replicated)
+    if stopped or not results[0][2].startswith("finished"):
+        raise SystemExit(f"{method} {name}: {results[0][2]}")
+    records = runs.RunDir(os.path.join(root, run)).records("train")
+    return float(np.median([r["steps_per_second"] for r in records][1:]))
+
+
+def _hours(hours):
+    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--uci_dir", required=True, help="folder of the 20-split UCI sets")
+    parser.add_argument("--methods", default=",".join(uci.METHODS))
+    parser.add_argument("--datasets", default=",".join(uci.DATASETS))
+    parser.add_argument("--network_log_every", type=int, default=100)
+    parser.add_argument("--gp_log_every", type=int, default=5)
+    parser.add_argument(
+        "--measured", default="", help="an experiment's results.json whose training times to show"
+    )
+    parser.add_argument("--out", default="benchmarks/results/uci_projection.json")
+    args = parser.parse_args()
+    args.uci_dir = os.path.expanduser(args.uci_dir)
+    methods, datasets = args.methods.split(","), args.datasets.split(",")
+    measured = {}
+    if args.measured:
+        import json
+
+        with open(args.measured) as f:
+            measured = {
+                (r["dataset"], r["method"]): r["train_hours"]
+                for r in json.load(f)
+                if r.get("train_hours") is not None
+            }
+    cells = []
+    with tempfile.TemporaryDirectory() as root:
+        for dataset in datasets:
+            for method in methods:
+                spec = uci.METHODS[method]
+                log_every = args.network_log_every if spec.epochs else args.gp_log_every
+                cell = {"dataset": dataset, "method": method, "stages": []}
+                for name, bindings, steps in stages(method, args.uci_dir, dataset):
+                    rate = step_rate(method, name, bindings, log_every, root)
+                    cell["stages"].append(
+                        {"stage": name, "planned_steps": steps, "steps_per_second": rate}
+                    )
+                cell["projected_hours"] = (
+                    sum(s["planned_steps"] / s["steps_per_second"] for s in cell["stages"]) / 3600
+                )
+                if (dataset, method) in measured:
+                    cell["measured_hours"] = measured[(dataset, method)]
+                cells.append(cell)
+                print(cell, flush=True)
+    total = sum(c["projected_hours"] for c in cells)
+    write_json(
+        {"machine": {"cpus": os.cpu_count()}, "cells": cells, "total_hours": total}, args.out
+    )
+    labels = [uci.METHODS[m].label for m in methods]
+    lines = ["| data set | " + " | ".join(labels) + " |", "|---" * (len(methods) + 1) + "|"]
+    for dataset in datasets:
+        row = []
+        for method in methods:
+            cell = next(c for c in cells if (c["dataset"], c["method"]) == (dataset, method))
+            text = _hours(cell["projected_hours"])
+            if "measured_hours" in cell:
+                text += f" ({_hours(cell['measured_hours'])} measured)"
+            row.append(text)
+        lines.append(f"| {dataset} | " + " | ".join(row) + " |")
+    lines.append(
+        f"\nAll {len(cells)} cells: {_hours(total)} of training steps on {os.cpu_count()} cores."
+    )
+    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
