@@ -25,14 +25,14 @@ import tempfile
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # experiments
 
-import numpy as np  # noqa: E402
-from common import write_json  # noqa: E402
+import numpy as np
+from common import write_json
 
-from blayers.lab import runs  # noqa: E402
-from blayers.lab.config import find_config_file  # noqa: E402
-from blayers.lab.data.uci import uci_num_splits  # noqa: E402
-from experiments import uci_regression as uci  # noqa: E402
-from launch import sweep  # noqa: E402
+from blayers.lab import runs
+from blayers.lab.config import find_config_file
+from blayers.lab.data.uci import uci_num_splits
+from experiments import uci_regression as uci
+from launch import sweep
 
 WINDOWS = 4  # logging windows per measurement; the first (tracing) is dropped
 
@@ -40,7 +40,7 @@ WINDOWS = 4  # logging windows per measurement; the first (tracing) is dropped
 def _gin_steps(gin_file):
     """The gin file's `train.train_steps` (the GPs' steps, which the experiment does not bind)."""
     with open(find_config_file(gin_file)) as f:
-        return int(re.search(r"^train\.train_steps\s*=\s*(\d+)", f.read(), re.M).group(1))
+        return int(re.search(r"^train\.train_steps\s*=\s*(\d+)", f.read(), re.MULTILINE).group(1))
 
 
 def stages(method, uci_dir, dataset):
