@@ -84,13 +84,58 @@ def step_rate(method, name, bindings, log_every, root):
     return float(np.median([r["steps_per_second"] for r in records][1:]))
 
 
-def _hours(hours):
+def _duration(hours):
+    if hours * 60 < 1:
+        return f"{hours * 3600:.0f} s"
     return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
+
+
+def write_markdown(result, path):
+    """The table of `result` (this script's JSON): a row per data set, a column per method."""
+    cells = result["cells"]
+    methods = list(dict.fromkeys(c["method"] for c in cells))
+    datasets = list(dict.fromkeys(c["dataset"] for c in cells))
+    labels = [uci.METHODS[m].label for m in methods]
+    lines = ["| data set | " + " | ".join(labels) + " |", "|---" * (len(methods) + 1) + "|"]
+    for dataset in datasets:
+        row = []
+        for method in methods:
+            cell = next(c for c in cells if (c["dataset"], c["method"]) == (dataset, method))
+            text = _duration(cell["projected_hours"])
+            if "measured_hours" in cell:
+                text += f" ({_duration(cell['measured_hours'])})"
+            row.append(text)
+        lines.append(f"| {dataset} | " + " | ".join(row) + " |")
+    cpus = result["machine"]["cpus"]
+    lines.append(
+        f"\nAll {len(cells)} cells: {_duration(result['total_hours'])} of training steps on "
+        f"{cpus} cores"
+        + (
+            " (in brackets: measured by the experiment)."
+            if any("measured_hours" in c for c in cells)
+            else "."
+        )
+    )
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
+    return "\n".join(lines)
+
+
+def _measured(path):
+    """`{(dataset, method): hours}` from an experiment's `results.json` (its training column)."""
+    import json
+
+    with open(path) as f:
+        return {
+            (r["dataset"], r["method"]): r["train_hours"]
+            for r in json.load(f)
+            if r.get("train_hours") is not None
+        }
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--uci_dir", required=True, help="folder of the 20-split UCI sets")
+    parser.add_argument("--uci_dir", default="", help="folder of the 20-split UCI sets")
     parser.add_argument("--methods", default=",".join(uci.METHODS))
     parser.add_argument("--datasets", default=",".join(uci.DATASETS))
     parser.add_argument("--network_log_every", type=int, default=100)
@@ -98,20 +143,28 @@ def main():
     parser.add_argument(
         "--measured", default="", help="an experiment's results.json whose training times to show"
     )
+    parser.add_argument(
+        "--render", action="store_true", help="only rewrite the table from the JSON at --out"
+    )
     parser.add_argument("--out", default="benchmarks/results/uci_projection.json")
     args = parser.parse_args()
     args.uci_dir = os.path.expanduser(args.uci_dir)
+    if not args.uci_dir and not args.render:
+        parser.error("--uci_dir is needed to measure (or --render to rewrite the table)")
     methods, datasets = args.methods.split(","), args.datasets.split(",")
-    measured = {}
-    if args.measured:
+    measured = _measured(args.measured) if args.measured else {}
+    md = os.path.splitext(args.out)[0] + ".md"
+    if args.render:  # the table again, from the JSON, with the measured times
         import json
 
-        with open(args.measured) as f:
-            measured = {
-                (r["dataset"], r["method"]): r["train_hours"]
-                for r in json.load(f)
-                if r.get("train_hours") is not None
-            }
+        with open(args.out) as f:
+            result = json.load(f)
+        for cell in result["cells"]:
+            if (cell["dataset"], cell["method"]) in measured:
+                cell["measured_hours"] = measured[(cell["dataset"], cell["method"])]
+        write_json(result, args.out)
+        print(write_markdown(result, md))
+        return
     cells = []
     with tempfile.TemporaryDirectory() as root:
         for dataset in datasets:
@@ -132,26 +185,9 @@ def main():
                 cells.append(cell)
                 print(cell, flush=True)
     total = sum(c["projected_hours"] for c in cells)
-    write_json(
-        {"machine": {"cpus": os.cpu_count()}, "cells": cells, "total_hours": total}, args.out
-    )
-    labels = [uci.METHODS[m].label for m in methods]
-    lines = ["| data set | " + " | ".join(labels) + " |", "|---" * (len(methods) + 1) + "|"]
-    for dataset in datasets:
-        row = []
-        for method in methods:
-            cell = next(c for c in cells if (c["dataset"], c["method"]) == (dataset, method))
-            text = _hours(cell["projected_hours"])
-            if "measured_hours" in cell:
-                text += f" ({_hours(cell['measured_hours'])} measured)"
-            row.append(text)
-        lines.append(f"| {dataset} | " + " | ".join(row) + " |")
-    lines.append(
-        f"\nAll {len(cells)} cells: {_hours(total)} of training steps on {os.cpu_count()} cores."
-    )
-    with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-        f.write("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    result = {"machine": {"cpus": os.cpu_count()}, "cells": cells, "total_hours": total}
+    write_json(result, args.out)
+    print(write_markdown(result, md))
 
 
 if __name__ == "__main__":
