@@ -38,7 +38,7 @@ import re
 
 from absl import app, flags
 
-from blayers.lab import runs
+from blayers.lab import loop, runs
 from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from experiments.base import Experiment, ReportEntry
 from launch import sweep
@@ -367,9 +367,12 @@ def train_seconds(folder, results, dataset_of):
     seconds = {}
     for name, _, status, _ in results:
         if status.startswith(("finished", "skipped")):
-            metrics = runs.RunDir(os.path.join(folder, name)).metrics()
+            run = runs.RunDir(os.path.join(folder, name))
+            spent = run.metrics().get("train_seconds")
+            if spent is None:  # a run from before metrics.json kept it: its history has it
+                spent = loop.train_seconds(run.records("train"))
             dataset = dataset_of(name)
-            seconds[dataset] = seconds.get(dataset, 0.0) + metrics.get("train_seconds", 0.0)
+            seconds[dataset] = seconds.get(dataset, 0.0) + spent
     return seconds
 
 
