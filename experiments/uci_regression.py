@@ -38,7 +38,7 @@ import re
 
 from absl import app, flags
 
-from blayers.lab import loop, runs
+from blayers.lab import runs
 from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from experiments.base import Experiment, ReportEntry
 from launch import sweep
@@ -370,7 +370,7 @@ def train_seconds(folder, results, dataset_of):
             run = runs.RunDir(os.path.join(folder, name))
             spent = run.metrics().get("train_seconds")
             if spent is None:  # a run from before metrics.json kept it: its history has it
-                spent = loop.train_seconds(run.records("train"))
+                spent = run.train_seconds()
             dataset = dataset_of(name)
             seconds[dataset] = seconds.get(dataset, 0.0) + spent
     return seconds

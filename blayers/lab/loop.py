@@ -38,6 +38,7 @@ from absl import logging
 
 from blayers.lab import runs
 from blayers.lab import strategy as strategy_lib
+from blayers.lab.runs import train_seconds  # re-exported: the Loop's metrics report it
 
 __all__ = ["Context", "Loop", "NonFiniteLossError", "StopRequest", "fit", "train", "train_seconds"]
 
@@ -295,20 +296,6 @@ class Loop:
                 stateful_metrics=[label for _, label in self.learner.progress_scalars],
             )
         return self._bar
-
-
-def train_seconds(records):
-    """Wall-clock seconds of the training steps over the whole run (resumes included), from
-    the logged windows (`steps / steps_per_second`); evaluations are not counted."""
-    seconds, previous = 0.0, None
-    for record in records:
-        if record.get("kind") != "train":
-            continue
-        start = previous if previous is not None and previous < record["step"] else 0
-        if record.get("steps_per_second"):
-            seconds += (record["step"] - start) / record["steps_per_second"]
-        previous = record["step"]
-    return seconds
 
 
 def _jsonable(metrics):

@@ -8,7 +8,7 @@ driver and the report stay light); the Checkpointer loads it on first use.
 import importlib
 
 from blayers.lab.runs.files import History, RunLock, RunLockedError, checkpoint_prefixes
-from blayers.lab.runs.rundir import ChangedBindingsError, RunDir, set_command
+from blayers.lab.runs.rundir import ChangedBindingsError, RunDir, set_command, train_seconds
 
 __all__ = [
     "ChangedBindingsError",
@@ -21,6 +21,7 @@ __all__ = [
     "SaverState",
     "checkpoint_prefixes",
     "set_command",
+    "train_seconds",
 ]
 
 _CHECKPOINTER = ("CheckpointMismatchError", "Checkpointer", "SaverState")

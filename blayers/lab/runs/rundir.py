@@ -22,6 +22,7 @@ __all__ = [
     "ChangedBindingsError",
     "RunDir",
     "set_command",
+    "train_seconds",
 ]
 
 
@@ -97,6 +98,10 @@ class RunDir:
         """The history's records (of `kind`: 'train', 'eval'), torn lines skipped."""
         records = files.read_lines(self.file(self.HISTORY))
         return [r for r in records if kind is None or r.get("kind") == kind]
+
+    def train_seconds(self):
+        """`train_seconds` of the history's records."""
+        return train_seconds(self.records("train"))
 
     def is_locked(self):
         """A LOCK file exists (a live trainer, or a dead one's that the next run takes over)."""
@@ -200,3 +205,17 @@ class RunDir:
             self._writer.flush()
             self._writer.close()
             self._writer = None
+
+
+def train_seconds(records):
+    """Wall-clock seconds of the training steps over the whole run (resumes included), from
+    the logged windows (`steps / steps_per_second`); evaluations are not counted."""
+    seconds, previous = 0.0, None
+    for record in records:
+        if record.get("kind") != "train":
+            continue
+        start = previous if previous is not None and previous < record["step"] else 0
+        if record.get("steps_per_second"):
+            seconds += (record["step"] - start) / record["steps_per_second"]
+        previous = record["step"]
+    return seconds
