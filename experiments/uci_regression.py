@@ -460,7 +460,7 @@ def write_tables(rows, root):
         notes = (
             f"\nTraining: the wall-clock time of every stage's training steps (both stages of a "
             f"grid search; evaluations and start-up not counted), {_duration(sum(hours))} for "
-            f"the {len(hours)} rows.\n" + notes
+            f"the {len(hours)} row{'s' * (len(hours) != 1)}.\n" + notes
         )
     with open(os.path.join(root, "results.md"), "a") as f:
         f.write(notes)
