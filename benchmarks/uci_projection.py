@@ -84,12 +84,6 @@ def step_rate(method, name, bindings, log_every, root):
     return float(np.median([r["steps_per_second"] for r in records][1:]))
 
 
-def _duration(hours):
-    if hours * 60 < 1:
-        return f"{hours * 3600:.0f} s"
-    return f"{hours * 60:.0f} min" if hours < 1 else f"{hours:.1f} h"
-
-
 def write_markdown(result, path):
     """The table of `result` (this script's JSON): a row per data set, a column per method."""
     cells = result["cells"]
@@ -101,14 +95,14 @@ def write_markdown(result, path):
         row = []
         for method in methods:
             cell = next(c for c in cells if (c["dataset"], c["method"]) == (dataset, method))
-            text = _duration(cell["projected_hours"])
+            text = uci.duration_text(cell["projected_hours"])
             if "measured_hours" in cell:
-                text += f" ({_duration(cell['measured_hours'])})"
+                text += f" ({uci.duration_text(cell['measured_hours'])})"
             row.append(text)
         lines.append(f"| {dataset} | " + " | ".join(row) + " |")
     cpus = result["machine"]["cpus"]
     lines.append(
-        f"\nAll {len(cells)} cells: {_duration(result['total_hours'])} of training steps on "
+        f"\nAll {len(cells)} cells: {uci.duration_text(result['total_hours'])} of training steps on "
         f"{cpus} cores"
         + (
             " (in brackets: measured by the experiment)."

@@ -450,7 +450,7 @@ def write_tables(rows, root):
                 "" if meets is None else ("yes" if meets else f"no ({r['published_ll_gap']:+.2f})"),
                 _fmt(r["rmse"], r["rmse_se"], r["splits"]),
                 _fmt(r.get("published_rmse"), r.get("published_rmse_se")),
-                _duration(r.get("train_hours")),
+                duration_text(r.get("train_hours")),
             ]
         )
     markdown = sweep.write_table(header, table, root)
@@ -459,7 +459,7 @@ def write_tables(rows, root):
     if hours:
         notes = (
             f"\nTraining: the wall-clock time of every stage's training steps (both stages of a "
-            f"grid search; evaluations and start-up not counted), {_duration(sum(hours))} for "
+            f"grid search; evaluations and start-up not counted), {duration_text(sum(hours))} for "
             f"the {len(hours)} row{'s' * (len(hours) != 1)}.\n" + notes
         )
     with open(os.path.join(root, "results.md"), "a") as f:
@@ -468,9 +468,12 @@ def write_tables(rows, root):
     return markdown
 
 
-def _duration(hours):
+def duration_text(hours):
+    """`hours` as the tables write it: seconds, minutes or hours ('' for None)."""
     if hours is None:
         return ""
+    if hours * 60 < 1:
+        return f"{hours * 3600:.0f} s"
     return f"{hours * 60:.0f} min" if hours < 1.0 else f"{hours:.1f} h"
 
 

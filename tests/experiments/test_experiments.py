@@ -360,7 +360,7 @@ def test_uci_split_selection():
 
 
 def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
-    from experiments.uci_regression import summarize, write_tables
+    from experiments.uci_regression import duration_text, summarize, write_tables
 
     def finals(lls):
         return [
@@ -380,6 +380,7 @@ def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
     write_tables([near, far], str(tmp_path))
     results = (tmp_path / "results.md").read_text()
     assert "| 15 min |" in results and "| 1.5 h |" in results and "1.8 h for the 2 rows" in results
+    assert [duration_text(h) for h in (None, 20 / 3600, 0.5)] == ["", "20 s", "30 min"]
 
 
 @pytest.mark.slow  # an end-to-end run
