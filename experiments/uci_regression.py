@@ -362,16 +362,13 @@ def select(results, keys):
 
 
 def train_seconds(folder, results, dataset_of):
-    """`{dataset: seconds}`: the training steps' wall-clock seconds (`metrics.json`'s
-    `train_seconds`, resumes included, evaluations not) of the finished runs in `results`."""
+    """`{dataset: seconds}`: the training steps' wall-clock seconds of the finished runs in
+    `results` (from each run's history: resumes included, evaluations not)."""
     seconds = {}
     for name, _, status, _ in results:
         if status.startswith(("finished", "skipped")):
-            run = runs.RunDir(os.path.join(folder, name))
-            spent = run.metrics().get("train_seconds")
-            if spent is None:  # a run from before metrics.json kept it: its history has it
-                spent = run.train_seconds()
             dataset = dataset_of(name)
+            spent = runs.RunDir(os.path.join(folder, name)).train_seconds()
             seconds[dataset] = seconds.get(dataset, 0.0) + spent
     return seconds
 

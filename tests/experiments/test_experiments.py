@@ -477,24 +477,27 @@ def test_cox_experiment_on_sigterm_reports_each_run_once_and_exits_cleanly(tmp_p
     assert output.count("stopped (checkpointed") == 1, output[-3000:]
 
 
-def test_uci_training_time_sums_every_run_and_reads_an_old_run_s_history(tmp_path):
+def test_uci_training_time_sums_every_finished_run_s_history(tmp_path):
     from experiments.uci_regression import train_seconds
 
-    new, old = tmp_path / "concrete", tmp_path / "validation" / "concrete"
-    new.mkdir()
-    old.mkdir(parents=True)
-    (new / "metrics.json").write_text(json.dumps({"status": "finished", "train_seconds": 30.0}))
-    (old / "metrics.json").write_text(json.dumps({"status": "finished"}))  # no train_seconds
-    records = [
-        {"kind": "train", "step": 100, "steps_per_second": 10.0},
-        {"kind": "eval", "step": 100},
-        {"kind": "train", "step": 300, "steps_per_second": 20.0},
-    ]
-    (old / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    def run(path, records):
+        path.mkdir(parents=True)
+        (path / "history.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    run(tmp_path / "concrete", [{"kind": "train", "step": 300, "steps_per_second": 10.0}])
+    run(  # two logging windows, an evaluation between them (not counted)
+        tmp_path / "validation" / "concrete",
+        [
+            {"kind": "train", "step": 100, "steps_per_second": 10.0},
+            {"kind": "eval", "step": 100},
+            {"kind": "train", "step": 300, "steps_per_second": 20.0},
+        ],
+    )
+    run(tmp_path / "validation" / "yacht", [{"kind": "train", "step": 9, "steps_per_second": 1}])
     results = [
         ("concrete", None, "skipped (finished)", {}),
         ("validation/concrete", None, "finished", {}),
         ("validation/yacht", None, "failed (exit 1)", {}),  # not counted
     ]
     seconds = train_seconds(str(tmp_path), results, lambda name: name.split("/")[-1])
-    assert seconds == {"concrete": pytest.approx(30.0 + 100 / 10.0 + 200 / 20.0)}
+    assert seconds == {"concrete": pytest.approx(300 / 10.0 + 100 / 10.0 + 200 / 20.0)}
