@@ -17,6 +17,7 @@ one command for every set and method would take).
 """
 
 import argparse
+import json
 import os
 import re
 import sys
@@ -117,8 +118,6 @@ def write_markdown(result, path):
 
 def _measured(path):
     """`{(dataset, method): hours}` from an experiment's `results.json` (its training column)."""
-    import json
-
     with open(path) as f:
         return {
             (r["dataset"], r["method"]): r["train_hours"]
@@ -146,19 +145,22 @@ def main():
     if not args.uci_dir and not args.render:
         parser.error("--uci_dir is needed to measure (or --render to rewrite the table)")
     methods, datasets = args.methods.split(","), args.datasets.split(",")
-    measured = _measured(args.measured) if args.measured else {}
-    md = os.path.splitext(args.out)[0] + ".md"
-    if args.render:  # the table again, from the JSON, with the measured times
-        import json
-
+    if args.render:  # the table again, from the JSON
         with open(args.out) as f:
             result = json.load(f)
+    else:
+        result = measure(args, methods, datasets)
+    if args.measured:
+        measured = _measured(args.measured)
         for cell in result["cells"]:
             if (cell["dataset"], cell["method"]) in measured:
                 cell["measured_hours"] = measured[(cell["dataset"], cell["method"])]
-        write_json(result, args.out)
-        print(write_markdown(result, md))
-        return
+    write_json(result, args.out)
+    print(write_markdown(result, os.path.splitext(args.out)[0] + ".md"))
+
+
+def measure(args, methods, datasets):
+    """This script's JSON: every cell's stages, their step rates and the projected hours."""
     cells = []
     with tempfile.TemporaryDirectory() as root:
         for dataset in datasets:
@@ -174,14 +176,10 @@ def main():
                 cell["projected_hours"] = (
                     sum(s["planned_steps"] / s["steps_per_second"] for s in cell["stages"]) / 3600
                 )
-                if (dataset, method) in measured:
-                    cell["measured_hours"] = measured[(dataset, method)]
                 cells.append(cell)
                 print(cell, flush=True)
     total = sum(c["projected_hours"] for c in cells)
-    result = {"machine": {"cpus": os.cpu_count()}, "cells": cells, "total_hours": total}
-    write_json(result, args.out)
-    print(write_markdown(result, md))
+    return {"machine": {"cpus": os.cpu_count()}, "cells": cells, "total_hours": total}
 
 
 if __name__ == "__main__":

@@ -576,7 +576,8 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
     epochs = parse_epochs(epochs).get(method)
     runs, keys = plan(method, uci_dir, datasets, splits, epochs)
     results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
-    seconds = train_seconds(folder, results, lambda name: keys[name][0])
+    # Every stage's runs and their data sets, for the training time.
+    finished, dataset_of = list(results), {name: key[0] for name, key in keys.items()}
     if spec.grid_search and not stopped:
         selected = select(results, keys)
         missing = sorted({k[:2] for k in keys.values()} - set(selected))
@@ -586,8 +587,9 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
         with open(os.path.join(folder, "selected.json"), "w") as f:
             json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
         results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
-        for dataset, more in train_seconds(folder, results, lambda name: keys[name][0]).items():
-            seconds[dataset] = seconds.get(dataset, 0.0) + more
+        finished += results
+        dataset_of.update({name: key[0] for name, key in keys.items()})
+    seconds = train_seconds(folder, finished, dataset_of.get)
     return summarize(method, results, keys, seconds), stopped
 
 
