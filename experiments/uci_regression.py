@@ -27,7 +27,8 @@ A `--gin_param` prefixed `method:` binds for that method only. `--epochs` overri
 of the epoch-based methods: `--epochs=1000` (both) or `--epochs=mc_dropout:1000,flipout:200`. Resume, failures and Ctrl-C are the
 sweep's: finished runs are skipped, an interrupted run continues from its checkpoint. Writes
 `results.md`, `results.csv` and `results.json` in `--root` (each method's runs under
-`--root/<method>`).
+`--root/<method>`); earlier calls' rows there stay, so methods and data sets run one call at a
+time end in one table.
 """
 
 import dataclasses
@@ -384,7 +385,6 @@ def summarize(method, results, keys, seconds=None):
     for dataset, finals in groups.items():
         ll = sweep.mean_se([f["test_log_likelihood"] for f in finals])
         rmse = sweep.mean_se([f["rmse"] for f in finals])
-        published = PUBLISHED.get(dataset, {})
         row = {
             "dataset": dataset,
             "method": method,
@@ -396,16 +396,64 @@ def summarize(method, results, keys, seconds=None):
         }
         if seconds and dataset in seconds:
             row["train_hours"] = seconds[dataset] / 3600.0
-        for key in ("ll", "ll_se", "rmse", "rmse_se"):
-            if f"{method}_{key}" in published:
-                row[f"published_{key}"] = published[f"{method}_{key}"]
-        if "published_ll" in row:
-            # At or above within one standard error of ours (a mean over the splits).
-            se = row["test_ll_se"] if math.isfinite(row["test_ll_se"]) else 0.0
-            row["published_ll_gap"] = row["test_ll"] - row["published_ll"]
-            row["meets_published_ll"] = bool(row["published_ll_gap"] >= -se)
-        rows.append(row)
+        rows.append(with_published(row))
     return rows
+
+
+def with_published(row):
+    """`row` with its method's published numbers on its data set (`PUBLISHED`) and whether ours
+    is at or above them; a row read back from an earlier table is compared afresh."""
+    row = {k: v for k, v in row.items() if not k.startswith(("published_", "meets_published"))}
+    published = PUBLISHED.get(row["dataset"], {})
+    for key in ("ll", "ll_se", "rmse", "rmse_se"):
+        if f"{row['method']}_{key}" in published:
+            row[f"published_{key}"] = published[f"{row['method']}_{key}"]
+    if "published_ll" in row:
+        # At or above within one standard error of ours (a mean over the splits).
+        se = row["test_ll_se"] if math.isfinite(row["test_ll_se"]) else 0.0
+        row["published_ll_gap"] = row["test_ll"] - row["published_ll"]
+        row["meets_published_ll"] = bool(row["published_ll_gap"] >= -se)
+    return row
+
+
+ROW_FIELDS = ("dataset", "method", "splits", "test_ll", "test_ll_se", "rmse", "rmse_se")
+
+
+def earlier_rows(root):
+    """The rows of the table an earlier invocation wrote in `root` (`results.json`; none if
+    there is none), so that methods and data sets run one call at a time end in one table. A
+    file that is not such a table is an error naming it, before anything trains."""
+    path = os.path.join(root, "results.json")
+    if not os.path.exists(path):
+        return []
+    try:
+        with open(path) as f:
+            rows = json.load(f)
+    except (OSError, ValueError) as error:
+        raise ValueError(f"{path}: cannot read the earlier table ({error}).") from None
+    for i, row in enumerate(rows if isinstance(rows, list) else [None]):
+        missing = [k for k in ROW_FIELDS if not isinstance(row, dict) or k not in row]
+        if missing:
+            raise ValueError(
+                f"{path}: row {i} is not a row of this experiment's table (no {missing}); move "
+                "the file away to start a new table."
+            )
+    return rows
+
+
+def merge_rows(rows, earlier):
+    """`rows`, then each row of `earlier` for a (method, data set) that `rows` lacks (a cell
+    trained again replaces its earlier row), sorted by data set then method."""
+    fresh = {(r["method"], r["dataset"]) for r in rows}
+    kept = [with_published(r) for r in earlier if (r["method"], r["dataset"]) not in fresh]
+    order = list(METHODS)
+    return sorted(
+        [*rows, *kept],
+        key=lambda r: (
+            r["dataset"],
+            order.index(r["method"]) if r["method"] in order else len(order),
+        ),
+    )
 
 
 def _fmt(value, se=None, splits=2):
@@ -604,13 +652,15 @@ def run_experiment(
     epochs=None,
     replicated=True,
 ):
-    """Trains every method's runs (skipping finished ones) and writes the tables; returns the
-    rows. With `replicated`, a method that has a replicated form trains each stage of each
+    """Trains every method's runs (skipping finished ones) and writes the tables of `root`:
+    these rows, and the earlier invocations' rows of other methods and data sets
+    (`results.json`); returns them. With `replicated`, a method that has a replicated form trains each stage of each
     data set as one run (`ReplicatedLearner`), which gives each split and grid point the
     trajectory it has alone."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown} (choose from {sorted(METHODS)}).")
+    earlier = earlier_rows(root)
     rows = []
     for method in methods:
         runner = run_replicated if replicated and METHODS[method].replicated else run_method
@@ -620,7 +670,7 @@ def run_experiment(
         rows += method_rows
         if stopped:
             break
-    rows.sort(key=lambda r: (r["dataset"], list(METHODS).index(r["method"])))
+    rows = merge_rows(rows, earlier)
     write_tables(rows, root)
     sweep.write_experiment_record(root, methods=list(methods), gin_param=list(gin_params))
     if stopped:
@@ -677,6 +727,10 @@ class UCIRegression(Experiment):
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
         del gin_file  # each method has its own
+        try:
+            earlier_rows(root)  # a table this run cannot add to: said before anything trains
+        except ValueError as error:
+            raise app.UsageError(f"--root: {error}") from None
         return run_experiment(
             checked_uci_dir(options.get("uci_dir"), options.get("datasets", DATASETS)),
             root,

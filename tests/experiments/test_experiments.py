@@ -231,6 +231,12 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     assert rows[1]["train_hours"] == pytest.approx(flipout_metrics["train_seconds"] / 3600)
     results = (tmp_path / "runs" / "results.md").read_text()
     assert "| training |" in results and "for the 3 rows" in results
+    # A method run on its own adds to the same table: the other methods' rows stay.
+    again = uci_regression.run_experiment(**{**kwargs, "methods": ["flipout"]})
+    assert [(r["method"], r["test_ll"]) for r in again] == [
+        (r["method"], r["test_ll"]) for r in rows
+    ]
+    assert "for the 3 rows" in (tmp_path / "runs" / "results.md").read_text()
 
 
 @pytest.mark.parametrize("module", ["uci_regression", "deep_gp_uci"])
@@ -381,6 +387,46 @@ def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
     results = (tmp_path / "results.md").read_text()
     assert "| 15 min |" in results and "| 1.5 h |" in results and "1.8 h for the 2 rows" in results
     assert [duration_text(h) for h in (None, 20 / 3600, 0.5)] == ["", "20 s", "30 min"]
+
+
+def test_uci_tables_keep_earlier_invocations_rows(tmp_path):
+    """Methods and data sets run one call at a time end in one table: an earlier call's rows
+    stay unless the same cell is trained again, and are compared with the published numbers
+    afresh; a `results.json` that is not such a table stops the run before it trains."""
+    from absl import app
+
+    from experiments.uci_regression import (
+        EXPERIMENT,
+        earlier_rows,
+        merge_rows,
+        with_published,
+        write_tables,
+    )
+
+    def row(method, dataset, ll):
+        return {"dataset": dataset, "method": method, "splits": 20, "test_ll": ll,
+                "test_ll_se": 0.01, "rmse": 1.0, "rmse_se": 0.1}  # fmt: skip
+
+    assert earlier_rows(str(tmp_path)) == []
+    stale = {**row("flipout", "yacht", -1.3), "published_ll": 0.0, "published_ll_gap": -1.3}
+    stale["meets_published_ll"] = False  # as if an older table had compared it with 0
+    write_tables(
+        [stale, row("svgp", "yacht", -0.4), with_published(row("svgp", "wine", -1))], tmp_path
+    )
+    earlier = earlier_rows(str(tmp_path))
+    merged = merge_rows([with_published(row("svgp", "yacht", -0.3))], earlier)
+    assert [(r["dataset"], r["method"], r["test_ll"]) for r in merged] == [
+        ("wine", "svgp", -1.0),
+        ("yacht", "flipout", -1.3),
+        ("yacht", "svgp", -0.3),  # trained again: the new row
+    ]
+    flipout = merged[1]  # Hernandez-Lobato & Adams' VI on yacht: -3.44
+    assert flipout["published_ll"] == -3.44 and flipout["meets_published_ll"]
+    (tmp_path / "results.json").write_text('{"not": "rows"}')
+    with pytest.raises(ValueError, match=r"results.json: row 0 .*move the file away"):
+        earlier_rows(str(tmp_path))
+    with pytest.raises(app.UsageError, match="--root: .*results.json"):
+        EXPERIMENT.run(str(tmp_path), uci_dir=str(tmp_path), datasets=["yacht"])
 
 
 @pytest.mark.slow  # an end-to-end run
