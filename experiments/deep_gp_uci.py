@@ -69,7 +69,7 @@ class DeepGPUCI(Experiment):
         datasets = options.get("datasets", uci_regression.DATASETS)
         return run_experiment(
             uci_regression.checked_uci_dir(options.get("uci_dir"), datasets),
-            root,
+            uci_regression.checked_root(root),
             datasets,
             options.get("depths", ["1", "2", "3"]),
             options.get("splits"),

@@ -653,10 +653,10 @@ def run_experiment(
     replicated=True,
 ):
     """Trains every method's runs (skipping finished ones) and writes the tables of `root`:
-    these rows, and the earlier invocations' rows of other methods and data sets
-    (`results.json`); returns them. With `replicated`, a method that has a replicated form trains each stage of each
-    data set as one run (`ReplicatedLearner`), which gives each split and grid point the
-    trajectory it has alone."""
+    these rows and the earlier calls' rows of other cells (`results.json`); returns them. With
+    `replicated`, a method that has a replicated form trains each stage of each data set as one
+    run (`ReplicatedLearner`), which gives each split and grid point the trajectory it has
+    alone."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown} (choose from {sorted(METHODS)}).")
@@ -690,6 +690,16 @@ def checked_uci_dir(uci_dir, datasets):
         except ValueError as error:
             raise app.UsageError(f"--uci_dir: {error}") from None
     return uci_dir
+
+
+def checked_root(root):
+    """`root`, once its table (if any) is one this experiment can add to; a usage error naming
+    the file otherwise, before anything trains."""
+    try:
+        earlier_rows(root)
+    except ValueError as error:
+        raise app.UsageError(f"--root: {error}") from None
+    return root
 
 
 class UCIRegression(Experiment):
@@ -727,13 +737,9 @@ class UCIRegression(Experiment):
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
         del gin_file  # each method has its own
-        try:
-            earlier_rows(root)  # a table this run cannot add to: said before anything trains
-        except ValueError as error:
-            raise app.UsageError(f"--root: {error}") from None
         return run_experiment(
             checked_uci_dir(options.get("uci_dir"), options.get("datasets", DATASETS)),
-            root,
+            checked_root(root),
             options.get("methods", list(METHODS)),
             options.get("datasets", DATASETS),
             options.get("splits"),

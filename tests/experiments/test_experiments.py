@@ -389,12 +389,13 @@ def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
     assert [duration_text(h) for h in (None, 20 / 3600, 0.5)] == ["", "20 s", "30 min"]
 
 
-def test_uci_tables_keep_earlier_invocations_rows(tmp_path):
+def test_uci_tables_keep_earlier_invocations_rows(tmp_path, toy_uci):
     """Methods and data sets run one call at a time end in one table: an earlier call's rows
     stay unless the same cell is trained again, and are compared with the published numbers
     afresh; a `results.json` that is not such a table stops the run before it trains."""
     from absl import app
 
+    from experiments import deep_gp_uci
     from experiments.uci_regression import (
         EXPERIMENT,
         earlier_rows,
@@ -425,8 +426,9 @@ def test_uci_tables_keep_earlier_invocations_rows(tmp_path):
     (tmp_path / "results.json").write_text('{"not": "rows"}')
     with pytest.raises(ValueError, match=r"results.json: row 0 .*move the file away"):
         earlier_rows(str(tmp_path))
-    with pytest.raises(app.UsageError, match="--root: .*results.json"):
-        EXPERIMENT.run(str(tmp_path), uci_dir=str(tmp_path), datasets=["yacht"])
+    for experiment in (EXPERIMENT, deep_gp_uci.EXPERIMENT):
+        with pytest.raises(app.UsageError, match="--root: .*results.json"):
+            experiment.run(str(tmp_path), uci_dir=str(toy_uci), datasets=["toy"])
 
 
 @pytest.mark.slow  # an end-to-end run
