@@ -5,7 +5,8 @@
   precision chosen by the evidence, and probit or Monte Carlo predictives (Daxberger et al.,
   2021). `Laplace.to_model()` is a Keras model of the predictive, saved with its posterior as a
   `.keras` file. With `subset_of_weights='all'` it is an `AllWeightsLaplace`: KFAC or diagonal
-  over every dense and convolutional layer, with the linearized network's predictive.
+  over every dense and convolutional layer, with the linearized network's predictive (also a
+  `.keras` model with `to_model()`).
 * `SWAG`: SWA and SWA-Gaussian moments of the weights visited by continued training, as a
   callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
@@ -24,6 +25,7 @@ import importlib
 # loads after the command line has set its logging up).
 _MODULES = {
     "AllWeightsLaplace": "blayers.posthoc.all_weights",
+    "AllWeightsLaplacePredictive": "blayers.posthoc.all_weights",
     "Laplace": "blayers.posthoc.laplace",
     "LaplacePredictive": "blayers.posthoc.laplace",
     "SWAG": "blayers.posthoc.swag",
@@ -34,6 +36,7 @@ _MODULES = {
 __all__ = [
     "SWAG",
     "AllWeightsLaplace",
+    "AllWeightsLaplacePredictive",
     "Laplace",
     "LaplacePredictive",
     "SplitConformalClassifier",

@@ -24,7 +24,8 @@ The predictive linearizes the network around `theta*` (the GLM predictive of Imm
 2021): `f(x) ~ N(f*(x), sum_l J_l P_l^-1 J_l^T)`, then the probit approximation or Monte Carlo
 for classification; or, with `pred_type='nn'`, it averages the network itself over weights
 drawn from the posterior. Trainable weights of other layers (normalization, embeddings) are kept
-at their trained values: they are listed in `point_estimated`.
+at their trained values: they are listed in `point_estimated`. `to_model` makes the linearized
+predictive one Keras model (`AllWeightsLaplacePredictive`) to save as a `.keras` file.
 """
 
 import contextlib
@@ -35,9 +36,13 @@ import tensorflow as tf
 from scipy.special import softmax
 
 from blayers.posthoc.batches import batches, input_batches
-from blayers.posthoc.laplace_base import _LaplaceBase, precision_eigenvalues
+from blayers.posthoc.laplace_base import (
+    _LaplaceBase,
+    precision_eigenvalues,
+    probit_or_gaussian,
+)
 
-__all__ = ["AllWeightsLaplace"]
+__all__ = ["AllWeightsLaplace", "AllWeightsLaplacePredictive"]
 
 _KINDS = {keras.layers.Conv1D: 1, keras.layers.Conv2D: 2, keras.layers.Dense: 0}
 
@@ -87,6 +92,10 @@ class _Block:
 
     def unfold(self, inputs):
         """`a [n, T, P (+1)]`: the inputs each output location sees, in the kernel's order."""
+        return np.asarray(self.unfold_tensor(inputs, tf.float64).numpy())
+
+    def unfold_tensor(self, inputs, dtype):
+        """`unfold` as a tensor of `dtype`."""
         x = tf.convert_to_tensor(inputs)
         if self.rank == 0:
             a = tf.reshape(x, [tf.shape(x)[0], -1, x.shape[-1]])
@@ -105,15 +114,17 @@ class _Block:
                 padding=layer.padding.upper(),
             )
             a = tf.reshape(a, [tf.shape(a)[0], -1, a.shape[-1]])
-        a = np.asarray(a.numpy(), np.float64)
+        a = tf.cast(a, dtype)
         if self.has_bias:
-            a = np.concatenate([a, np.ones((*a.shape[:2], 1))], -1)
+            a = tf.concat([a, tf.ones_like(a[..., :1])], -1)
         return a
 
 
 @contextlib.contextmanager
-def _recording(blocks):
-    """Records each block's inputs and pre-activations (every call) during a forward pass."""
+def _recording(blocks, watch):
+    """Records each block's inputs and pre-activations (every call) during a forward pass;
+    `watch` (a tape's) sees each pre-activation, so Jacobians reach it even from frozen
+    weights."""
     records = {id(b.layer): [] for b in blocks}
     saved = []
     for block in blocks:
@@ -126,6 +137,7 @@ def _recording(blocks):
             return _call(inputs, *args, **kwargs)
 
         def recorded_activation(s, _activation=activation, _calls=calls):
+            watch(s)
             _calls[-1]["s"] = s
             return _activation(s) if _activation is not None else s
 
@@ -177,15 +189,19 @@ class AllWeightsLaplace(_LaplaceBase):
                 "weights use 'kron' or 'diag'."
             )
         self._init_common(likelihood, hessian_structure, prior_precision, sigma_noise, dtype)
-        self.model = model
-        self.last = model.layers[-1]
-        self._check_last_layer(self.last)
         layers = [
             layer
             for layer in model._flatten_layers(include_self=False, recursive=True)
-            if layer.trainable and layer.name not in exclude
+            if layer.trainable and layer.name not in exclude and _kind(layer) is not None
         ]
-        self.blocks = [_Block(layer, _kind(layer)) for layer in layers if _kind(layer) is not None]
+        self._cover(model, layers)
+
+    def _cover(self, model, layers):
+        """Puts the posterior on `layers` (dense and convolutional layers of `model`)."""
+        self.model = model
+        self.last = model.layers[-1]
+        self._check_last_layer(self.last)
+        self.blocks = [_Block(layer, _kind(layer)) for layer in layers]
         if not any(block.layer is self.last for block in self.blocks):
             raise ValueError(
                 f"AllWeightsLaplace: the last layer {self.last.name!r} is excluded or frozen."
@@ -200,7 +216,10 @@ class AllWeightsLaplace(_LaplaceBase):
     def _forward(self, x):
         """`f [n, K]` (the logits or means) and, per block, `a [n, T, P]` and the output
         Jacobian `g [n, K, T, C]` (calls of a shared layer stacked along `T`)."""
-        with _recording(self.blocks) as records, tf.GradientTape(persistent=True) as tape:
+        with (
+            tf.GradientTape(persistent=True) as tape,
+            _recording(self.blocks, tape.watch) as records,
+        ):
             output = self.model(x, training=False)
         last_calls = records[id(self.last)]
         if not last_calls:
@@ -403,8 +422,12 @@ class AllWeightsLaplace(_LaplaceBase):
     # ----------------------------------------------------------------------------------------
     # Saving.
 
+    def _scalars(self):
+        return {name: getattr(self, name) for name in _SCALARS}
+
     def save(self, path):
-        """Writes the fitted posterior to an `.npz` file (the model is saved on its own)."""
+        """Writes the fitted posterior to an `.npz` file, read back over the same trained model
+        by `load` (`to_model` makes one `.keras` file of the network and its posterior)."""
         self._check_fitted()
         arrays = {
             f"block{i}/{key}": value
@@ -415,15 +438,7 @@ class AllWeightsLaplace(_LaplaceBase):
             path,
             **arrays,
             names=np.array([block.layer.name for block in self.blocks]),
-            scalars=np.array(
-                [
-                    self.prior_precision,
-                    self.sigma_noise,
-                    self.num_data,
-                    self.log_likelihood_sum,
-                    self.sse,
-                ]
-            ),
+            scalars=np.array(list(self._scalars().values())),
             likelihood=np.array(self.likelihood),
             structure=np.array(self.structure),
         )
@@ -433,31 +448,31 @@ class AllWeightsLaplace(_LaplaceBase):
         """The posterior `save` wrote, over `model` (the same trained model)."""
         with np.load(path) as saved:
             names = [str(n) for n in saved["names"]]
-            covered = {layer.name for layer in model._flatten_layers(include_self=False)}
-            exclude = sorted(covered - set(names))
-            self = cls(
-                model,
-                str(saved["likelihood"]),
-                str(saved["structure"]),
-                exclude=exclude,
-            )
-            if [block.layer.name for block in self.blocks] != names:
-                raise ValueError(
-                    f"AllWeightsLaplace.load: {path} holds layers {names}, the model has "
-                    f"{[block.layer.name for block in self.blocks]}."
-                )
-            prior, sigma, num_data, log_likelihood_sum, sse = saved["scalars"]
-            self.prior_precision, self.sigma_noise = float(prior), float(sigma)
-            self.num_data, self.log_likelihood_sum, self.sse = (
-                int(num_data),
-                float(log_likelihood_sum),
-                float(sse),
-            )
-            keys = ("values_a", "vectors_a", "values_g", "vectors_g")
-            keys = keys if self.structure == "kron" else ("diag_h",)
-            self._states = [
-                {key: saved[f"block{i}/{key}"] for key in keys} for i in range(len(names))
+            structure = str(saved["structure"])
+            states = [
+                {key: saved[f"block{i}/{key}"] for key in _STATE_KEYS[structure]}
+                for i in range(len(names))
             ]
+            scalars = dict(zip(_SCALARS, saved["scalars"].tolist(), strict=True))
+            likelihood = str(saved["likelihood"])
+        return cls._restored(model, likelihood, structure, names, scalars, states, str(path))
+
+    @classmethod
+    def _restored(cls, model, likelihood, structure, names, scalars, states, source):
+        """A fitted posterior over `model` from its saved parts (`source` names them in errors)."""
+        self = cls.__new__(cls)
+        self._init_common(
+            likelihood, structure, scalars["prior_precision"], scalars["sigma_noise"], "float64"
+        )
+        self._cover(model, _named_layers(model, names, source))
+        self.num_data = int(scalars["num_data"])
+        self.log_likelihood_sum, self.sse = (
+            float(scalars["log_likelihood_sum"]),
+            float(scalars["sse"]),
+        )
+        self._states = [
+            {key: np.asarray(value, np.float64) for key, value in state.items()} for state in states
+        ]
         self.thetas = [block.weights() for block in self.blocks]
         self.num_outputs = self.thetas[-1].shape[1]
         self._output_checked = False
@@ -465,8 +480,224 @@ class AllWeightsLaplace(_LaplaceBase):
         return self
 
     def to_model(self, link_approx="probit"):
-        raise NotImplementedError(
-            "AllWeightsLaplace: the linearized predictive needs the network's Jacobians, which a "
-            "saved Keras model cannot hold; save the posterior with save(path) beside the model "
-            "and read it back with AllWeightsLaplace.load(path, model)."
+        """The linearized predictive as a `keras.Model` (an `AllWeightsLaplacePredictive`: the
+        trained network inside, the posterior in its weights), to save as one `.keras` file.
+        `keras.models.load_model` reads it back after `import blayers.posthoc` (the network
+        must be serializable itself: functional, sequential, or a registered subclass with a
+        `get_config`), and `AllWeightsLaplace.from_model` turns it into an `AllWeightsLaplace`
+        again."""
+        self._check_fitted()
+        if link_approx != "probit":
+            raise ValueError(
+                "AllWeightsLaplace.to_model: the saved predictive uses link_approx='probit'."
+            )
+        predictive = AllWeightsLaplacePredictive(
+            self.model,
+            likelihood=self.likelihood,
+            hessian_structure=self.structure,
+            layer_names=[block.layer.name for block in self.blocks],
+            **self._scalars(),
+            name=f"{self.model.name.lstrip('_')}_laplace",  # a scope name cannot start with _
         )
+        predictive.set_state(self._states)
+        return predictive
+
+    @classmethod
+    def from_model(cls, predictive):
+        """The fitted `AllWeightsLaplace` held by a model from `to_model` (e.g. one just
+        loaded)."""
+        if not isinstance(predictive, AllWeightsLaplacePredictive):
+            raise TypeError(
+                f"AllWeightsLaplace.from_model: {getattr(predictive, 'name', predictive)!r} is "
+                "not an AllWeightsLaplacePredictive (make it with AllWeightsLaplace.to_model)."
+            )
+        return cls._restored(
+            predictive.network,
+            predictive.likelihood,
+            predictive.hessian_structure,
+            predictive.layer_names,
+            predictive.scalars(),
+            predictive.state(),
+            f"predictive {predictive.name!r}",
+        )
+
+
+_SCALARS = ("prior_precision", "sigma_noise", "num_data", "log_likelihood_sum", "sse")
+_STATE_KEYS = {
+    "kron": ("values_a", "vectors_a", "values_g", "vectors_g"),
+    "diag": ("diag_h",),
+}
+
+
+def _named_layers(model, names, source):
+    """The dense and convolutional layers of `model` a saved posterior (`source`) names."""
+    layers = {layer.name: layer for layer in model._flatten_layers(include_self=False)}
+    unusable = [name for name in names if _kind(layers.get(name)) is None]
+    if unusable:
+        raise ValueError(
+            f"AllWeightsLaplace: {source} holds layers {names}; the model {model.name!r} has no "
+            f"dense or convolutional layers {unusable}."
+        )
+    return [layers[name] for name in names]
+
+
+def _state_shapes(structure, block):
+    """Each fitted array's shape for a block whose `Theta` is `[P (+1), C]`."""
+    p = int(np.prod(block.kernel_shape[:-1])) + int(block.has_bias)
+    c = block.kernel_shape[-1]
+    if structure == "kron":
+        return {"values_a": (p,), "vectors_a": (p, p), "values_g": (c,), "vectors_g": (c, c)}
+    return {"diag_h": (p * c,)}
+
+
+@keras.saving.register_keras_serializable("blayers")
+class AllWeightsLaplacePredictive(keras.Model):
+    """The linearized (GLM) predictive of a fitted `AllWeightsLaplace` as a Keras model of the
+    network's inputs (made by `AllWeightsLaplace.to_model`; the network and its posterior are
+    saved together).
+
+    Each call runs the network once, records every covered layer's unfolded inputs `a` and
+    the output Jacobians `g` of its pre-activations, and sums the blocks' covariances
+    `Sigma_f = sum_l J_l P_l^-1 J_l^T`, `J_l = sum_t a_t (x) g_t`, in the posterior's
+    eigenbasis (float64). Classification returns the probit-approximated class probabilities
+    `softmax(f* / sqrt(1 + pi/8 diag(Sigma_f)))`; regression `(mean, stddev)` with
+    `stddev^2 = diag(Sigma_f) + sigma_noise^2`. The Jacobians need the TensorFlow backend.
+
+    Args:
+      model: the trained `keras.Model` the posterior is over (a serialized one when loading).
+      likelihood: `'classification'` or `'regression'`.
+      hessian_structure: `'kron'` or `'diag'`.
+      layer_names: the covered dense and convolutional layers, in the posterior's order.
+      prior_precision, sigma_noise: as in `AllWeightsLaplace`.
+      num_data, log_likelihood_sum, sse: the fit's statistics (for the evidence after loading).
+      **kwargs: `keras.Model` arguments.
+    """
+
+    def __init__(
+        self,
+        model,
+        likelihood="classification",
+        hessian_structure="kron",
+        layer_names=(),
+        prior_precision=1.0,
+        sigma_noise=1.0,
+        num_data=0,
+        log_likelihood_sum=0.0,
+        sse=0.0,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        if hessian_structure not in _STATE_KEYS:
+            raise ValueError(
+                f"AllWeightsLaplacePredictive: hessian_structure {hessian_structure!r} is not "
+                "'kron' or 'diag'."
+            )
+        self.network = model
+        self.likelihood, self.hessian_structure = likelihood, hessian_structure
+        self.layer_names = list(layer_names)
+        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.num_data, self.log_likelihood_sum, self.sse = (
+            int(num_data),
+            float(log_likelihood_sum),
+            float(sse),
+        )
+        layers = _named_layers(model, self.layer_names, f"predictive {self.name!r}")
+        self._blocks = [_Block(layer, _kind(layer)) for layer in layers]
+        self._last = model.layers[-1]
+        self._variables = [
+            {
+                key: self.add_weight(
+                    name=f"block{i}_{key}",
+                    shape=shape,
+                    initializer="zeros",
+                    trainable=False,
+                    dtype="float64",
+                )
+                for key, shape in _state_shapes(hessian_structure, block).items()
+            }
+            for i, block in enumerate(self._blocks)
+        ]
+        self.built = True
+
+    def set_state(self, states):
+        """Writes an `AllWeightsLaplace`'s fitted arrays (a list over blocks) into the weights."""
+        for variables, state in zip(self._variables, states, strict=True):
+            for key, variable in variables.items():
+                variable.assign(np.asarray(state[key], np.float64))
+
+    def state(self):
+        """The fitted arrays, a list over blocks of NumPy dicts."""
+        return [
+            {key: np.asarray(keras.ops.convert_to_numpy(v)) for key, v in variables.items()}
+            for variables in self._variables
+        ]
+
+    def scalars(self):
+        """The prior precision, noise and the fit's statistics."""
+        return {name: getattr(self, name) for name in _SCALARS}
+
+    def call(self, inputs):
+        with (
+            tf.GradientTape(persistent=True) as tape,
+            _recording(self._blocks, tape.watch) as records,
+        ):
+            self.network(inputs, training=False)
+        logits = records[id(self._last)][-1]["s"]
+        n, k = tf.shape(logits)[0], logits.shape[-1]
+        scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
+        cov = tf.zeros([n, k, k], tf.float64)
+        for block, variables in zip(self._blocks, self._variables, strict=True):
+            calls = records[id(block.layer)]
+            a = tf.concat([block.unfold_tensor(c["a"], tf.float64) for c in calls], 1)
+            g = tf.concat(
+                [
+                    tf.reshape(
+                        tf.cast(tape.batch_jacobian(logits, c["s"]), tf.float64),
+                        [n, k, -1, c["s"].shape[-1]],
+                    )
+                    for c in calls
+                ],
+                2,
+            )
+            state = {key: tf.convert_to_tensor(v) for key, v in variables.items()}
+            inverse = 1.0 / tf.reshape(
+                precision_eigenvalues(
+                    tf.experimental.numpy,
+                    self.hessian_structure,
+                    state,
+                    self.prior_precision,
+                    scale,
+                ),
+                [a.shape[-1], g.shape[-1]],
+            )
+            if self.hessian_structure == "kron":
+                a = tf.einsum("nti,ij->ntj", a, state["vectors_a"])
+                g = tf.einsum("nkto,op->nktp", g, state["vectors_g"])
+            if a.shape[1] == 1:  # J = a (x) g: never formed
+                cov += tf.einsum(
+                    "nko,no,nlo->nkl", g[:, :, 0], tf.square(a[:, 0]) @ inverse, g[:, :, 0]
+                )
+            else:
+                jacobian = tf.einsum("nti,nkto->nkio", a, g)
+                cov += tf.einsum("nkio,nlio,io->nkl", jacobian, jacobian, inverse)
+        del tape
+        return probit_or_gaussian(
+            keras.ops, self.likelihood, tf.cast(logits, tf.float64), cov, self.sigma_noise
+        )
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "model": keras.saving.serialize_keras_object(self.network),
+            "likelihood": self.likelihood,
+            "hessian_structure": self.hessian_structure,
+            "layer_names": self.layer_names,
+            **self.scalars(),
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["model"] = keras.saving.deserialize_keras_object(config["model"])
+        return cls(**config)

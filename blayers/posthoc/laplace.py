@@ -31,14 +31,16 @@ approximation `softmax(f* / sqrt(1 + pi/8 diag(Sigma_f)))` or a Monte Carlo aver
 `softmax(f)`.
 """
 
-import math
-
 import keras
 import numpy as np
 
 from blayers.posthoc.all_weights import AllWeightsLaplace
 from blayers.posthoc.batches import batches
-from blayers.posthoc.laplace_base import _LaplaceBase, precision_eigenvalues
+from blayers.posthoc.laplace_base import (
+    _LaplaceBase,
+    precision_eigenvalues,
+    probit_or_gaussian,
+)
 
 __all__ = ["Laplace", "LaplacePredictive"]
 
@@ -375,10 +377,7 @@ class LaplacePredictive(keras.layers.Layer):
         f, cov = output_moments(
             keras.ops, self.hessian_structure, state, phi, self.prior_precision, scale
         )
-        variance = keras.ops.diagonal(cov, axis1=1, axis2=2)
-        if self.likelihood == "regression":
-            return f, keras.ops.sqrt(variance + self.sigma_noise**2)
-        return keras.ops.softmax(f / keras.ops.sqrt(1.0 + math.pi / 8.0 * variance), axis=-1)
+        return probit_or_gaussian(keras.ops, self.likelihood, f, cov, self.sigma_noise)
 
     def get_config(self):
         config = super().get_config()

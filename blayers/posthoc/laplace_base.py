@@ -11,7 +11,7 @@ from scipy.special import log_softmax, softmax
 from blayers import metrics
 from blayers.posthoc.batches import arrays
 
-__all__ = ["precision_eigenvalues"]
+__all__ = ["precision_eigenvalues", "probit_or_gaussian"]
 
 _LIKELIHOODS = ("classification", "regression")
 _STRUCTURES = ("full", "kron", "diag")
@@ -206,3 +206,13 @@ def precision_eigenvalues(ops, structure, state, prior_precision, scale):
     if structure == "full":
         return ops.maximum(state["values_h"], 0) * scale + prior_precision
     return state["diag_h"] * scale + prior_precision
+
+
+def probit_or_gaussian(ops, likelihood, f, cov, sigma_noise):
+    """The saved predictives' last step, from the output moments `f [n, K]`, `Sigma_f [n, K, K]`:
+    probit-approximated class probabilities `softmax(f / sqrt(1 + pi/8 diag(Sigma_f)))`, or a
+    regression's `(mean, stddev)` with `stddev^2 = diag(Sigma_f) + sigma_noise^2`."""
+    variance = ops.diagonal(cov, axis1=1, axis2=2)
+    if likelihood == "regression":
+        return f, ops.sqrt(variance + sigma_noise**2)
+    return ops.softmax(f / ops.sqrt(1.0 + math.pi / 8.0 * variance), axis=-1)

@@ -13,7 +13,7 @@ import pytest
 import tensorflow as tf
 from scipy.special import softmax
 
-from blayers.posthoc import AllWeightsLaplace, Laplace
+from blayers.posthoc import AllWeightsLaplace, AllWeightsLaplacePredictive, Laplace
 
 
 def _mlp(activation="tanh", seed=0, d=4, k=3):
@@ -288,8 +288,61 @@ def test_float32_accumulation_save_load_and_the_points_kept_fixed(tmp_path):
     assert loaded.prior_precision == laplace.prior_precision
     np.testing.assert_allclose(loaded.predict(x), laplace.predict(x))
     assert loaded.log_marginal_likelihood() == pytest.approx(laplace.log_marginal_likelihood())
-    with pytest.raises(NotImplementedError, match="save"):
-        laplace.to_model()
+
+
+@pytest.mark.parametrize(
+    "name, structure, likelihood",
+    [
+        ("mlp", "kron", "classification"),
+        ("conv2d", "diag", "classification"),
+        ("conv1d", "kron", "regression"),  # a dense layer over 7 locations: J = sum_t a_t (x) g_t
+        ("shared", "diag", "regression"),  # a layer called twice, in a subclassed model
+    ],
+)
+def test_saved_model_is_the_linearized_predictive(tmp_path, name, structure, likelihood):
+    make, shape = _MODELS[name]
+    x, labels = _data(shape, 12)
+    y = labels if likelihood == "classification" else np.random.default_rng(3).normal(size=(12, 3))
+    laplace = AllWeightsLaplace(make(), likelihood, structure, prior_precision=0.7, sigma_noise=0.8)
+    laplace.fit((x, y), batch_size=5)
+    x_new, _ = _data(shape, 4, seed=7)
+    # The GLM predictive from the explicit block precisions and autodiff Jacobians.
+    jac = _jacobians(laplace, x_new)
+    cov = sum(
+        np.einsum("nkp,pq,nlq->nkl", jac[:, :, sl], np.linalg.inv(p), jac[:, :, sl])
+        for sl, p in zip(_block_slices(laplace), _explicit_precision_blocks(laplace), strict=True)
+    )
+    f = np.asarray(laplace.model(x_new), np.float64)
+    variance = np.diagonal(cov, axis1=1, axis2=2)
+    if likelihood == "classification":
+        expected = [softmax(f / np.sqrt(1 + math.pi / 8 * variance), -1)]
+    else:
+        expected = [f, np.sqrt(variance + 0.8**2)]
+
+    def check(predictive):
+        outputs = predictive.predict(x_new, verbose=0)
+        outputs = [outputs] if likelihood == "classification" else outputs
+        for got, want in zip(outputs, expected, strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-7)
+
+    predictive = laplace.to_model()
+    assert isinstance(predictive, AllWeightsLaplacePredictive)
+    check(predictive)
+    laplace.model.trainable = False  # the Jacobians still reach frozen layers
+    check(laplace.to_model())
+    if name == "shared":
+        return  # the subclassed model has no config to save
+    path = str(tmp_path / "laplace.keras")
+    predictive.save(path)
+    restored = keras.models.load_model(path)
+    check(restored)
+    again = AllWeightsLaplace.from_model(restored)
+    assert again.log_marginal_likelihood() == pytest.approx(laplace.log_marginal_likelihood())
+    assert again.optimize_prior_precision() == pytest.approx(laplace.optimize_prior_precision())
+    with pytest.raises(ValueError, match="link_approx='probit'"):
+        laplace.to_model(link_approx="mc")
+    with pytest.raises(TypeError, match="to_model"):
+        AllWeightsLaplace.from_model(laplace.model)
 
 
 def test_errors_name_the_layer():
