@@ -90,12 +90,9 @@ class _Block:
         if self.has_bias:
             self.layer.bias.assign(theta[-1].astype(self.layer.bias.dtype))
 
-    def unfold(self, inputs):
-        """`a [n, T, P (+1)]`: the inputs each output location sees, in the kernel's order."""
-        return np.asarray(self.unfold_tensor(inputs, tf.float64).numpy())
-
-    def unfold_tensor(self, inputs, dtype):
-        """`unfold` as a tensor of `dtype`."""
+    def unfold(self, inputs, dtype):
+        """`a [n, T, P (+1)]` of `dtype`: the inputs each output location sees, in the
+        kernel's order."""
         x = tf.convert_to_tensor(inputs)
         if self.rank == 0:
             a = tf.reshape(x, [tf.shape(x)[0], -1, x.shape[-1]])
@@ -149,6 +146,45 @@ def _recording(blocks, watch):
         for layer, activation in saved:
             del layer.__dict__["call"]
             layer.activation = activation
+
+
+def _jacobian_pass(model, blocks, last, x, dtype):
+    """One forward pass of `model` on `x`: its output, the last layer's pre-activations `f`
+    and, per block, the unfolded inputs `a [n, T, P (+1)]` and output Jacobians
+    `g [n, K, T, C]` of `dtype` (calls of a shared layer stacked along `T`)."""
+    # Under an outer scope: a traced call of a model named `_...` is not a valid root scope.
+    with tf.GradientTape(persistent=True) as tape, _recording(blocks, tape.watch) as records:
+        with tf.name_scope("laplace"):
+            output = model(x, training=False)
+    if not records[id(last)]:
+        raise ValueError(
+            f"AllWeightsLaplace: the last layer {last.name!r} was not called by the model's "
+            "forward pass."
+        )
+    logits = records[id(last)][-1]["s"]
+    n, k = tf.shape(logits)[0], logits.shape[-1]
+    parts = []
+    for block in blocks:
+        calls = records[id(block.layer)]
+        if not calls:
+            raise ValueError(
+                f"AllWeightsLaplace: layer {block.layer.name!r} is not used by the model's "
+                "forward pass; pass exclude=[its name]."
+            )
+        a = tf.concat([block.unfold(c["a"], dtype) for c in calls], 1)
+        g = tf.concat(
+            [
+                tf.reshape(
+                    tf.cast(tape.batch_jacobian(logits, c["s"]), dtype),
+                    [n, k, -1, c["s"].shape[-1]],
+                )
+                for c in calls
+            ],
+            2,
+        )
+        parts.append((a, g))
+    del tape
+    return output, logits, parts
 
 
 class AllWeightsLaplace(_LaplaceBase):
@@ -215,19 +251,14 @@ class AllWeightsLaplace(_LaplaceBase):
 
     def _forward(self, x):
         """`f [n, K]` (the logits or means) and, per block, `a [n, T, P]` and the output
-        Jacobian `g [n, K, T, C]` (calls of a shared layer stacked along `T`)."""
-        with (
-            tf.GradientTape(persistent=True) as tape,
-            _recording(self.blocks, tape.watch) as records,
-        ):
-            output = self.model(x, training=False)
-        last_calls = records[id(self.last)]
-        if not last_calls:
-            raise ValueError(
-                f"AllWeightsLaplace: the last layer {self.last.name!r} was not called by the "
-                "model's forward pass."
+        Jacobian `g [n, K, T, C]` (calls of a shared layer stacked along `T`), as NumPy."""
+        if getattr(self, "_traced", None) is None:
+            # One traced pass for every batch: eager batch_jacobian would retrace each call.
+            self._traced = tf.function(
+                lambda x: _jacobian_pass(self.model, self.blocks, self.last, x, self.dtype.name),
+                reduce_retracing=True,
             )
-        logits = last_calls[-1]["s"]
+        output, logits, parts = self._traced(tf.nest.map_structure(tf.convert_to_tensor, x))
         if not self._output_checked:
             if (
                 len(logits.shape) != 2
@@ -241,25 +272,7 @@ class AllWeightsLaplace(_LaplaceBase):
                     "layer last)."
                 )
             self._output_checked = True
-        parts = []
-        for block in self.blocks:
-            calls = records[id(block.layer)]
-            if not calls:
-                raise ValueError(
-                    f"AllWeightsLaplace: layer {block.layer.name!r} is not used by the model's "
-                    "forward pass; pass exclude=[its name]."
-                )
-            a = np.concatenate([block.unfold(c["a"]) for c in calls], 1)
-            g = []
-            for c in calls:
-                jacobian = tape.batch_jacobian(logits, c["s"])
-                g.append(
-                    np.asarray(jacobian.numpy(), self.dtype).reshape(
-                        len(a), logits.shape[1], -1, c["s"].shape[-1]
-                    )
-                )
-            parts.append((a.astype(self.dtype), np.concatenate(g, 2)))
-        del tape
+        parts = [(a.numpy(), g.numpy()) for a, g in parts]
         return np.asarray(logits.numpy(), np.float64), parts
 
     def fit(self, data, batch_size=256, progress=False):
@@ -637,32 +650,15 @@ class AllWeightsLaplacePredictive(keras.Model):
         return {name: getattr(self, name) for name in _SCALARS}
 
     def call(self, inputs):
-        with (
-            tf.GradientTape(persistent=True) as tape,
-            _recording(self._blocks, tape.watch) as records,
-        ):
-            self.network(inputs, training=False)
-        logits = records[id(self._last)][-1]["s"]
-        n, k = tf.shape(logits)[0], logits.shape[-1]
+        _, logits, parts = _jacobian_pass(self.network, self._blocks, self._last, inputs, "float64")
+        k = logits.shape[-1]
         scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
-        cov = tf.zeros([n, k, k], tf.float64)
-        for block, variables in zip(self._blocks, self._variables, strict=True):
-            calls = records[id(block.layer)]
-            a = tf.concat([block.unfold_tensor(c["a"], tf.float64) for c in calls], 1)
-            g = tf.concat(
-                [
-                    tf.reshape(
-                        tf.cast(tape.batch_jacobian(logits, c["s"]), tf.float64),
-                        [n, k, -1, c["s"].shape[-1]],
-                    )
-                    for c in calls
-                ],
-                2,
-            )
+        cov = tf.zeros([tf.shape(logits)[0], k, k], tf.float64)
+        for (a, g), variables in zip(parts, self._variables, strict=True):
             state = {key: tf.convert_to_tensor(v) for key, v in variables.items()}
             inverse = 1.0 / tf.reshape(
                 precision_eigenvalues(
-                    tf.experimental.numpy,
+                    keras.ops,
                     self.hessian_structure,
                     state,
                     self.prior_precision,
@@ -680,7 +676,6 @@ class AllWeightsLaplacePredictive(keras.Model):
             else:
                 jacobian = tf.einsum("nti,nkto->nkio", a, g)
                 cov += tf.einsum("nkio,nlio,io->nkl", jacobian, jacobian, inverse)
-        del tape
         return probit_or_gaussian(
             keras.ops, self.likelihood, tf.cast(logits, tf.float64), cov, self.sigma_noise
         )
