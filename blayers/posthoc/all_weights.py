@@ -153,9 +153,12 @@ def _jacobian_pass(model, blocks, last, x, dtype):
     and, per block, the unfolded inputs `a [n, T, P (+1)]` and output Jacobians
     `g [n, K, T, C]` of `dtype` (calls of a shared layer stacked along `T`)."""
     # Under an outer scope: a traced call of a model named `_...` is not a valid root scope.
-    with tf.GradientTape(persistent=True) as tape, _recording(blocks, tape.watch) as records:
-        with tf.name_scope("laplace"):
-            output = model(x, training=False)
+    with (
+        tf.GradientTape(persistent=True) as tape,
+        _recording(blocks, tape.watch) as records,
+        tf.name_scope("laplace"),
+    ):
+        output = model(x, training=False)
     if not records[id(last)]:
         raise ValueError(
             f"AllWeightsLaplace: the last layer {last.name!r} was not called by the model's "
