@@ -438,9 +438,6 @@ class AllWeightsLaplace(_LaplaceBase):
     # ----------------------------------------------------------------------------------------
     # Saving.
 
-    def _scalars(self):
-        return {name: getattr(self, name) for name in _SCALARS}
-
     def save(self, path):
         """Writes the fitted posterior to an `.npz` file, read back over the same trained model
         by `load` (`to_model` makes one `.keras` file of the network and its posterior)."""
@@ -454,7 +451,7 @@ class AllWeightsLaplace(_LaplaceBase):
             path,
             **arrays,
             names=np.array([block.layer.name for block in self.blocks]),
-            scalars=np.array(list(self._scalars().values())),
+            scalars=np.array(list(_scalars(self).values())),
             likelihood=np.array(self.likelihood),
             structure=np.array(self.structure),
         )
@@ -512,7 +509,7 @@ class AllWeightsLaplace(_LaplaceBase):
             likelihood=self.likelihood,
             hessian_structure=self.structure,
             layer_names=[block.layer.name for block in self.blocks],
-            **self._scalars(),
+            **_scalars(self),
             name=f"{self.model.name.lstrip('_')}_laplace",  # a scope name cannot start with _
         )
         predictive.set_state(self._states)
@@ -539,6 +536,13 @@ class AllWeightsLaplace(_LaplaceBase):
 
 
 _SCALARS = ("prior_precision", "sigma_noise", "num_data", "log_likelihood_sum", "sse")
+
+
+def _scalars(posterior):
+    """What a saved posterior keeps besides its arrays, by name."""
+    return {name: getattr(posterior, name) for name in _SCALARS}
+
+
 _STATE_KEYS = {
     "kron": ("values_a", "vectors_a", "values_g", "vectors_g"),
     "diag": ("diag_h",),
@@ -650,7 +654,7 @@ class AllWeightsLaplacePredictive(keras.Model):
 
     def scalars(self):
         """The prior precision, noise and the fit's statistics."""
-        return {name: getattr(self, name) for name in _SCALARS}
+        return _scalars(self)
 
     def call(self, inputs):
         _, logits, parts = _jacobian_pass(self.network, self._blocks, self._last, inputs, "float64")
