@@ -190,6 +190,27 @@ def _jacobian_pass(model, blocks, last, x, dtype):
     return output, logits, parts
 
 
+def _eigenbasis_parts(ops, structure, state, a, g):
+    """A block's Jacobian in the posterior's eigenbasis, from `a [n, T, P]` and
+    `g [n, K, T, C]`: `(a, g)` apart for a layer seen once per example (`J = a (x) g`, never
+    formed), else `(J [n, K, P, C],)`; `ops` NumPy or `keras.ops`."""
+    if structure == "kron":
+        a = ops.matmul(a, state["vectors_a"])
+        g = ops.matmul(g, state["vectors_g"])
+    if a.shape[1] == 1:
+        return a[:, 0], g[:, :, 0]
+    return (ops.einsum("nti,nkto->nkio", a, g),)
+
+
+def _block_covariance(ops, parts, inverse):
+    """One block's `J P^-1 J^T [n, K, K]` from `_eigenbasis_parts`, with `inverse [P, C]` the
+    precision's inverse eigenvalues."""
+    if len(parts) == 2:
+        a, g = parts
+        return ops.einsum("nko,no,nlo->nkl", g, ops.matmul(ops.square(a), inverse), g)
+    return ops.einsum("nkio,nlio,io->nkl", parts[0], parts[0], inverse)
+
+
 class AllWeightsLaplace(_LaplaceBase):
     """A Laplace approximation over the weights of every dense and convolutional layer.
 
@@ -353,13 +374,7 @@ class AllWeightsLaplace(_LaplaceBase):
             f, parts = self._forward(batch)
             fs.append(f)
             for i, (a, g) in enumerate(parts):
-                if self.structure == "kron":
-                    a = a @ self._states[i]["vectors_a"]
-                    g = g @ self._states[i]["vectors_g"]
-                if a.shape[1] == 1:
-                    blocks[i].append((a[:, 0], g[:, :, 0]))
-                else:
-                    blocks[i].append((np.einsum("nti,nkto->nkio", a, g),))
+                blocks[i].append(_eigenbasis_parts(np, self.structure, self._states[i], a, g))
         merged = [tuple(np.concatenate(arrays) for arrays in zip(*parts)) for parts in blocks]
         return np.concatenate(fs), merged
 
@@ -368,12 +383,7 @@ class AllWeightsLaplace(_LaplaceBase):
         inverses = self._block_eigenvalues(self.prior_precision, self.sigma_noise)
         cov = np.zeros((*f.shape, f.shape[1]))
         for parts, eigenvalues in zip(blocks, inverses, strict=True):
-            inverse = 1.0 / eigenvalues
-            if len(parts) == 2:
-                a, g = parts
-                cov += np.einsum("nko,no,nlo->nkl", g, np.square(a) @ inverse, g)
-            else:
-                cov += np.einsum("nkio,nlio,io->nkl", parts[0], parts[0], inverse)
+            cov += _block_covariance(np, parts, 1.0 / eigenvalues)
         return f, cov
 
     # ----------------------------------------------------------------------------------------
@@ -657,11 +667,13 @@ class AllWeightsLaplacePredictive(keras.Model):
         return _scalars(self)
 
     def call(self, inputs):
-        _, logits, parts = _jacobian_pass(self.network, self._blocks, self._last, inputs, "float64")
+        _, logits, blocks = _jacobian_pass(
+            self.network, self._blocks, self._last, inputs, "float64"
+        )
         k = logits.shape[-1]
         scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
         cov = tf.zeros([tf.shape(logits)[0], k, k], tf.float64)
-        for (a, g), variables in zip(parts, self._variables, strict=True):
+        for (a, g), variables in zip(blocks, self._variables, strict=True):
             state = {key: tf.convert_to_tensor(v) for key, v in variables.items()}
             inverse = 1.0 / tf.reshape(
                 precision_eigenvalues(
@@ -673,16 +685,8 @@ class AllWeightsLaplacePredictive(keras.Model):
                 ),
                 [a.shape[-1], g.shape[-1]],
             )
-            if self.hessian_structure == "kron":
-                a = tf.einsum("nti,ij->ntj", a, state["vectors_a"])
-                g = tf.einsum("nkto,op->nktp", g, state["vectors_g"])
-            if a.shape[1] == 1:  # J = a (x) g: never formed
-                cov += tf.einsum(
-                    "nko,no,nlo->nkl", g[:, :, 0], tf.square(a[:, 0]) @ inverse, g[:, :, 0]
-                )
-            else:
-                jacobian = tf.einsum("nti,nkto->nkio", a, g)
-                cov += tf.einsum("nkio,nlio,io->nkl", jacobian, jacobian, inverse)
+            parts = _eigenbasis_parts(keras.ops, self.hessian_structure, state, a, g)
+            cov += _block_covariance(keras.ops, parts, inverse)
         return probit_or_gaussian(
             keras.ops, self.likelihood, tf.cast(logits, tf.float64), cov, self.sigma_noise
         )

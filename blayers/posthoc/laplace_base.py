@@ -3,6 +3,7 @@ evidence and its optimum over the prior precision (and noise), and the predictiv
 Gaussian over the outputs. `Laplace` (last layer) and `AllWeightsLaplace` build on it."""
 
 import math
+import types
 
 import numpy as np
 import scipy.optimize
@@ -14,6 +15,8 @@ from blayers.posthoc.batches import arrays
 __all__ = ["precision_eigenvalues", "probit_or_gaussian"]
 
 _LIKELIHOODS = ("classification", "regression")
+# The operations `probit_or_gaussian` needs, in NumPy (the saved predictives pass `keras.ops`).
+_NUMPY = types.SimpleNamespace(diagonal=np.diagonal, sqrt=np.sqrt, softmax=softmax)
 _STRUCTURES = ("full", "kron", "diag")
 
 
@@ -170,12 +173,8 @@ class _LaplaceBase:
 
     def _predictive(self, cache, link_approx="probit", num_samples=100, seed=0):
         f, cov = self._moments(cache)
-        if self.likelihood == "regression":
-            variance = np.diagonal(cov, axis1=1, axis2=2) + self.sigma_noise**2
-            return f, np.sqrt(variance)
-        if link_approx == "probit":
-            kappa = 1.0 / np.sqrt(1.0 + math.pi / 8.0 * np.diagonal(cov, axis1=1, axis2=2))
-            return softmax(f * kappa, -1)
+        if self.likelihood == "regression" or link_approx == "probit":
+            return probit_or_gaussian(_NUMPY, self.likelihood, f, cov, self.sigma_noise)
         if link_approx == "mc":
             rng = np.random.default_rng(seed)
             chol = np.linalg.cholesky(cov + 1e-10 * np.eye(cov.shape[-1]))
