@@ -32,6 +32,7 @@ __all__ = [
     "nlpd",
     "ood_auroc",
     "predictive_cdf",
+    "predictive_stddev_parts",
     "quantile_calibration",
     "regression_metrics",
     "reliability_bins",
@@ -187,6 +188,28 @@ def rmse(means, targets, scale=1.0):
     return float(scale * np.sqrt(np.mean(np.square(mean - targets))))
 
 
+def predictive_stddev_parts(means, stddevs, scale=1.0, function_variances=None):
+    """`(noise, function)`: the mixture predictive's variance split in its two parts, each as
+    the root of its mean over examples (and target dimensions), in original units. `noise^2`
+    is the data noise the model predicts (aleatoric), `mean E_s[stddevs_s^2]`; `function^2`
+    the function's spread (epistemic), `mean Var_s[means_s]`, the regression counterpart of
+    `mutual_information`. Their squares sum to the mean predictive variance
+    (`mixture_moments`); a noise wider than the RMSE means an over-wide predictive.
+
+    `function_variances` (same shape as `stddevs`): where a draw's `stddevs^2` already holds
+    a function variance in closed form (a GP's marginal), that part moves to `function`.
+    """
+    means, stddevs = np.asarray(means, np.float64), np.asarray(stddevs, np.float64)
+    noise, function = np.square(stddevs), np.var(means, axis=0)
+    if function_variances is not None:
+        closed_form = np.asarray(function_variances, np.float64)
+        noise, function = noise - closed_form, function + closed_form.mean(0)
+    return (
+        float(scale * np.sqrt(max(np.mean(noise), 0.0))),
+        float(scale * np.sqrt(np.mean(function))),
+    )
+
+
 def nlpd(means, stddevs, targets, scale=1.0):
     """Negative log predictive density per example (and per target dimension summed) of the
     mixture `1/S sum_s N(y; m_s, s_s^2)`, in the original units (`+ log scale` per dim)."""
@@ -257,12 +280,18 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
     return result
 
 
-def regression_metrics(means, stddevs, targets, scale=1.0):
-    """RMSE, NLPD, test log-likelihood (its negative) and 95% coverage of the Gaussian mixture
-    predictive `N(means[s], stddevs[s]^2)` over draws `s`, in original units."""
+def regression_metrics(means, stddevs, targets, scale=1.0, function_variances=None):
+    """RMSE, NLPD, test log-likelihood (its negative), 95% coverage, and the predictive's
+    noise and function standard deviations (`predictive_stddev_parts`, which takes
+    `function_variances`) of the Gaussian mixture predictive `N(means[s], stddevs[s]^2)` over
+    draws `s`, in original units."""
+    noise, function = predictive_stddev_parts(means, stddevs, scale, function_variances)
+    loss = nlpd(means, stddevs, targets, scale)
     return {
         "rmse": rmse(means, targets, scale),
-        "nlpd": nlpd(means, stddevs, targets, scale),
-        "test_log_likelihood": -nlpd(means, stddevs, targets, scale),
+        "nlpd": loss,
+        "test_log_likelihood": -loss,
         "coverage_95": coverage(means, stddevs, targets),
+        "noise_stddev": noise,
+        "function_stddev": function,
     }

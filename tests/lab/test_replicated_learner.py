@@ -21,6 +21,7 @@ from blayers.lab.models import (
     replicated_flipout_regressor,
     replicated_mc_dropout_regressor,
 )
+from blayers.layers.replicated import ReplicatedNoise
 
 
 def _data(split):
@@ -87,6 +88,16 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
     # (a model that learned nothing would match it).
     for replica, scores in zip(REPLICAS, summary["replicas"]):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
+    # The predictive's parts are scored: the function's spread (draws, or a GP's closed form)
+    # is positive, and the noise is the likelihood's (MC dropout's 1 / tau), in original units.
+    (noise,) = [layer for layer in group.model.layers if isinstance(layer, ReplicatedNoise)]
+    variances = noise.noise_variance.numpy()
+    for r, (replica, scores) in enumerate(zip(REPLICAS, summary["replicas"])):
+        assert scores["final"]["function_stddev"] > 0.0
+        expected = np.sqrt(variances[r]) * replica.data.target_scale
+        if model is _mc_dropout:
+            assert expected == pytest.approx(replica.hparams["tau"] ** -0.5, rel=1e-5)
+        assert scores["final"]["noise_stddev"] == pytest.approx(expected, rel=1e-4)
     weights = [v.numpy() for v in group.model.trainable_variables]
     # Every replica alone for MC dropout; for the others the middle one (its neighbours on
     # both sides share the group) keeps the suite short.

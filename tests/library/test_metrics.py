@@ -61,6 +61,19 @@ def test_regression_metrics_by_hand():
     # Mixture variances: example 0: 1 + 1 = 2 -> |0| within 1.96 sqrt(2); example 1:
     # 0.25 -> |1| > 1.96 * 0.5.
     assert metrics.coverage(means, stddevs, targets) == pytest.approx(0.5)
+    # Noise: mean of the stddevs' squares, (1 + 0.25) / 2; function: mean variance of the
+    # means over draws, (1 + 0) / 2; each times the scale, and together the mixture variance.
+    noise, function = metrics.predictive_stddev_parts(means, stddevs, scale=2.0)
+    assert noise == pytest.approx(2.0 * math.sqrt(0.625))
+    assert function == pytest.approx(2.0 * math.sqrt(0.5))
+    _, variance = metrics.mixture_moments(means, stddevs)
+    assert noise**2 + function**2 == pytest.approx(4.0 * np.mean(variance))
+    scores = metrics.regression_metrics(means, stddevs, targets, scale=2.0)
+    assert scores["noise_stddev"] == noise and scores["function_stddev"] == function
+    # A closed-form function variance inside the stddevs moves from the noise to the function.
+    closed = np.full_like(stddevs, 0.125)
+    moved = metrics.predictive_stddev_parts(means, stddevs, 2.0, function_variances=closed)
+    assert moved == pytest.approx((2.0 * math.sqrt(0.5), 2.0 * math.sqrt(0.625)))
 
 
 def test_adaptive_ece_uses_equal_mass_bins():

@@ -193,28 +193,36 @@ class ReplicatedLearner(KerasLearner):
 
     # -- evaluation and outputs ------------------------------------------------------------------
     def predictive(self, x_tests, num_samples):
-        """`(means, stddevs)`: per replica, `[S, n_r, 1]` draws of the predictive's components
-        in standardized units, for test inputs `x_tests[r] [n_r, D]` (padded to one size)."""
+        """`(means, stddevs, function_variances)`: per replica, `[S, n_r, 1]` draws of the
+        predictive's components in standardized units, for test inputs `x_tests[r] [n_r, D]`
+        (padded to one size); `stddevs^2` holds a GP's closed-form function variance
+        (`function_variances`, zeros for networks) besides the noise."""
         n = max(len(x) for x in x_tests)
         padded = np.stack([np.pad(x, ((0, n - len(x)), (0, 0))) for x in x_tests])
         # Draws stack as rows of one call where every row has its own noise (dropout masks);
         # Flipout's rows share a call's perturbation, so each of its draws is a call.
         independent = all(getattr(layer, "independent_rows", True) for layer in self.model.layers)
         chunk = max(1, self.eval_rows // (len(x_tests) * n)) if independent else 1
-        means, variances = [], []
+        means, variances, function_variances = [], [], []
         for start in range(0, num_samples, chunk):
             draws = min(chunk, num_samples - start)
             inputs = np.tile(padded, (1, draws, 1))  # [R, draws * n, D]
             outputs = self._predict_fn(tf.constant(inputs)).numpy().astype(np.float64)
             outputs = outputs.reshape(len(x_tests), draws, n, outputs.shape[-1])
             means.append(outputs[..., :1])
-            variance = np.exp(outputs[..., 1:2])
-            if outputs.shape[-1] == 3:  # a GP's function variance adds to the noise's
-                variance = variance + outputs[..., 2:3]
-            variances.append(variance)
-        means, variances = np.concatenate(means, 1), np.concatenate(variances, 1)
+            # A GP's function variance adds to the noise's.
+            function = outputs[..., 2:3] if outputs.shape[-1] == 3 else np.zeros_like(means[-1])
+            variances.append(np.exp(outputs[..., 1:2]) + function)
+            function_variances.append(function)
+        means, variances, function_variances = (
+            np.concatenate(parts, 1) for parts in (means, variances, function_variances)
+        )
         return [
-            (means[r, :, : len(x)], np.sqrt(variances[r, :, : len(x)]))
+            (
+                means[r, :, : len(x)],
+                np.sqrt(variances[r, :, : len(x)]),
+                function_variances[r, :, : len(x)],
+            )
             for r, x in enumerate(x_tests)
         ]
 
@@ -223,8 +231,10 @@ class ReplicatedLearner(KerasLearner):
         with self.training_streams_kept():
             draws = self.predictive([x for x, _ in self.tests], self.num_eval_samples)
         per_replica = []
-        for replica, (_, y), (means, stddevs) in zip(self.replicas, self.tests, draws):
-            scores = metrics_lib.regression_metrics(means, stddevs, y, replica.data.target_scale)
+        for replica, (_, y), (means, stddevs, function) in zip(self.replicas, self.tests, draws):
+            scores = metrics_lib.regression_metrics(
+                means, stddevs, y, replica.data.target_scale, function_variances=function
+            )
             per_replica.append({k: float(v) for k, v in scores.items()})
         metrics = {key: float(np.mean([m[key] for m in per_replica])) for key in per_replica[0]}
         return metrics, {"replicas": per_replica}
