@@ -593,6 +593,16 @@ def _replica_results(folder, results):
     return flat, keys
 
 
+def write_selected(folder, selected):
+    """Adds a grid search's choices (`{(dataset, split): (rate, tau)}`) to `folder`'s
+    `selected.json`, keeping the earlier calls' choices for other data sets and splits (as the
+    tables keep their rows)."""
+    path = os.path.join(folder, "selected.json")
+    choices = runs.files.read_json(path) or {}
+    choices.update({f"{d}_split{s}": list(p) for (d, s), p in selected.items()})
+    runs.files.write_json(path, choices)
+
+
 def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
     """`run_method` with each stage of each data set as one replicated run."""
     spec = METHODS[method]
@@ -604,8 +614,7 @@ def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel
     finished = list(results)  # every stage's runs, for the training time
     if spec.grid_search and not stopped:
         selected = select(*_replica_results(folder, results))
-        with open(os.path.join(folder, "selected.json"), "w") as f:
-            json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
+        write_selected(folder, selected)
         planned = plan_replicated(method, uci_dir, datasets, splits, epochs, selected=selected)
         results, stopped = sweep.run_experiment_grid(
             planned, folder, spec.replicated, params, parallel
@@ -632,8 +641,7 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
         if missing:
             print(f"{method}: no finished validation run for {missing}; not tested.")
         runs, keys = plan(method, uci_dir, datasets, splits, epochs, selected=selected)
-        with open(os.path.join(folder, "selected.json"), "w") as f:
-            json.dump({f"{d}_split{s}": list(p) for (d, s), p in selected.items()}, f, indent=1)
+        write_selected(folder, selected)
         results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
         finished += results
         dataset_of.update({name: key[0] for name, key in keys.items()})

@@ -389,6 +389,17 @@ def test_uci_table_says_at_or_above_within_one_standard_error(tmp_path):
     assert [duration_text(h) for h in (None, 20 / 3600, 0.5)] == ["", "20 s", "30 min"]
 
 
+def test_uci_grid_choices_keep_earlier_invocations_choices(tmp_path):
+    """`selected.json` gains each call's choices: a later call on another data set keeps the
+    earlier ones, and a split chosen again is replaced."""
+    from experiments import uci_regression
+
+    uci_regression.write_selected(tmp_path, {("energy", 0): (0.005, 0.75)})
+    uci_regression.write_selected(tmp_path, {("yacht", 0): (0.01, 0.5), ("energy", 0): (0.1, 0.25)})
+    selected = json.loads((tmp_path / "selected.json").read_text())
+    assert selected == {"energy_split0": [0.1, 0.25], "yacht_split0": [0.01, 0.5]}
+
+
 def test_uci_tables_keep_earlier_invocations_rows(tmp_path, toy_uci):
     """Methods and data sets run one call at a time end in one table: an earlier call's rows
     stay unless the same cell is trained again, and are compared with the published numbers
