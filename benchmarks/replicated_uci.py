@@ -29,7 +29,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
 import numpy as np
-from common import write_json
+from common import machine, write_json
 
 from blayers.lab import loop, runs
 from blayers.lab.data.base import Replica, standardized_regression
@@ -206,7 +206,7 @@ def main():
 
         with open(args.out) as f:
             previous = json.load(f)
-    result = {"machine": {"cpus": os.cpu_count()}, "rows": rows, "concrete_protocol": projection}
+    result = {"machine": machine(), "rows": rows, "concrete_protocol": projection}
     if not args.replicas:
         result = {**previous, "machine": result["machine"]}
     result["deep_gps"] = gp_rows or previous.get("deep_gps", [])

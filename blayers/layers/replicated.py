@@ -90,6 +90,35 @@ def _stateless(sampler, shape, seeds, t, dtype):
     return tf.stack([sampler(shape, seed=tf.stack([seed, t]), dtype=dtype) for seed in seeds])
 
 
+@tf.custom_gradient
+def explained_variances(scale, a):
+    """`[R, U, B]`: `||L_u^T a_b||^2 = a_b^T S_u a_b` with `S_u = L_u L_u^T`, for each
+    replica's `L_u` (`scale`, `[R, U, M, M]`) and column `a_b` of its `a` (`[R, M, B]`): the
+    variance a whitened sparse GP's `q(u)` explains.
+
+    Written out, its gradient costs two `U M^2 B` products where autodiff of `||L^T a||^2`
+    costs three: with `g` the upstream gradient, `dS_u = A diag(g_u) A^T`, `dL_u = 2 dS_u L_u`
+    and `da = 2 sum_u g_u S_u a`, which reuses the forward product `S_u a`. Each `U M^2 B`
+    product is one GEMM per replica, the units stacked as `[U M, M]` rows, rather than `R U`
+    broadcast ones: 1.5-2x faster on a CPU, where an inner layer's variances are most of a deep
+    GP's step.
+    """
+    r, u, m = tf.unstack(tf.shape(scale)[:3])
+    b = tf.shape(a)[-1]
+    covariance = tf.matmul(scale, scale, transpose_b=True)
+    product = tf.reshape(tf.matmul(tf.reshape(covariance, [r, u * m, m]), a), [r, u, m, b])
+    forms = tf.reduce_sum(product * a[:, None], 2)
+
+    def grad(upstream):
+        weighted = tf.reshape(a[:, None] * upstream[:, :, None, :], [r, u * m, b])  # A diag(g_u)
+        d_covariance = tf.reshape(tf.matmul(weighted, a, transpose_b=True), [r, u, m, m])
+        d_scale = 2.0 * tf.matmul(d_covariance, scale)
+        d_a = 2.0 * tf.reduce_sum(product * upstream[:, :, None, :], 1)
+        return d_scale, d_a
+
+    return forms, grad
+
+
 def _call_counter(layer):
     # Named like Keras' seed generators' state: checkpointed with them, kept out of evaluation.
     return layer.add_weight(
@@ -576,21 +605,35 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         )
         self.counter = _call_counter(self)
 
-    def variational_scale_tril(self):
-        """`[R, units, M, M]`: each `L`, lower-triangular with a softplus-positive diagonal."""
-        raw = tf.cast(self.variational_scale, tf.float64)
-        lower = tf.linalg.band_part(raw, -1, 0)
-        return tf.linalg.set_diag(lower, tf.nn.softplus(tf.linalg.diag_part(raw)))
+    def _masks(self, dtype):
+        """`(strictly lower, identity)` `[M, M]` masks: `L` from the raw scale by elementwise
+        ops alone (the diagonal ops' gradients cost more than the GP's products)."""
+        eye = tf.eye(self.num_inducing, dtype=dtype)
+        return tf.linalg.band_part(tf.ones_like(eye), -1, 0) - eye, eye
+
+    def variational_scale_tril(self, dtype=None):
+        """`[R, units, M, M]`: each `L`, lower-triangular with a softplus-positive diagonal, in
+        `dtype` (default the layer's)."""
+        raw = tf.cast(self.variational_scale, dtype or self.compute_dtype)
+        strictly_lower, eye = self._masks(raw.dtype)
+        diagonal = tf.nn.softplus(tf.reduce_sum(raw * eye, -1))
+        return raw * strictly_lower + diagonal[..., None] * eye
 
     def kl_divergence(self):
         """`[R]`: `sum_units KL[N(m, L L^T) || N(0, I)] = 1/2 (||L||_F^2 + ||m||^2 - M units)
-        - sum log diag L` per replica."""
-        scale = self.variational_scale_tril()
+        - sum log diag L` per replica (the diagonal's terms in float64)."""
+        raw = tf.convert_to_tensor(self.variational_scale)
+        strictly_lower, eye = self._masks(raw.dtype)
+        off_diagonal = tf.reduce_sum(tf.square(raw * strictly_lower), [1, 2, 3])
+        diagonal = tf.nn.softplus(tf.cast(tf.reduce_sum(raw * eye, -1), tf.float64))
         mean = tf.cast(self.variational_mean, tf.float64)
         m = float(self.num_inducing * self.units)
-        return 0.5 * (
-            tf.reduce_sum(tf.square(scale), [1, 2, 3]) + tf.reduce_sum(tf.square(mean), [1, 2]) - m
-        ) - tf.reduce_sum(tf.math.log(tf.linalg.diag_part(scale)), [1, 2])
+        squares = (
+            tf.cast(off_diagonal, tf.float64)
+            + tf.reduce_sum(tf.square(diagonal), [1, 2])
+            + tf.reduce_sum(tf.square(mean), [1, 2])
+        )
+        return 0.5 * (squares - m) - tf.reduce_sum(tf.math.log(diagonal), [1, 2])
 
     def _covariance(self, a, b):
         """`[R, n, m]`: each replica's `k(a, b)`, squared distances by one matmul in float64."""
@@ -620,9 +663,8 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         mean = tf.transpose(tf.matmul(self.variational_mean, a), [0, 2, 1])  # [R, B, U]
         if self.mean_fn == "linear":
             mean += tf.matmul(tf.cast(x, dtype), self.mean_kernel) + self.mean_bias[:, None, :]
-        scale = tf.cast(self.variational_scale_tril(), dtype)
-        projected = tf.matmul(scale, a[:, None], transpose_a=True)  # L^T A, [R, U, M, B]
-        explained = tf.transpose(tf.reduce_sum(tf.square(projected), 2), [0, 2, 1])
+        scale = self.variational_scale_tril(dtype)
+        explained = tf.transpose(explained_variances(scale, a), [0, 2, 1])
         variance = tf.cast(prior, dtype)[..., None] + explained
         return mean, tf.maximum(variance, 1e-12)
 

@@ -102,11 +102,16 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
     # Every replica alone for MC dropout; for the others the middle one (its neighbours on
     # both sides share the group) keeps the suite short.
     compared = range(len(REPLICAS)) if model is _mc_dropout else [1]
+    # The deep GP's inner q(u) scales have components whose gradients are near zero: Adam's
+    # normalized steps carry the float32 rounding of one replica's GEMMs against three's (they
+    # may sum in other orders) to about 1e-5 over 150 steps, where mixing replicas would move
+    # weights by up to the learning rate (1e-2) a step.
+    atol = 1e-4 if model is _dgp2 else 1e-6
     for r in compared:
         replica = REPLICAS[r]
         alone, _ = _run(tmp_path / replica.name, [replica], steps=steps, model=model)
         for together, lone in zip(weights, alone.model.trainable_variables):
-            np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(together[r : r + 1], lone.numpy(), rtol=1e-5, atol=atol)
         lone_summary = json.loads((tmp_path / replica.name / "metrics.json").read_text())
         for key, value in lone_summary["replicas"][0]["final"].items():
             assert summary["replicas"][r]["final"][key] == pytest.approx(value, rel=1e-4, abs=1e-5)
