@@ -207,9 +207,16 @@ def main():
         with open(args.out) as f:
             previous = json.load(f)
     result = {"machine": machine(), "rows": rows, "concrete_protocol": projection}
-    if not args.replicas:
-        result = {**previous, "machine": result["machine"]}
-    result["deep_gps"] = gp_rows or previous.get("deep_gps", [])
+    if not args.replicas:  # the MC dropout part, and the machine it ran on, as they were
+        result = {**previous}
+    # Each part keeps the machine it was measured on.
+    if gp_rows:
+        result.update(deep_gps=gp_rows, deep_gps_machine=machine())
+    else:
+        result.update(
+            deep_gps=previous.get("deep_gps", []),
+            deep_gps_machine=previous.get("deep_gps_machine", previous.get("machine")),
+        )
     write_json(result, args.out)
     if gp_rows:  # the docs' table
         lines = [
