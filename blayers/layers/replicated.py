@@ -24,6 +24,7 @@ import tensorflow as tf
 from blayers import constraints as constraints_lib
 from blayers.initializers import RHO_RANGE
 from blayers.layers.base import register
+from blayers.layers.gp.sparse import explained_variances
 
 __all__ = [
     "ReplicatedDense",
@@ -88,35 +89,6 @@ def _stateless(sampler, shape, seeds, t, dtype):
     """`[R, *shape]`: replica `r`'s slice drawn by `sampler` from the stateless seed
     `(seeds[r], t)`, so it is the same whichever replicas share the call."""
     return tf.stack([sampler(shape, seed=tf.stack([seed, t]), dtype=dtype) for seed in seeds])
-
-
-@tf.custom_gradient
-def explained_variances(scale, a):
-    """`[R, U, B]`: `||L_u^T a_b||^2 = a_b^T S_u a_b` with `S_u = L_u L_u^T`, for each
-    replica's `L_u` (`scale`, `[R, U, M, M]`) and column `a_b` of its `a` (`[R, M, B]`): the
-    variance a whitened sparse GP's `q(u)` explains.
-
-    Written out, its gradient costs two `U M^2 B` products where autodiff of `||L^T a||^2`
-    costs three: with `g` the upstream gradient, `dS_u = A diag(g_u) A^T`, `dL_u = 2 dS_u L_u`
-    and `da = 2 sum_u g_u S_u a`, which reuses the forward product `S_u a`. Each `U M^2 B`
-    product is one GEMM per replica, the units stacked as `[U M, M]` rows, rather than `R U`
-    broadcast ones: 1.5-2x faster on a CPU, where an inner layer's variances are most of a deep
-    GP's step.
-    """
-    r, u, m = tf.unstack(tf.shape(scale)[:3])
-    b = tf.shape(a)[-1]
-    covariance = tf.matmul(scale, scale, transpose_b=True)
-    product = tf.reshape(tf.matmul(tf.reshape(covariance, [r, u * m, m]), a), [r, u, m, b])
-    forms = tf.reduce_sum(product * a[:, None], 2)
-
-    def grad(upstream):
-        weighted = tf.reshape(a[:, None] * upstream[:, :, None, :], [r, u * m, b])  # A diag(g_u)
-        d_covariance = tf.reshape(tf.matmul(weighted, a, transpose_b=True), [r, u, m, m])
-        d_scale = 2.0 * tf.matmul(d_covariance, scale)
-        d_a = 2.0 * tf.reduce_sum(product * upstream[:, :, None, :], 1)
-        return d_scale, d_a
-
-    return forms, grad
 
 
 def _call_counter(layer):

@@ -426,3 +426,40 @@ def test_kmeans_inducing_inputs_start_at_cluster_centres(tmp_path):
     deep = deep_gp((2,), 1, depth=2, num_inducing=4, inducing_inputs_initializer="kmeans")
     tf.function(lambda v: deep(v, training=True).distribution.mean())(x)
     assert all(float(layer.kmeans_done) == 1.0 for layer in deep.layers[:2])
+
+
+def test_explained_variances_and_their_gradient_are_autodiff_s_of_l_transpose_a():
+    """`explained_variances` (its gradient written out) against autodiff of `||L^T a||^2`, for
+    general `L` (not only triangular), in float64; and a mean-field layer's variances against a
+    full one's with the same diagonal."""
+    from blayers.layers.gp.sparse import explained_variances
+
+    rng = np.random.default_rng(11)
+    scale = tf.constant(rng.normal(size=(2, 3, 5, 5)))
+    a = tf.constant(rng.normal(size=(2, 5, 7)))
+    upstream = tf.constant(rng.normal(size=(2, 3, 7)))
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch([scale, a])
+        mine = explained_variances(scale, a)
+        projected = tf.matmul(scale, a[:, None], transpose_a=True)
+        theirs = tf.reduce_sum(tf.square(projected), 2)
+        objectives = tf.reduce_sum(mine * upstream), tf.reduce_sum(theirs * upstream)
+    np.testing.assert_allclose(mine, theirs, rtol=1e-12)
+    for mine_grad, their_grad in zip(
+        tape.gradient(objectives[0], [scale, a]), tape.gradient(objectives[1], [scale, a])
+    ):
+        np.testing.assert_allclose(mine_grad, their_grad, rtol=1e-10, atol=1e-12)
+
+    x = rng.normal(size=(6, 2)).astype("float32")
+    full = SparseGaussianProcess(2, num_inducing=4, cholesky_dtype="float64")
+    diagonal = SparseGaussianProcess(
+        2, num_inducing=4, variational="mean_field", cholesky_dtype="float64"
+    )
+    full(x), diagonal(x)
+    diagonal.inducing_inputs.assign(full.inducing_inputs)
+    raw = rng.normal(size=(2, 4)).astype("float32")
+    diagonal.variational_scale.assign(raw)
+    full.variational_scale.assign(np.stack([np.diag(r) for r in raw]))
+    np.testing.assert_allclose(
+        diagonal.predict_marginals(x)[1], full.predict_marginals(x)[1], rtol=1e-6
+    )
