@@ -588,8 +588,12 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         `dtype` (default the layer's)."""
         raw = tf.cast(self.variational_scale, dtype or self.compute_dtype)
         strictly_lower, eye = self._masks(raw.dtype)
-        diagonal = tf.nn.softplus(tf.reduce_sum(raw * eye, -1))
-        return raw * strictly_lower + diagonal[..., None] * eye
+        return raw * strictly_lower + self._diagonal(raw, eye)[..., None] * eye
+
+    @staticmethod
+    def _diagonal(raw, eye, dtype=None):
+        """`[R, units, M]`: `L`'s softplus-positive diagonal from the raw scale, in `dtype`."""
+        return tf.nn.softplus(tf.cast(tf.reduce_sum(raw * eye, -1), dtype or raw.dtype))
 
     def kl_divergence(self):
         """`[R]`: `sum_units KL[N(m, L L^T) || N(0, I)] = 1/2 (||L||_F^2 + ||m||^2 - M units)
@@ -597,7 +601,7 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         raw = tf.convert_to_tensor(self.variational_scale)
         strictly_lower, eye = self._masks(raw.dtype)
         off_diagonal = tf.reduce_sum(tf.square(raw * strictly_lower), [1, 2, 3])
-        diagonal = tf.nn.softplus(tf.cast(tf.reduce_sum(raw * eye, -1), tf.float64))
+        diagonal = self._diagonal(raw, eye, tf.float64)
         mean = tf.cast(self.variational_mean, tf.float64)
         m = float(self.num_inducing * self.units)
         squares = (
