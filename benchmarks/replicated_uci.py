@@ -110,20 +110,24 @@ def single_rate(steps, log_every, rows=ROWS):
 GP_STEPS = 20_000
 
 
-def gp_rates(depth, replicas, steps, log_every):
-    """`(replicated steps/s with `replicas` splits, one deep_gp run's steps/s)` at concrete's
-    final shape, full batches, float32 Adam 0.01 (as `configs/deep_gp_uci*.gin`)."""
-    datasets = [_data(i, FINAL_ROWS) for i in range(replicas)]
-    members = [Replica(f"split{i}", d, seed=0) for i, d in enumerate(datasets)]
-    replicated = ReplicatedLearner(
+def replicated_gp_learner(depth, replicas):
+    """`replicated_deep_gp` of `depth` layers on `replicas` synthetic splits of concrete's
+    final shape, full batches, float32 Adam 0.01 (as `configs/deep_gp_uci_replicated.gin`)."""
+    members = [Replica(f"split{i}", _data(i, FINAL_ROWS), seed=0) for i in range(replicas)]
+    return ReplicatedLearner(
         replicas=members,
         model=lambda dim, reps: replicated_deep_gp(dim, reps, depth=depth),
         optimizer=lambda: keras.optimizers.Adam(1e-2),
         batch_size=FINAL_ROWS,
         num_eval_samples=1,
     )
+
+
+def gp_rates(depth, replicas, steps, log_every):
+    """`(replicated steps/s with `replicas` splits, one deep_gp run's steps/s)` at concrete's
+    final shape, full batches, float32 Adam 0.01 (as `configs/deep_gp_uci*.gin`)."""
     single = SupervisedLearner(
-        data=datasets[0],
+        data=_data(0, FINAL_ROWS),
         model=lambda shape, outputs: deep_gp(
             shape, outputs, depth=depth, inducing_inputs_initializer="kmeans", noise_variance=0.05
         ),
@@ -131,7 +135,8 @@ def gp_rates(depth, replicas, steps, log_every):
         batch_size=FINAL_ROWS,
         num_eval_samples=1,
     )
-    return _rate(replicated, steps, log_every), _rate(single, steps, log_every)
+    together = _rate(replicated_gp_learner(depth, replicas), steps, log_every)
+    return together, _rate(single, steps, log_every)
 
 
 def mc_dropout_part(args):

@@ -11,6 +11,11 @@ Nothing outlives the sweep: each trainer gets the parent-death signal SIGTERM (L
 `prctl(PR_SET_PDEATHSIG)`), so `kill -9` of the sweep stops its trainers, which checkpoint on
 SIGTERM; Ctrl-C or SIGTERM of the sweep forwards SIGTERM to every running trainer and waits
 for their checkpoints.
+
+Trainers that share the machine share its cores: with `--parallel=N` each gets TensorFlow
+thread pools of `cores // N` threads (at least one; `TF_NUM_INTRAOP_THREADS` and
+`TF_NUM_INTEROP_THREADS`, unless you set them), not pools the size of the machine each, whose
+threads would contend for the same cores (`benchmarks/sweep_threads.py`).
 """
 
 import ctypes
@@ -22,7 +27,9 @@ import time
 
 from launch.results import finished, stopped_status, write_hparams
 
-__all__ = ["die_with_parent", "run_grid", "trainer_command"]
+__all__ = ["THREAD_VARIABLES", "die_with_parent", "run_grid", "trainer_command", "trainer_env"]
+
+THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
 
 def die_with_parent():
@@ -32,6 +39,28 @@ def die_with_parent():
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:  # not Linux: Ctrl-C and SIGTERM of the sweep still stop the children
         pass
+
+
+def available_cpus():
+    """The cores this process may run on (its affinity where the platform reports one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def trainer_env(parallel, cpus=None, environ=None):
+    """A trainer's environment when `parallel` run at a time on `cpus` cores (default: this
+    process's): TensorFlow's intra- and inter-op pools of `max(1, cpus // parallel)` threads,
+    unless `environ` (default `os.environ`) sets them. One run at a time keeps TensorFlow's
+    defaults (every core)."""
+    env = dict(os.environ if environ is None else environ)
+    if parallel is None or parallel < 2:
+        return env
+    threads = str(max(1, (cpus or available_cpus()) // parallel))
+    for name in THREAD_VARIABLES:
+        env.setdefault(name, threads)
+    return env
 
 
 def trainer_command(model_dir, bindings, args):
@@ -62,7 +91,7 @@ class _Run:
         if done:
             self.result = (run_name, bindings, "skipped (finished)", done["final"])
 
-    def start(self, args):
+    def start(self, args, env=None):
         os.makedirs(self.model_dir, exist_ok=True)
         command = trainer_command(self.model_dir, self.bindings, args)
         log = open(os.path.join(self.model_dir, "log.txt"), "a")  # noqa: SIM115 - child holds it
@@ -72,6 +101,7 @@ class _Run:
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=env,
             preexec_fn=die_with_parent,  # noqa: PLW1509 - the sweep starts no threads
         )
         log.close()
@@ -120,8 +150,11 @@ def run_grid(planned, args):
     true when a Ctrl-C or SIGTERM stopped (and checkpointed) the runs."""
     runs = [_Run(name, bindings, args) for name, bindings in planned]
     os.makedirs(args.root, exist_ok=True)
-    print(f"Sweep of {len(runs)} run(s) under {args.root}, {args.parallel} at a time.")
     pending = [r for r in runs if r.result is None]
+    at_once = min(max(args.parallel, 1), max(len(pending), 1))  # a lone run keeps every core
+    env = trainer_env(at_once)
+    share = f" ({env[THREAD_VARIABLES[0]]} TensorFlow thread(s) each)" if at_once > 1 else ""
+    print(f"Sweep of {len(runs)} run(s) under {args.root}, {args.parallel} at a time{share}.")
     for run_ in runs:
         if run_.result is not None:
             print(f"  {run_.name}: {run_.result[2]}", flush=True)
@@ -130,7 +163,7 @@ def run_grid(planned, args):
         while pending or running:
             while pending and len(running) < max(args.parallel, 1) and not stop.requested:
                 run_ = pending.pop(0)
-                run_.start(args)
+                run_.start(args, env)
                 running.append(run_)
             if stop.requested and running and not getattr(stop, "forwarded", False):
                 print("Stopping: SIGTERM to every running trainer (they checkpoint).", flush=True)

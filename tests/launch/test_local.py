@@ -1,0 +1,49 @@
+"""The local backend's trainers share the machine's cores: `--parallel=N` gives each TensorFlow
+pools of `cores // N` threads (the variables TensorFlow reads at start-up), and a lone run, or
+a variable the user set, is left alone."""
+
+import argparse
+import sys
+
+import pytest
+
+from launch import local
+
+CHILD = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get(sys.argv[2], 'unset'))"
+
+
+@pytest.mark.parametrize(
+    "parallel,cpus,expected",
+    [(1, 2, None), (2, 2, "1"), (2, 16, "8"), (3, 8, "2"), (4, 2, "1"), (0, 2, None)],
+)
+def test_trainer_env_gives_each_run_its_share_of_the_cores(parallel, cpus, expected):
+    env = local.trainer_env(parallel, cpus=cpus, environ={"PATH": "/bin"})
+    assert env["PATH"] == "/bin"
+    for name in local.THREAD_VARIABLES:
+        assert env.get(name) == expected
+
+
+def test_trainer_env_keeps_the_user_s_thread_settings():
+    env = local.trainer_env(2, cpus=8, environ={"TF_NUM_INTRAOP_THREADS": "3"})
+    assert env["TF_NUM_INTRAOP_THREADS"] == "3" and env["TF_NUM_INTEROP_THREADS"] == "4"
+
+
+@pytest.mark.parametrize("runs,parallel,share", [(2, 2, True), (1, 2, False), (2, 1, False)])
+def test_trainers_of_a_sweep_start_with_the_share(tmp_path, monkeypatch, runs, parallel, share):
+    """Each trainer (here a child that writes what it was given) sees the variable when runs
+    share the machine; a lone run, or one at a time, keeps TensorFlow's default."""
+    for name in local.THREAD_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(local, "available_cpus", lambda: 4)
+
+    def command(model_dir, bindings, args):
+        return [sys.executable, "-c", CHILD, f"{model_dir}/seen", local.THREAD_VARIABLES[0]]
+
+    monkeypatch.setattr(local, "trainer_command", command)
+    planned = [(f"run{i}", {"seed": str(i)}) for i in range(runs)]
+    args = argparse.Namespace(root=str(tmp_path), parallel=parallel)
+    rows, stopped = local.run_grid(planned, args)
+    assert not stopped and len(rows) == runs
+    for name, _ in planned:
+        seen = (tmp_path / name / "seen").read_text()
+        assert seen == ("2" if share else "unset")
