@@ -27,7 +27,14 @@ import time
 
 from launch.results import finished, stopped_status, write_hparams
 
-__all__ = ["THREAD_VARIABLES", "die_with_parent", "run_grid", "trainer_command", "trainer_env"]
+__all__ = [
+    "THREAD_VARIABLES",
+    "die_with_parent",
+    "run_grid",
+    "thread_env",
+    "trainer_command",
+    "trainer_env",
+]
 
 THREAD_VARIABLES = ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS")
 
@@ -49,18 +56,24 @@ def available_cpus():
         return os.cpu_count() or 1
 
 
+def thread_env(threads, environ=None):
+    """`environ` (default `os.environ`) with TensorFlow's intra- and inter-op pools of
+    `threads` threads, unless it sets them; `threads=None` leaves TensorFlow's defaults (every
+    core)."""
+    env = dict(os.environ if environ is None else environ)
+    if threads is not None:
+        for name in THREAD_VARIABLES:
+            env.setdefault(name, str(max(1, int(threads))))
+    return env
+
+
 def trainer_env(parallel, cpus=None, environ=None):
     """A trainer's environment when `parallel` run at a time on `cpus` cores (default: this
-    process's): TensorFlow's intra- and inter-op pools of `max(1, cpus // parallel)` threads,
-    unless `environ` (default `os.environ`) sets them. One run at a time keeps TensorFlow's
-    defaults (every core)."""
-    env = dict(os.environ if environ is None else environ)
+    process's): `thread_env` of `cpus // parallel` threads (at least one). One run at a time
+    keeps TensorFlow's defaults."""
     if parallel is None or parallel < 2:
-        return env
-    threads = str(max(1, (cpus or available_cpus()) // parallel))
-    for name in THREAD_VARIABLES:
-        env.setdefault(name, threads)
-    return env
+        return thread_env(None, environ)
+    return thread_env((cpus or available_cpus()) // parallel, environ)
 
 
 def trainer_command(model_dir, bindings, args):

@@ -8,7 +8,9 @@ A trial is one `python -m blayers.train` subprocess in its own `model_dir` under
 with the local backend, so the guarantees are the same: a failing run does not stop the others
 (its trial errors, the sweep goes on), the results table is the same, re-running skips
 finished runs (their trials return the saved metrics at once) and resumes interrupted ones from
-their checkpoints. While it trains, the trial follows the run's `history.jsonl` and reports
+their checkpoints. Each trainer's TensorFlow thread pools have `--cpus_per_run` threads (unless
+`TF_NUM_INTRAOP_THREADS` / `TF_NUM_INTEROP_THREADS` are set), so trials packed on a node do
+not contend for its cores. While it trains, the trial follows the run's `history.jsonl` and reports
 each record to Tune as `kind/key` (`eval/nll`, `train/loss`), which is what ASHA
 (`--scheduler=asha --metric=eval/nll --mode=min`) stops trials on.
 
@@ -106,7 +108,7 @@ def _trial(config):
     log.write(" ".join(command) + "\n")
     log.flush()
     cwd = spec["cwd"] if os.path.isdir(spec["cwd"]) else None
-    trainer = _Trainer(command, log, cwd)
+    trainer = _Trainer(command, log, cwd, local.thread_env(spec.get("threads")))
     log.close()
     history = RunDir(model_dir).file(RunDir.HISTORY)
     # A resumed run's earlier records were reported by its earlier trial: start after its last
@@ -147,12 +149,13 @@ class _Trainer:
     """The trial's trainer subprocess; `stop()` sends SIGTERM once (a second would kill it
     before its checkpoint) and waits while it checkpoints."""
 
-    def __init__(self, command, log, cwd):
+    def __init__(self, command, log, cwd, env=None):
         self.process = subprocess.Popen(
             command,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=cwd,
+            env=env,
             preexec_fn=_own_group_dying_with_parent,  # noqa: PLW1509 - the trial's thread waits
         )
         self.stopping = False
@@ -207,14 +210,9 @@ def _scheduler(args, tune):
     )
 
 
-def run_grid(planned, args):
-    """Runs `[(run_name, {binding: value text})]` as Tune trials; returns the local backend's
-    `([(run, bindings, status, final metrics)], stopped)`."""
-    ray, tune = require_ray()
-
-    root = os.path.abspath(args.root)
-    os.makedirs(root, exist_ok=True)
-    scheduler = _scheduler(args, tune)
+def trial_specs(planned, args, root, metric):
+    """Each run's trial: its name, bindings, folder and trainer command, and `threads`, the
+    trainer's TensorFlow pools (`--cpus_per_run`, not every core of the node)."""
     specs = []
     for name, bindings in planned:
         model_dir = os.path.join(root, name)
@@ -224,11 +222,24 @@ def run_grid(planned, args):
                 "bindings": bindings,
                 "model_dir": model_dir,
                 "command": local.trainer_command(model_dir, bindings, args),
+                "threads": max(1, int(args.cpus_per_run)),
                 "cwd": os.getcwd(),
                 "root": root,
-                "metric": args.metric if scheduler else None,
+                "metric": metric,
             }
         )
+    return specs
+
+
+def run_grid(planned, args):
+    """Runs `[(run_name, {binding: value text})]` as Tune trials; returns the local backend's
+    `([(run, bindings, status, final metrics)], stopped)`."""
+    ray, tune = require_ray()
+
+    root = os.path.abspath(args.root)
+    os.makedirs(root, exist_ok=True)
+    scheduler = _scheduler(args, tune)
+    specs = trial_specs(planned, args, root, args.metric if scheduler else None)
     print(f"Sweep of {len(specs)} run(s) under {root} on Ray ({args.address or 'local'}).")
     stop_file = os.path.join(root, STOP_FILE)
     if os.path.exists(stop_file):

@@ -154,7 +154,12 @@ def main(argv=None):
         help="Ray cluster: 'auto' (this node's cluster) or ray://host:10001; default starts a "
         "local Ray instance",
     )
-    parser.add_argument("--cpus_per_run", type=float, default=1, help="Ray resources per run")
+    parser.add_argument(
+        "--cpus_per_run",
+        type=float,
+        default=1,
+        help="Ray resources per run (also each trainer's TensorFlow threads)",
+    )
     parser.add_argument("--gpus_per_run", type=float, default=0, help="Ray resources per run")
     parser.add_argument(
         "--ray_num_cpus", type=int, default=None, help="CPUs of a local Ray instance (default all)"

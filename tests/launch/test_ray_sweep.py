@@ -2,6 +2,7 @@
 distributions; the Ray runs are slow tests, the parsing and the missing-extra error are not.
 Stopping a Ray sweep is tested with the local backend's stop test (`test_cli.py`)."""
 
+import argparse
 import json
 import math
 import os
@@ -13,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from launch import ray_backend, sweep
+from launch import local, ray_backend, sweep
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = [
@@ -22,6 +23,7 @@ SMOKE = [
     "--gin_param=SupervisedLearner.num_eval_samples = 2",
 ]
 RAY = ["--backend=ray", "--ray_num_cpus=2"]
+CHILD_ENV = "import os, sys; open(sys.argv[1], 'w').write(os.environ.get(sys.argv[2], 'unset'))"
 
 
 def _sweep(args, timeout=600):
@@ -87,6 +89,28 @@ def test_history_records_become_tune_metrics(tmp_path):
         f.write('ain", "step": 6, "loss": 1.0}\n')
     records, _ = _records(str(path), offset)
     assert [flatten_record(r) for r in records] == [{"step": 6, "train/loss": 1.0}]
+
+
+@pytest.mark.parametrize("cpus,threads", [(4, "4"), (0.5, "1")])
+def test_ray_trainers_get_tensorflow_threads_for_their_cpus(tmp_path, monkeypatch, cpus, threads):
+    """A trial's trainer starts with `--cpus_per_run` TensorFlow threads (packed trials would
+    otherwise each size their pools to the node); a variable the user set is kept."""
+    args = argparse.Namespace(
+        cpus_per_run=cpus, strategy=None, tpu=None, gin_file=["digits_mlp_smoke"], gin_param=[]
+    )
+    (spec,) = ray_backend.trial_specs([("run0", {"seed": "0"})], args, str(tmp_path), None)
+    assert spec["threads"] == max(1, int(cpus)) and "--gin_file=digits_mlp_smoke" in spec["command"]
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.setenv("TF_NUM_INTEROP_THREADS", "7")
+    seen = {}
+    for name in ("TF_NUM_INTRAOP_THREADS", "TF_NUM_INTEROP_THREADS"):
+        out = tmp_path / name
+        child = [sys.executable, "-c", CHILD_ENV, str(out), name]
+        with open(tmp_path / "log.txt", "a") as log:
+            trainer = ray_backend._Trainer(child, log, None, local.thread_env(spec["threads"]))
+        trainer.process.wait(timeout=60)
+        seen[name] = out.read_text()
+    assert seen == {"TF_NUM_INTRAOP_THREADS": threads, "TF_NUM_INTEROP_THREADS": "7"}
 
 
 @pytest.mark.slow
