@@ -28,10 +28,13 @@ of the epoch-based methods: `--epochs=1000` (both) or `--epochs=mc_dropout:1000,
 sweep's: finished runs are skipped, an interrupted run continues from its checkpoint. Writes
 `results.md`, `results.csv` and `results.json` in `--root` (each method's runs under
 `--root/<method>`); earlier calls' rows there stay, so methods and data sets run one call at a
-time end in one table.
+time end in one table, and a cell's splits trained a few a call (`--splits`, at one setting) end
+in one row.
 """
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import math
 import os
@@ -232,6 +235,30 @@ def parse_splits(text, count):
     return sorted(set(chosen))
 
 
+def splits_label(splits):
+    """`--splits` text of a list of splits, ranges joined: [0, 1, 2, 5] -> '0-2,5'."""
+    parts = []
+    for split in sorted(splits):
+        if parts and parts[-1][1] == split - 1:
+            parts[-1][1] = split
+        else:
+            parts.append([split, split])
+    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
+
+
+def replicated_run_name(dataset, splits, count):
+    """A data set's replicated run: `dataset` for all its `count` splits, `dataset_splits0-4`
+    for some, so that calls on different splits train different runs in one `--root`."""
+    if list(splits) == list(range(count)):
+        return dataset
+    return f"{dataset}_splits{splits_label(splits)}"
+
+
+def run_dataset(name):
+    """The data set of a replicated run's name (`validation/concrete_splits0-4`: concrete)."""
+    return re.sub(r"_splits[0-9,-]+$", "", name.split("/")[-1])
+
+
 def method_gin_params(gin_params, method):
     """The `--gin_param`s for `method`: unprefixed ones and those prefixed `method:`."""
     chosen = []
@@ -375,29 +402,47 @@ def train_seconds(folder, results, dataset_of):
 
 
 def summarize(method, results, keys, seconds=None):
-    """One row per data set from `method`'s finished test runs; `seconds` (`{dataset:
-    seconds}`, every stage's training) becomes the row's `train_hours`."""
+    """One row per data set from `method`'s finished test runs, each with its splits' scores
+    under `per_split`; `seconds` (`{dataset: seconds}`, every stage's training) is shared
+    equally by the data set's splits and summed into the row's `train_hours`."""
     groups = {}
     for name, _, status, final in results:
         if status.startswith(("finished", "skipped")):
-            groups.setdefault(keys[name][0], []).append(final)
+            dataset, split, _ = keys[name]
+            groups.setdefault(dataset, {})[str(split)] = {
+                "test_ll": final["test_log_likelihood"],
+                "rmse": final["rmse"],
+            }
     rows = []
-    for dataset, finals in groups.items():
-        ll = sweep.mean_se([f["test_log_likelihood"] for f in finals])
-        rmse = sweep.mean_se([f["rmse"] for f in finals])
-        row = {
-            "dataset": dataset,
-            "method": method,
-            "splits": len(finals),
-            "test_ll": ll[0],
-            "test_ll_se": ll[1],
-            "rmse": rmse[0],
-            "rmse_se": rmse[1],
-        }
+    for dataset, per_split in groups.items():
         if seconds and dataset in seconds:
-            row["train_hours"] = seconds[dataset] / 3600.0
-        rows.append(with_published(row))
+            for record in per_split.values():
+                record["train_seconds"] = seconds[dataset] / len(per_split)
+        rows.append(row_from_splits(dataset, method, per_split))
     return rows
+
+
+def row_from_splits(dataset, method, per_split, **fields):
+    """The table's row of `method` on `dataset` from its splits' scores (`{split: {"test_ll",
+    "rmse"[, "train_seconds"]}}`): mean +- standard error over the splits, the training hours
+    when every split has its seconds, and the published numbers."""
+    per_split = dict(sorted(per_split.items(), key=lambda item: int(item[0])))
+    ll = sweep.mean_se([s["test_ll"] for s in per_split.values()])
+    rmse = sweep.mean_se([s["rmse"] for s in per_split.values()])
+    row = {
+        "dataset": dataset,
+        "method": method,
+        "splits": len(per_split),
+        "test_ll": ll[0],
+        "test_ll_se": ll[1],
+        "rmse": rmse[0],
+        "rmse_se": rmse[1],
+        **fields,
+        "per_split": per_split,
+    }
+    if all("train_seconds" in s for s in per_split.values()):
+        row["train_hours"] = sum(s["train_seconds"] for s in per_split.values()) / 3600.0
+    return with_published(row)
 
 
 def with_published(row):
@@ -442,18 +487,42 @@ def earlier_rows(root):
 
 
 def merge_rows(rows, earlier):
-    """`rows`, then each row of `earlier` for a (method, data set) that `rows` lacks (a cell
-    trained again replaces its earlier row), sorted by data set then method."""
-    fresh = {(r["method"], r["dataset"]) for r in rows}
-    kept = [with_published(r) for r in earlier if (r["method"], r["dataset"]) not in fresh]
+    """`rows`, then each row of `earlier` for a (method, data set) that `rows` lacks, sorted by
+    data set then method. A cell in both accumulates its splits when both rows have them and
+    were trained with the same `setting` (a split trained again takes its new scores), so that a
+    cell can train a few splits a call (`--splits`); otherwise the new row replaces the old."""
+    earlier_by_cell = {(r["method"], r["dataset"]): r for r in earlier}
+    merged = []
+    for row in rows:
+        old = earlier_by_cell.pop((row["method"], row["dataset"]), None)
+        if old is None or "per_split" not in old or "per_split" not in row:
+            merged.append(row)
+        elif old.get("setting") != row.get("setting"):
+            print(
+                f"{row['method']} on {row['dataset']}: replaces the earlier row "
+                f"({old['splits']} splits, trained with {old.get('setting')}, not "
+                f"{row.get('setting')})."
+            )
+            merged.append(row)
+        else:
+            fields = {k: row[k] for k in ("of_splits", "setting") if k in row}
+            per_split = {**old["per_split"], **row["per_split"]}
+            merged.append(row_from_splits(row["dataset"], row["method"], per_split, **fields))
+    merged += [with_published(r) for r in earlier_by_cell.values()]
     order = list(METHODS)
     return sorted(
-        [*rows, *kept],
+        merged,
         key=lambda r: (
             r["dataset"],
             order.index(r["method"]) if r["method"] in order else len(order),
         ),
     )
+
+
+def _splits_text(row):
+    """The table's splits cell: their number, and of how many when the cell is partial."""
+    total = row.get("of_splits")
+    return f"{row['splits']} of {total}" if total and row["splits"] < total else row["splits"]
 
 
 def _fmt(value, se=None, splits=2):
@@ -489,7 +558,7 @@ def write_tables(rows, root):
             [
                 r["dataset"],
                 METHODS[r["method"]].label if r["method"] in METHODS else r["method"],
-                r["splits"],
+                _splits_text(r),
                 _fmt(r["test_ll"], r["test_ll_se"], r["splits"]),
                 _fmt(r.get("published_ll"), r.get("published_ll_se")),
                 "" if meets is None else ("yes" if meets else f"no ({r['published_ll_gap']:+.2f})"),
@@ -529,7 +598,9 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
     spec = METHODS[method]
     runs = []
     for dataset in datasets:
-        chosen_splits = parse_splits(splits, uci_num_splits(dataset, uci_dir))
+        count = uci_num_splits(dataset, uci_dir)
+        chosen_splits = parse_splits(splits, count)
+        name = replicated_run_name(dataset, chosen_splits, count)
         validation = spec.grid_search and selected is None
         bindings = {
             "uci_replicas.name": repr(dataset),
@@ -549,7 +620,7 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
             bindings["ReplicatedLearner.batch_size"] = str(min(FULL_BATCH, data.num_train))
         if not spec.grid_search:  # one stage: every split at the method's fixed setting
             bindings["uci_replicas.splits"] = repr(chosen_splits)
-            runs.append((dataset, bindings))
+            runs.append((name, bindings))
         elif validation:
             grid = [{"dropout_rate": p, "tau": t} for p, t in grid_pairs(method, dataset)]
             bindings.update(
@@ -560,7 +631,7 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
                     "ReplicatedLearner.num_eval_samples": str(GRID_EVAL_SAMPLES),
                 }
             )
-            runs.append((f"validation/{dataset}", bindings))
+            runs.append((f"validation/{name}", bindings))
         else:
             chosen = {
                 split: {
@@ -572,7 +643,7 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
             }
             if chosen:
                 bindings["uci_replicas.chosen"] = repr(chosen)
-                runs.append((dataset, bindings))
+                runs.append((name, bindings))
     return runs
 
 
@@ -583,7 +654,7 @@ def _replica_results(folder, results):
     for name, _, status, _ in results:
         if not status.startswith(("finished", "skipped")):
             continue
-        dataset = name.split("/")[-1]
+        dataset = run_dataset(name)
         for replica in runs.RunDir(os.path.join(folder, name)).metrics()["replicas"]:
             split = int(re.match(r"split(\d+)\[", replica["name"]).group(1))
             hparams = replica["hparams"]
@@ -598,9 +669,29 @@ def write_selected(folder, selected):
     `selected.json`, keeping the earlier calls' choices for other data sets and splits (as the
     tables keep their rows)."""
     path = os.path.join(folder, "selected.json")
-    choices = runs.files.read_json(path) or {}
-    choices.update({f"{d}_split{s}": list(p) for (d, s), p in selected.items()})
-    runs.files.write_json(path, choices)
+    with locked(path):
+        choices = runs.files.read_json(path) or {}
+        choices.update({f"{d}_split{s}": list(p) for (d, s), p in selected.items()})
+        runs.files.write_json(path, choices)
+
+
+@contextlib.contextmanager
+def locked(path):
+    """Holds an exclusive lock on `path` (a `.lock` file beside it) while a file that calls on
+    the same `--root` add to (the table, the grid's choices) is read, merged and rewritten."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    with open(f"{path}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def with_setting(rows, uci_dir, gin_params, epochs):
+    """`rows` with how they were trained (the method's `--gin_param`s and `--epochs`: calls on
+    other splits add to a row only at the same setting) and their data set's number of splits."""
+    for row in rows:
+        row["setting"] = {"gin_params": list(gin_params), "epochs": epochs}
+        row["of_splits"] = uci_num_splits(row["dataset"], uci_dir)
+    return rows
 
 
 def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
@@ -620,8 +711,9 @@ def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel
             planned, folder, spec.replicated, params, parallel
         )
         finished += results
-    seconds = train_seconds(folder, finished, lambda name: name.split("/")[-1])
-    return summarize(method, *_replica_results(folder, results), seconds), stopped
+    seconds = train_seconds(folder, finished, run_dataset)
+    rows = summarize(method, *_replica_results(folder, results), seconds)
+    return with_setting(rows, uci_dir, params, epochs), stopped
 
 
 def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
@@ -646,7 +738,7 @@ def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, ep
         finished += results
         dataset_of.update({name: key[0] for name, key in keys.items()})
     seconds = train_seconds(folder, finished, dataset_of.get)
-    return summarize(method, results, keys, seconds), stopped
+    return with_setting(summarize(method, results, keys, seconds), uci_dir, params, epochs), stopped
 
 
 def run_experiment(
@@ -668,7 +760,7 @@ def run_experiment(
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown} (choose from {sorted(METHODS)}).")
-    earlier = earlier_rows(root)
+    earlier_rows(root)  # an unreadable table stops the call before anything trains
     rows = []
     for method in methods:
         runner = run_replicated if replicated and METHODS[method].replicated else run_method
@@ -678,8 +770,10 @@ def run_experiment(
         rows += method_rows
         if stopped:
             break
-    rows = merge_rows(rows, earlier)
-    write_tables(rows, root)
+    # Read again now: another call on this root may have added its rows meanwhile.
+    with locked(os.path.join(root, "results.json")):
+        rows = merge_rows(rows, earlier_rows(root))
+        write_tables(rows, root)
     sweep.write_experiment_record(root, methods=list(methods), gin_param=list(gin_params))
     if stopped:
         sweep.exit_stopped(root)

@@ -100,7 +100,7 @@ class _Run:
         self.name, self.bindings = run_name, bindings
         self.model_dir = os.path.join(args.root, run_name)
         self.process, self.result = None, None
-        done = finished(self.model_dir)
+        done = finished(self.model_dir, trainer_command(self.model_dir, bindings, args))
         if done:
             self.result = (run_name, bindings, "skipped (finished)", done["final"])
 

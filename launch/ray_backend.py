@@ -98,8 +98,8 @@ def _trial(config):
     spec = config["run"]
     name, model_dir = spec["name"], spec["model_dir"]
     metric = spec["metric"]  # with a scheduler, report only records that carry its metric
-    done = results.finished(model_dir)
-    if done:  # re-running a sweep skips finished runs
+    done = results.finished(model_dir, spec["command"])
+    if done:  # re-running a sweep skips finished runs (of the same setting)
         tune.report({**_final(done["final"]), "status": "skipped (finished)"})
         return
     os.makedirs(model_dir, exist_ok=True)

@@ -10,6 +10,7 @@ import shlex
 import sys
 
 from blayers.lab.runs import RunDir
+from blayers.lab.runs.files import read_json
 
 __all__ = [
     "DEFAULT_COLUMNS",
@@ -36,10 +37,25 @@ DEFAULT_COLUMNS = (
 )
 
 
-def finished(model_dir):
-    """A finished run's summary (`metrics.json`), or None."""
-    summary = RunDir(model_dir).metrics()
-    return summary if summary and summary.get("status") == "finished" else None
+def finished(model_dir, command=None):
+    """A finished run's summary (`metrics.json`), or None. With `command` (the trainer's
+    argument list a sweep would start), also None when the run was started with other gin files
+    or bindings (its `command.json`): the sweep then starts the trainer, which trains on to a
+    longer `train_steps`, scores the run again, or refuses the change naming it, instead of the
+    sweep reporting a run of another setting as this one."""
+    run = RunDir(model_dir)
+    summary = run.metrics()
+    if not summary or summary.get("status") != "finished":
+        return None
+    if command is not None:
+        recorded = read_json(run.file(RunDir.COMMAND)) or {}
+        wanted = {
+            key: [arg.split("=", 1)[1] for arg in command if arg.startswith(f"--{key}=")]
+            for key in ("gin_file", "gin_param")
+        }
+        if any(key in recorded and recorded[key] != wanted[key] for key in wanted):
+            return None
+    return summary
 
 
 def stopped_status(model_dir):

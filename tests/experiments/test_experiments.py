@@ -237,6 +237,18 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
         (r["method"], r["test_ll"]) for r in rows
     ]
     assert "for the 3 rows" in (tmp_path / "runs" / "results.md").read_text()
+    # A cell trained a split a call (`--splits`) ends as the same row: each call's run has a
+    # name of its own, and the table accumulates the splits.
+    for split in ("1", "0"):
+        piecewise = uci_regression.run_experiment(
+            **{**kwargs, "methods": ["svgp"], "splits": split, "root": str(tmp_path / "pieces")}
+        )
+    assert (tmp_path / "pieces" / "svgp" / "toy_splits0" / "metrics.json").exists()
+    assert piecewise[0]["splits"] == 2 and piecewise[0]["of_splits"] == 2
+    for key in ("test_ll", "rmse"):
+        assert [s[key] for s in piecewise[0]["per_split"].values()] == pytest.approx(
+            [s[key] for s in rows[2]["per_split"].values()], rel=1e-4
+        )
 
 
 @pytest.mark.parametrize("module", ["uci_regression", "deep_gp_uci"])
@@ -440,6 +452,81 @@ def test_uci_tables_keep_earlier_invocations_rows(tmp_path, toy_uci):
     for experiment in (EXPERIMENT, deep_gp_uci.EXPERIMENT):
         with pytest.raises(app.UsageError, match="--root: .*results.json"):
             experiment.run(str(tmp_path), uci_dir=str(toy_uci), datasets=["toy"])
+
+
+def test_uci_cells_accumulate_splits_trained_a_few_at_a_time(tmp_path, capsys):
+    """A cell trained on some splits, then on others at the same setting, ends as one row over
+    all of them (mean +- standard error and training time over the union; a split trained
+    again takes its new scores); at another setting the new row replaces the old, saying so."""
+    from experiments.uci_regression import (
+        merge_rows,
+        replicated_run_name,
+        run_dataset,
+        splits_label,
+        summarize,
+        with_setting,
+        write_tables,
+    )
+
+    def call(splits, lls, setting=("train.train_steps = 9",)):
+        results = [(f"r{k}", None, "finished", {"test_log_likelihood": ll, "rmse": -ll})
+                   for k, ll in zip(splits, lls)]  # fmt: skip
+        keys = {f"r{k}": ("concrete", k, None) for k in splits}
+        rows = summarize("dgp2", results, keys, {"concrete": 60.0 * len(splits)})
+        return with_setting(rows, str(toy_dir), list(setting), None)
+
+    from tests.conftest import write_uci_folder
+
+    toy_dir = tmp_path / "uci"
+    write_uci_folder(toy_dir, name="concrete")
+    (first,) = call([0, 1], [-3.0, -3.2])
+    assert first["splits"] == 2 and first["of_splits"] == 2
+    (rerun,) = call([1], [-3.1])
+    (row,) = merge_rows([rerun], [first])
+    assert row["splits"] == 2 and row["test_ll"] == pytest.approx(-3.05)  # split 1 anew
+    assert row["test_ll_se"] == pytest.approx(np.std([-3.0, -3.1], ddof=1) / np.sqrt(2))
+    assert row["train_hours"] == pytest.approx(120.0 / 3600)  # 60 s a split, twice
+    assert row["published_ll"] == -3.18  # bayesian_benchmarks' DGP-2 on concrete
+    # Partial cells say of how many splits.
+    (part,) = call([0], [-3.0])
+    part["of_splits"] = 20
+    write_tables([part], str(tmp_path / "t"))
+    assert "| concrete | DGP-2 | 1 of 20 |" in (tmp_path / "t" / "results.md").read_text()
+    # Another setting: the new row replaces the old one.
+    (other,) = call([0], [-2.0], setting=("train.train_steps = 5",))
+    (row,) = merge_rows([other], [first])
+    assert row["splits"] == 1 and row["test_ll"] == -2.0
+    assert "replaces the earlier row (2 splits" in capsys.readouterr().out
+    # A subset's replicated run has a name of its own, and names its data set.
+    assert splits_label([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
+    assert replicated_run_name("wine", range(20), 20) == "wine"
+    assert replicated_run_name("wine", [0, 1, 2, 5], 20) == "wine_splits0-2,5"
+    assert run_dataset("validation/wine_splits0-2,5") == "wine" == run_dataset("wine")
+
+
+def test_uci_calls_on_one_root_at_the_same_time_keep_each_other_s_rows(
+    tmp_path, toy_uci, monkeypatch
+):
+    """The table is read again, under a lock, when a call ends: rows another call added while
+    this one trained stay."""
+    from experiments import uci_regression
+
+    def row(method, ll):
+        return uci_regression.row_from_splits("toy", method, {"0": {"test_ll": ll, "rmse": 1.0}})
+
+    def trains(method, uci_dir, root, *args):
+        # Meanwhile another invocation on the same root finishes DGP-2.
+        uci_regression.write_tables(
+            uci_regression.merge_rows([row("dgp2", -1.0)], uci_regression.earlier_rows(root)),
+            root,
+        )
+        return [row(method, -2.0)], False
+
+    monkeypatch.setattr(uci_regression, "run_replicated", trains)
+    rows = uci_regression.run_experiment(str(toy_uci), str(tmp_path), ["svgp"], ["toy"])
+    assert [(r["method"], r["test_ll"]) for r in rows] == [("svgp", -2.0), ("dgp2", -1.0)]
+    table = json.loads((tmp_path / "results.json").read_text())
+    assert {r["method"] for r in table} == {"svgp", "dgp2"}
 
 
 @pytest.mark.slow  # an end-to-end run

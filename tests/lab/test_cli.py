@@ -174,6 +174,11 @@ def test_sweep_runs_grid_tolerates_failures_and_skips_finished(tmp_path):
     )
     again = _run(args, timeout=600)
     assert again.stdout.count(": skipped (finished)") == 2
+    # At another setting the finished runs are not skipped: they train on to the new length.
+    longer = _run([a.replace("train_steps = 3", "train_steps = 5") for a in args], timeout=600)
+    assert "skipped (finished)" not in longer.stdout
+    metrics = json.loads((root / "dense_layer-DenseFlipout_seed-0" / "metrics.json").read_text())
+    assert metrics["step"] == 5
 
 
 @pytest.mark.parametrize(

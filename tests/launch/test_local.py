@@ -47,3 +47,33 @@ def test_trainers_of_a_sweep_start_with_the_share(tmp_path, monkeypatch, runs, p
     for name, _ in planned:
         seen = (tmp_path / name / "seen").read_text()
         assert seen == ("2" if share else "unset")
+
+
+def test_a_finished_run_counts_as_finished_only_for_the_setting_it_ran(tmp_path):
+    """A sweep skips a finished run only when it would start it with the same gin files and
+    bindings (its `command.json`); at another setting the trainer starts, so that no table
+    reports a run of one setting as another's."""
+    import json
+
+    from launch.results import finished
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.json").write_text(json.dumps({"status": "finished", "final": {"nll": 1.0}}))
+    args = argparse.Namespace(
+        gin_file=["digits_mlp"], gin_param=["train.train_steps = 3"], strategy=None, tpu=None
+    )
+    command = local.trainer_command(str(run), {"seed": "0"}, args)
+    assert finished(str(run), command)["final"] == {"nll": 1.0}  # no record: as before
+    record = {"gin_file": ["digits_mlp"], "gin_param": ["train.train_steps = 3", "seed = 0"]}
+    (run / "command.json").write_text(json.dumps(record))
+    assert finished(str(run), command) is not None and finished(str(run)) is not None
+    for changed in (
+        local.trainer_command(str(run), {"seed": "1"}, args),
+        local.trainer_command(
+            str(run), {"seed": "0"}, argparse.Namespace(**{**vars(args), "gin_file": ["other"]})
+        ),
+    ):
+        assert finished(str(run), changed) is None
+    (run / "metrics.json").write_text(json.dumps({"status": "running"}))
+    assert finished(str(run), command) is None
