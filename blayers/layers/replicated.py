@@ -24,6 +24,7 @@ import tensorflow as tf
 from blayers import constraints as constraints_lib
 from blayers.initializers import RHO_RANGE
 from blayers.layers.base import register
+from blayers.layers.gp import base as gp_base
 from blayers.layers.gp.sparse import explained_variances
 
 __all__ = [
@@ -480,8 +481,12 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
           inducing_inputs: `[R, M, d]` initial inducing inputs (k-means centres of each replica's
             inputs, as Salimbeni & Deisenroth start them).
           seeds: one int per replica (its length is the number of replicas `R`).
-          mean_fn: `'zero'`, or `'linear'` (inner layers: `x @ W + b`, `W` starting at the
-            identity `eye(d, units)`, trainable, as `SparseGaussianProcess`'s).
+          mean_fn: `'zero'`, `'linear'` (inner layers: `x @ W + b`, `W` starting at the
+            identity `eye(d, units)`, trainable, as `SparseGaussianProcess`'s) or `'identity'`
+            (fixed `x @ P`, `P = eye(d, units)`: Salimbeni & Deisenroth's inner-layer mean).
+          mean_projection: with `mean_fn='identity'`, a fixed `[R, d, units]` `P` instead of the
+            identity; needed when `d > units` (Salimbeni & Deisenroth project wider inputs onto
+            their top principal directions, `replicated_deep_gp`'s choice).
           amplitude, length_scale: initial kernel amplitude and length scales.
           initial_variational_scale: initial diagonal of every `L` (small for inner layers).
           kl_weight: one float or `R` (`1 / N_r`: the ELBO per example); None adds no KL.
@@ -503,6 +508,7 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         kl_weight=None,
         sample=False,
         jitter=1e-6,
+        mean_projection=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -515,8 +521,24 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
                 f"{self.name}: inducing_inputs must be [replicas={self.replicas}, M, features], "
                 f"got shape {self.inducing_inputs_init.shape}."
             )
-        if mean_fn not in ("zero", "linear"):
-            raise ValueError(f"{self.name}: mean_fn must be 'zero' or 'linear', got {mean_fn!r}.")
+        if mean_fn not in ("zero", "linear", "identity"):
+            raise ValueError(
+                f"{self.name}: mean_fn must be 'zero', 'linear' or 'identity', got {mean_fn!r}."
+            )
+        self.mean_projection = None
+        if mean_projection is not None:
+            if mean_fn != "identity":
+                raise ValueError(
+                    f"{self.name}: mean_projection is the fixed map of mean_fn='identity'; "
+                    f"got mean_fn={mean_fn!r}."
+                )
+            self.mean_projection = np.asarray(mean_projection, np.float32)
+            shape = (self.replicas, self.inducing_inputs_init.shape[-1], int(units))
+            if self.mean_projection.shape != shape:
+                raise ValueError(
+                    f"{self.name}: mean_projection must be [replicas, features, units] = "
+                    f"{list(shape)}, got shape {list(self.mean_projection.shape)}."
+                )
         for name, value in (
             ("amplitude", amplitude),
             ("length_scale", length_scale),
@@ -565,6 +587,8 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
             self.mean_bias = self.add_weight(
                 name="mean_bias", shape=(r, self.units), initializer="zeros"
             )
+        elif self.mean_fn == "identity" and self.mean_projection is None:
+            gp_base.check_identity_mean(self.name, d, self.units)
         self.variational_mean = self.add_weight(
             name="variational_mean", shape=(r, self.units, m), initializer="zeros"
         )
@@ -639,10 +663,18 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
         mean = tf.transpose(tf.matmul(self.variational_mean, a), [0, 2, 1])  # [R, B, U]
         if self.mean_fn == "linear":
             mean += tf.matmul(tf.cast(x, dtype), self.mean_kernel) + self.mean_bias[:, None, :]
+        elif self.mean_fn == "identity":
+            mean += tf.matmul(tf.cast(x, dtype), self._identity_mean(x.shape[-1], dtype))
         scale = self.variational_scale_tril(dtype)
         explained = tf.transpose(explained_variances(scale, a), [0, 2, 1])
         variance = tf.cast(prior, dtype)[..., None] + explained
         return mean, tf.maximum(variance, 1e-12)
+
+    def _identity_mean(self, d, dtype):
+        """`mean_fn='identity'`'s fixed `[R, d, units]` map."""
+        if self.mean_projection is not None:
+            return tf.constant(self.mean_projection, dtype)
+        return tf.eye(d, self.units, batch_shape=[self.replicas], dtype=dtype)
 
     def call(self, inputs):
         inputs = tf.convert_to_tensor(inputs, self.compute_dtype)
@@ -675,4 +707,7 @@ class ReplicatedSparseGaussianProcess(keras.layers.Layer):
             "kl_weight": self.kl_weight,
             "sample": self.sample,
             "jitter": self.jitter,
+            "mean_projection": (
+                None if self.mean_projection is None else self.mean_projection.tolist()
+            ),
         }

@@ -178,23 +178,41 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     kwargs = {
         "uci_dir": str(toy_uci),
         "root": str(tmp_path / "runs"),
-        "methods": ["mc_dropout", "flipout", "svgp"],
+        "methods": ["mc_dropout", "flipout", "svgp", "dgp3"],
         "datasets": ["toy"],
         "splits": "0-1",
         "gin_params": [
             "mc_dropout: ReplicatedLearner.batch_size = 16",
             "svgp: train.train_steps = 5",
             "svgp: replicated_deep_gp.num_inducing = 5",
+            "dgp3: train.train_steps = 2",
+            "dgp3: replicated_deep_gp.num_inducing = 5",
         ],
         "epochs": "mc_dropout:3,flipout:2",
     }
     rows = uci_regression.run_experiment(**kwargs)
-    assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp"]
+    assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp", "dgp3"]
     svgp = tmp_path / "runs" / "svgp" / "toy"
     svgp_bindings = json.loads((svgp / "bindings.json").read_text())
     assert svgp_bindings["replicated_deep_gp.depth"] == "1"
     assert svgp_bindings["ReplicatedLearner.batch_size"] == "54"  # full batches
     assert json.loads((svgp / "metrics.json").read_text())["step"] == 5
+    # DGP-3 trains from Salimbeni & Deisenroth's start, bound before the user's bindings (which
+    # may override it) and recorded in its row's setting; SVGP's start is blayers' own.
+    protocol = [
+        "replicated_deep_gp.inner_mean = 'identity'",
+        "replicated_deep_gp.length_scale = 'sqrt_width'",
+        "replicated_deep_gp.inner_variational_scale = 1e-5",
+        "replicated_deep_gp.noise_variance = 0.01",
+    ]
+    dgp3_command = json.loads((tmp_path / "runs" / "dgp3" / "toy" / "command.json").read_text())
+    params = dgp3_command["gin_param"]
+    first = params.index(protocol[0])
+    assert params[first : first + 4] == protocol
+    assert params.index("train.train_steps = 2") > first + 3  # the user's come after
+    settings = {r["method"]: r["setting"]["gin_params"] for r in rows}
+    assert settings["dgp3"][:4] == protocol and len(settings["dgp3"]) == 6
+    assert settings["svgp"] == ["train.train_steps = 5", "replicated_deep_gp.num_inducing = 5"]
     assert all(r["splits"] == 2 and np.isfinite(r["test_ll"]) for r in rows)
     flipout = tmp_path / "runs" / "flipout" / "toy"
     flipout_bindings = json.loads((flipout / "bindings.json").read_text())
@@ -230,13 +248,13 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     )
     assert rows[1]["train_hours"] == pytest.approx(flipout_metrics["train_seconds"] / 3600)
     results = (tmp_path / "runs" / "results.md").read_text()
-    assert "| training |" in results and "for the 3 rows" in results
+    assert "| training |" in results and "for the 4 rows" in results
     # A method run on its own adds to the same table: the other methods' rows stay.
     again = uci_regression.run_experiment(**{**kwargs, "methods": ["flipout"]})
     assert [(r["method"], r["test_ll"]) for r in again] == [
         (r["method"], r["test_ll"]) for r in rows
     ]
-    assert "for the 3 rows" in (tmp_path / "runs" / "results.md").read_text()
+    assert "for the 4 rows" in (tmp_path / "runs" / "results.md").read_text()
     # A cell trained a split a call (`--splits`) ends as the same row: each call's run has a
     # name of its own, and the table accumulates the splits.
     for split in ("1", "0"):

@@ -54,6 +54,22 @@ def _dgp2(dim, replicas):
     return replicated_deep_gp(dim, replicas, depth=2, num_inducing=10)
 
 
+def _dgp3(dim, replicas):
+    """Salimbeni & Deisenroth's start, its inputs wider than its inner layers: each replica's
+    first inner mean is the fixed projection onto its own inputs' principal directions."""
+    return replicated_deep_gp(
+        dim,
+        replicas,
+        depth=3,
+        num_inducing=10,
+        hidden_units=2,
+        inner_mean="identity",
+        length_scale="sqrt_width",
+        inner_variational_scale=1e-5,
+        noise_variance=0.01,
+    )
+
+
 def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
     learner = ReplicatedLearner(
         replicas=replicas,
@@ -69,10 +85,14 @@ def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
 
 
 @pytest.mark.parametrize(
-    "model", [_mc_dropout, _flipout, _svgp, _dgp2], ids=["mc_dropout", "flipout", "svgp", "dgp2"]
+    "model",
+    [_mc_dropout, _flipout, _svgp, _dgp2, _dgp3],
+    ids=["mc_dropout", "flipout", "svgp", "dgp2", "dgp3"],
 )
 def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
-    steps = 150 if model in (_svgp, _dgp2) else 60  # GPs: Adam moves q(u) from the prior slowly
+    steps = (
+        150 if model in (_svgp, _dgp2, _dgp3) else 60
+    )  # GPs: Adam moves q(u) from the prior slowly
     group, metrics = _run(tmp_path / "group", REPLICAS, steps=steps, model=model)
     summary = json.loads((tmp_path / "group" / "metrics.json").read_text())
     assert summary["num_replicas"] == 3 and [r["name"] for r in summary["replicas"]] == [
@@ -106,7 +126,7 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
     # normalized steps carry the float32 rounding of one replica's GEMMs against three's (they
     # may sum in other orders) to about 1e-5 over 150 steps, where mixing replicas would move
     # weights by up to the learning rate (1e-2) a step.
-    atol = 1e-4 if model is _dgp2 else 1e-6
+    atol = 1e-4 if model in (_dgp2, _dgp3) else 1e-6
     for r in compared:
         replica = REPLICAS[r]
         alone, _ = _run(tmp_path / replica.name, [replica], steps=steps, model=model)
@@ -117,6 +137,49 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
             assert summary["replicas"][r]["final"][key] == pytest.approx(value, rel=1e-4, abs=1e-5)
     # Replicas a and c share their data but not seed or hyperparameters: they differ.
     assert not np.allclose(weights[1][0], weights[1][2])
+
+
+def test_the_deep_gp_from_salimbeni_s_start():
+    """`inner_mean='identity'`: the first inner layer's fixed mean is each replica's projection
+    onto its training inputs' top principal directions (uncentred SVD), the next layer's
+    inducing inputs start at k-means centres of the projected inputs, later inner means are
+    the identity; `length_scale='sqrt_width'` starts each layer at sqrt(its input width)."""
+    from blayers.lab.models.gaussian_process import kmeans_centres
+    from blayers.lab.tasks.base import features
+    from blayers.layers.replicated import replica_seeds
+
+    model = _dgp3(3, REPLICAS)
+    gps = model.layers[:3]
+    assert [gp.length_scale for gp in gps] == pytest.approx([3**0.5, 2**0.5, 2**0.5])
+    assert [gp.mean_fn for gp in gps] == ["identity", "identity", "zero"]
+    assert gps[1].mean_projection is None  # 2 features into 2 units: the identity
+    names = {v.name for v in model.trainable_variables}
+    assert not {"mean_kernel", "mean_bias"} & names
+    seeds = [replica.seed for replica in REPLICAS]
+    for r, replica in enumerate(REPLICAS):
+        x = features(replica.data.train)
+        projection = gps[0].mean_projection[r]
+        _, _, vt = np.linalg.svd(x.astype(np.float64), full_matrices=False)
+        np.testing.assert_allclose(np.abs(projection.T @ vt[:2].T), np.eye(2), atol=1e-5)
+        centres = kmeans_centres(x @ projection, 10, replica_seeds(seeds, 11)[r])
+        np.testing.assert_allclose(gps[1].inducing_inputs.numpy()[r], centres, rtol=1e-6)
+    with pytest.raises(ValueError, match="replicated_deep_gp: inner_mean must be"):
+        replicated_deep_gp(3, REPLICAS, inner_mean="zero")
+    with pytest.raises(ValueError, match="length_scale must be a positive number or 'sqrt_width'"):
+        replicated_deep_gp(3, REPLICAS, length_scale="sqrt")
+
+
+def test_the_lone_deep_gp_takes_the_same_start():
+    from blayers.lab.models import deep_gp
+
+    model = deep_gp((3,), 1, depth=2, inner_mean="identity", length_scale="sqrt_width")
+    model(np.zeros((4, 3), "float32"))
+    inner, last = model.layers[0], model.layers[1]
+    assert inner.mean_fn == "identity" and last.mean_fn == "zero"
+    assert inner.length_scale_init == pytest.approx(3**0.5)
+    assert last.length_scale_init == pytest.approx(3**0.5)  # min(3, 30) = 3 units inside
+    with pytest.raises(ValueError, match="deep_gp: inner_mean='identity' needs hidden_units"):
+        deep_gp((3,), 1, depth=2, hidden_units=2, inner_mean="identity")
 
 
 def test_a_resumed_replicated_run_continues_exactly(tmp_path):

@@ -310,6 +310,63 @@ def test_svgp_replicas_are_the_lone_sparse_gp_with_the_same_parameters():
     np.testing.assert_allclose(alone(x[1:2])[0], outputs[1], rtol=1e-6)  # no mixing
 
 
+def test_the_identity_mean_is_fixed_and_the_lone_layer_s():
+    """`mean_fn='identity'` (Salimbeni & Deisenroth's inner mean) adds the inputs, padded, to
+    each replica's GP, as the lone layer's does, and trains nothing; `mean_projection` swaps in
+    a fixed map for inputs wider than the units."""
+    from blayers.layers.gp import SparseGaussianProcess
+
+    rng = np.random.default_rng(11)
+    inducing = rng.normal(size=(2, 6, 3)).astype("float32")
+    x = rng.normal(size=(2, 8, 3)).astype("float32")
+    layer = ReplicatedSparseGaussianProcess(4, inducing, [1, 2], mean_fn="identity")
+    layer(x)
+    _perturb(layer, rng)
+    assert not {"mean_kernel", "mean_bias"} & {v.name for v in layer.trainable_variables}
+    outputs = layer(x).numpy()
+    for r in range(2):
+        lone = SparseGaussianProcess(
+            4, num_inducing=6, mean_fn="identity", cholesky_dtype="float64", jitter=1e-6
+        )
+        lone(x[r])
+        theirs = {v.name: v for v in layer.trainable_variables}
+        assert sorted(theirs) == sorted(v.name for v in lone.trainable_variables)
+        for mine in lone.trainable_variables:
+            mine.assign(theirs[mine.name][r])
+        mean, variance, _ = lone.predict_marginals(x[r])
+        np.testing.assert_allclose(outputs[r, :, :4], mean, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(outputs[r, :, 4:], variance, rtol=1e-4, atol=1e-6)
+    # With q(u)'s mean at zero the GP adds nothing to the mean: it is the inputs, zero-padded.
+    layer.variational_mean.assign(tf.zeros_like(layer.variational_mean))
+    padded = np.concatenate([x, np.zeros((2, 8, 1), "float32")], -1)
+    np.testing.assert_allclose(layer(x).numpy()[..., :4], padded, atol=1e-6)
+    # A projection: each replica's own fixed [d, units] map.
+    projection = rng.normal(size=(2, 3, 2)).astype("float32")
+    projected = ReplicatedSparseGaussianProcess(
+        2, inducing, [1, 2], mean_fn="identity", mean_projection=projection, name="pr"
+    )
+    projected(x)
+    projected.variational_mean.assign(tf.zeros_like(projected.variational_mean))
+    np.testing.assert_allclose(
+        projected(x).numpy()[..., :2], np.einsum("rbd,rdu->rbu", x, projection), rtol=1e-5
+    )
+    clone = ReplicatedSparseGaussianProcess.from_config(projected.get_config())
+    clone(x)
+    for mine, theirs in zip(clone.weights, projected.weights):
+        mine.assign(theirs)
+    np.testing.assert_array_equal(clone(x), projected(x))
+    with pytest.raises(ValueError, match="id1: mean_fn='identity' copies the inputs.*3 features"):
+        ReplicatedSparseGaussianProcess(2, inducing, [1, 2], mean_fn="identity", name="id1")(x)
+    with pytest.raises(ValueError, match=r"id2: mean_projection must be \[replicas, features"):
+        ReplicatedSparseGaussianProcess(
+            2, inducing, [1, 2], mean_fn="identity", mean_projection=projection[:1], name="id2"
+        )
+    with pytest.raises(ValueError, match="id3: mean_projection is the fixed map"):
+        ReplicatedSparseGaussianProcess(
+            2, inducing, [1, 2], mean_fn="linear", mean_projection=projection, name="id3"
+        )
+
+
 def test_svgp_draws_have_the_marginals_moments_and_do_not_depend_on_the_group():
     rng = np.random.default_rng(7)
     inducing = rng.normal(size=(2, 5, 3)).astype("float32")

@@ -2,9 +2,14 @@
 2017; the paper's Figure 5) ending in a `GaussianLikelihood`.
 
 Inner layers have `hidden_units` outputs (default `min(input_dim, 30)`, as Salimbeni &
-Deisenroth), a linear mean function starting at the identity (their "linear mean" for inner
-layers) and a small initial variational scale, so the stack starts near a single GP; the last
-layer has a zero mean and `q(u)` starting at the prior's scale.
+Deisenroth), a mean function at the identity (`inner_mean`: trained from there, `'linear'`, or
+fixed there, `'identity'`, as theirs) and a small initial variational scale, so the stack starts
+near a single GP; the last layer has a zero mean and `q(u)` starting at the prior's scale.
+
+Salimbeni & Deisenroth's own start (their code and bayesian_benchmarks') is `inner_mean =
+'identity'`, `length_scale = 'sqrt_width'`, `inner_variational_scale = 1e-5` and
+`noise_variance = 0.01`; the defaults here are blayers' earlier ones, which the SVGP and DGP-2
+rows of the UCI table were trained with.
 """
 
 import gin
@@ -31,6 +36,8 @@ def deep_gp(
     noise_variance=0.1,
     whiten=True,
     inducing_inputs_initializer="random_normal",
+    inner_mean="linear",
+    length_scale=1.0,
     name="deep_gp",
 ):
     """`depth` SVGP layers with `num_inducing` inducing points each, then `GaussianLikelihood`.
@@ -39,27 +46,45 @@ def deep_gp(
     `Regression.target_dim(num_outputs)` targets and the likelihood supplies the noise.
     `inducing_inputs_initializer='kmeans'` starts every layer's inducing inputs at k-means
     centres of its first training batch (Salimbeni & Deisenroth's initialization).
+
+    Args:
+      inner_mean: the inner layers' mean function, `'linear'` (trained, starting at the
+        identity) or `'identity'` (fixed; needs `hidden_units >= input_dim` here:
+        `replicated_deep_gp` projects wider inputs onto their principal directions).
+      length_scale: every layer's initial kernel length scales: a positive number, or
+        `'sqrt_width'` for the square root of the layer's input width (bayesian_benchmarks').
+      (the others as `replicated_deep_gp`'s)
     """
     if depth < 1:
         raise ValueError(f"deep_gp needs depth >= 1, got {depth}.")
     input_dim = int(np.prod(input_shape))
     hidden = hidden_units or min(input_dim, 30)
+    _check_inner_mean("deep_gp", inner_mean)
+    if inner_mean == "identity" and depth > 1 and input_dim > hidden:
+        raise ValueError(
+            f"deep_gp: inner_mean='identity' needs hidden_units >= input_dim (got {hidden} < "
+            f"{input_dim}): a fixed projection of wider inputs needs the data, which "
+            "replicated_deep_gp has. Set hidden_units, or inner_mean='linear'."
+        )
     model_layers = [keras.Input(tuple(input_shape))]
     if len(input_shape) > 1:
         model_layers.append(keras.layers.Flatten())
+    width = input_dim
     for i in range(depth - 1):
         model_layers.append(
             SparseGaussianProcess(
                 hidden,
                 num_inducing=num_inducing,
-                mean_fn="linear",
+                mean_fn=inner_mean,
                 covariance_fn=covariance_fn,
                 whiten=whiten,
                 initial_variational_scale=inner_variational_scale,
                 inducing_inputs_initializer=inducing_inputs_initializer,
+                length_scale=initial_length_scale(length_scale, width, "deep_gp"),
                 name=f"gp_{i}",
             )
         )
+        width = hidden
     model_layers.append(
         SparseGaussianProcess(
             Regression.target_dim(num_outputs),
@@ -68,11 +93,41 @@ def deep_gp(
             whiten=whiten,
             initial_variational_scale=1.0,
             inducing_inputs_initializer=inducing_inputs_initializer,
+            length_scale=initial_length_scale(length_scale, width, "deep_gp"),
             name=f"gp_{depth - 1}",
         )
     )
     model_layers.append(GaussianLikelihood(noise_variance, name="likelihood"))
     return keras.Sequential(model_layers, name=name)
+
+
+def _check_inner_mean(name, inner_mean):
+    if inner_mean not in ("linear", "identity"):
+        raise ValueError(f"{name}: inner_mean must be 'linear' or 'identity', got {inner_mean!r}.")
+
+
+def initial_length_scale(length_scale, width, name):
+    """A layer's initial length scales: `length_scale`, or `sqrt(width)` for `'sqrt_width'`
+    (bayesian_benchmarks' start for Salimbeni & Deisenroth's deep GP, a scale at which
+    standardized inputs of `width` features are neither all near nor all far apart)."""
+    if length_scale == "sqrt_width":
+        return float(np.sqrt(width))
+    try:
+        value = float(length_scale)
+    except (TypeError, ValueError):
+        value = float("nan")
+    if isinstance(length_scale, (str, bool)) or not value > 0:
+        raise ValueError(
+            f"{name}: length_scale must be a positive number or 'sqrt_width', got {length_scale!r}."
+        )
+    return value
+
+
+def principal_directions(x, units):
+    """`[d, units]`: the top right singular vectors of `x` (uncentred, as Salimbeni &
+    Deisenroth's fixed projection of inputs wider than a deep GP's inner layers)."""
+    _, _, vt = np.linalg.svd(np.asarray(x, np.float64), full_matrices=False)
+    return vt[:units].T.astype(np.float32)
 
 
 def kmeans_centres(x, num_inducing, seed):
@@ -99,51 +154,66 @@ def replicated_deep_gp(
     hidden_units=None,
     inner_variational_scale=1e-3,
     noise_variance=0.05,
+    inner_mean="linear",
+    length_scale=1.0,
     name="replicated_deep_gp",
 ):
     """`deep_gp` (SVGP for `depth=1`) for `R` replicas at once
     (`blayers.layers.ReplicatedSparseGaussianProcess`): every replica has its own inducing
     inputs (k-means centres of its own training inputs, from its seed; an inner layer's of
-    those inputs under its identity mean, which is what reaches it at the start), kernels,
-    `q(u)`, KL weight `1 / N_r` and learned noise variance. Inner layers pass one draw per row
-    (the doubly stochastic ELBO); the last layer's marginals go to the likelihood in closed
-    form. Inputs `[R, B, input_dim]`; outputs `[R, B, 3]` (mean, log noise variance, the
+    those inputs under the inner means' starting map, which is what reaches it at the start),
+    kernels, `q(u)`, KL weight `1 / N_r` and learned noise variance. Inner layers pass one draw
+    per row (the doubly stochastic ELBO); the last layer's marginals go to the likelihood in
+    closed form. Inputs `[R, B, input_dim]`; outputs `[R, B, 3]` (mean, log noise variance, the
     function's variance).
 
     Args:
       input_dim: features per example.
       replicas: the `blayers.lab.data.Replica`s.
-      depth, num_inducing, hidden_units, inner_variational_scale, noise_variance: as
-        `deep_gp`'s.
+      depth, num_inducing, hidden_units, inner_variational_scale, noise_variance, length_scale:
+        as `deep_gp`'s.
+      inner_mean: `'linear'` (trained, starting at `eye(d, hidden)`) or `'identity'` (fixed, as
+        Salimbeni & Deisenroth: the identity, or for inputs wider than `hidden_units` each
+        replica's projection onto its training inputs' top principal directions).
     """
     if depth < 1:
         raise ValueError(f"replicated_deep_gp needs depth >= 1, got {depth}.")
+    _check_inner_mean("replicated_deep_gp", inner_mean)
     hidden = hidden_units or min(input_dim, 30)
     seeds = [replica.seed for replica in replicas]
-    inputs = [features(replica.data.train).reshape(-1, input_dim) for replica in replicas]
+    # What reaches layer i at the start, per replica: the training inputs, then their image
+    # under each inner mean's starting map.
+    reaching = [features(replica.data.train).reshape(-1, input_dim) for replica in replicas]
     kl_weights = [1.0 / replica.data.num_train for replica in replicas]
     model_layers = [keras.Input((None, input_dim))]
     width = input_dim
     for i in range(depth):
         last = i == depth - 1
         salt = replicated_lib.replica_seeds(seeds, 10 + i)
-        centres = np.stack(
-            [kmeans_centres(x[:, :width], num_inducing, s) for x, s in zip(inputs, salt)]
-        )
+        centres = np.stack([kmeans_centres(x, num_inducing, s) for x, s in zip(reaching, salt)])
         if centres.shape[-1] < width:  # an inner width above the inputs': zero-padded
             centres = np.pad(centres, ((0, 0), (0, 0), (0, width - centres.shape[-1])))
+        projection = None
+        if not last and inner_mean == "identity" and width > hidden:
+            projection = np.stack([principal_directions(x, hidden) for x in reaching])
         model_layers.append(
             replicated_lib.ReplicatedSparseGaussianProcess(
                 1 if last else hidden,
                 centres,
                 replicated_lib.replica_seeds(seeds, i),
-                mean_fn="zero" if last else "linear",
+                mean_fn="zero" if last else inner_mean,
+                length_scale=initial_length_scale(length_scale, width, "replicated_deep_gp"),
                 initial_variational_scale=1.0 if last else inner_variational_scale,
                 kl_weight=kl_weights,
                 sample=not last,
+                mean_projection=projection,
                 name=f"gp_{i}",
             )
         )
+        if projection is not None:
+            reaching = [x @ p for x, p in zip(reaching, projection)]
+        else:  # eye(width, hidden): the first `hidden` features (fewer are padded above)
+            reaching = [x[:, :hidden] for x in reaching]
         width = hidden
     model_layers.append(
         replicated_lib.ReplicatedNoise(

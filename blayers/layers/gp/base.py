@@ -24,6 +24,20 @@ from blayers.layers.gp.kernels import (
 
 __all__ = []
 
+# 'identity': the fixed map x -> x @ eye(d, units), the inputs copied to the first units (Salimbeni
+# & Deisenroth's inner-layer mean); no weights, so nothing trains it away from the identity.
+MEAN_FUNCTIONS = ("zero", "constant", "linear", "identity")
+
+
+def check_identity_mean(name, input_dim, units):
+    """`mean_fn='identity'` copies the inputs: it needs at least as many units as features."""
+    if input_dim > units:
+        raise ValueError(
+            f"{name}: mean_fn='identity' copies the inputs into the outputs, so it needs units >= "
+            f"input features; got {input_dim} features and {units} units. Use mean_fn='linear' "
+            "(a trained projection), or more units."
+        )
+
 
 class GaussianProcessBase(NamedOutput, SeededLayer):
     """Kernel and mean-function variables, shared by the GP layers."""
@@ -47,9 +61,10 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
             raise ValueError(f"{name} needs a positive integer `units`, got {units!r}.")
         covariance_fn = deserialize_covariance_fn(covariance_fn)
         check_covariance_fn(name, covariance_fn)
-        if mean_fn not in ("zero", "constant", "linear"):
+        if mean_fn not in MEAN_FUNCTIONS:
             raise ValueError(
-                f"{name}: mean_fn must be 'zero', 'constant' or 'linear', got {mean_fn!r}."
+                f"{name}: mean_fn must be one of {', '.join(map(repr, MEAN_FUNCTIONS))}, "
+                f"got {mean_fn!r}."
             )
         self.units, self.mean_fn, self.covariance_fn = int(units), mean_fn, covariance_fn
         self.amplitude_init = positive_number(name, "amplitude", amplitude)
@@ -101,6 +116,8 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
             self.mean_bias = self.add_weight(
                 name="mean_bias", shape=(self.units,), initializer="zeros"
             )
+        elif self.mean_fn == "identity":
+            check_identity_mean(f"{type(self).__name__} ({self.name})", input_dim, self.units)
 
     @property
     def fixed_kernel(self):
@@ -146,6 +163,8 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
             return tf.zeros(tf.concat([tf.shape(x)[:-1], [self.units]], 0), x.dtype) + tf.cast(
                 self.mean_bias, x.dtype
             )
+        if self.mean_fn == "identity":
+            return tf.matmul(x, tf.eye(self.input_dim, self.units, dtype=x.dtype))
         return tf.matmul(x, tf.cast(self.mean_kernel, x.dtype)) + tf.cast(self.mean_bias, x.dtype)
 
     def _linalg_dtype(self):

@@ -34,8 +34,8 @@ class GaussianProcess(GaussianProcessBase):
 
     Args:
       units: independent output functions.
-      mean_fn: `'zero'`, `'constant'` (trainable per unit) or `'linear'` (trainable, identity
-        start).
+      mean_fn: `'zero'`, `'constant'` (trainable per unit), `'linear'` (trainable, identity
+        start) or `'identity'` (fixed `x @ eye(d, units)`: needs `units >= d`).
       covariance_fn: a kernel name (`'exponentiated_quadratic'`, `'matern12'`, `'matern32'`,
         `'matern52'`) or a `tfp.math.psd_kernels` class, both with a trainable amplitude and
         ARD length scales; a callable `fn(amplitude, length_scale) -> kernel` built from those

@@ -63,7 +63,9 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
     Args:
       units: independent output functions.
       num_inducing: number of inducing points M (a positive integer).
-      mean_fn: `'zero'`, `'constant'` or `'linear'` (inner layers of a deep GP).
+      mean_fn: `'zero'`, `'constant'`, `'linear'` (trainable `x @ W + b`, `W` starting at
+        the identity) or `'identity'` (fixed `x @ eye(d, units)`, Salimbeni & Deisenroth's
+        inner-layer mean; needs `units >= d`): the last two for inner layers of a deep GP.
       covariance_fn: a kernel name, a `tfp.math.psd_kernels` class or instance, or a callable
         `fn(amplitude, length_scale) -> kernel` (as `GaussianProcess`).
       whiten: parameterize `q` over whitened inducing outputs.
