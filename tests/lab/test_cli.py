@@ -123,8 +123,7 @@ def test_console_script_and_operative_config(tmp_path, entry):
     # The script installed with the interpreter under test, not whichever is first on PATH.
     script = os.path.join(os.path.dirname(sys.executable), "blayers-train")
     script = script if os.path.exists(script) else "blayers-train"
-    command = [script] if entry == "console_script" else [sys.executable, "-m"]
-    command += [] if entry == "console_script" else ["blayers.train"]
+    command = [script] if entry == "console_script" else [sys.executable, "-m", "blayers.train"]
     # As a user runs it: none of the test suite's own TensorFlow settings.
     env = {
         k: v
