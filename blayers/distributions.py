@@ -24,9 +24,13 @@ _EXCLUDED = {"Distribution", "AutoCompositeTensorDistribution"}
 
 
 def _make_constructor(cls):
-    def constructor(*args, sample_shape=(), value=None, seed=None, **kwargs):
+    def constructor(*args, sample_shape=(), value=None, seed=None, replica_keys=None, **kwargs):
         return RandomVariable(
-            cls(*args, **kwargs), sample_shape=sample_shape, value=value, seed=seed
+            cls(*args, **kwargs),
+            sample_shape=sample_shape,
+            value=value,
+            seed=seed,
+            replica_keys=replica_keys,
         )
 
     constructor.__name__ = cls.__name__
@@ -34,7 +38,8 @@ def _make_constructor(cls):
     constructor.__module__ = __name__
     constructor.__doc__ = (
         f"Random variable over `tfp.distributions.{cls.__name__}`.\n\n"
-        "Takes the distribution's arguments plus `sample_shape`, `value` and `seed` (see\n"
+        "Takes the distribution's arguments plus `sample_shape`, `value`, `seed` and\n"
+        "`replica_keys` (see\n"
         "`blayers.RandomVariable`). Traceable by `blayers.trace`.\n\n"
         f"{cls.__name__} arguments:\n{inspect.getdoc(cls.__init__) or ''}"
     )

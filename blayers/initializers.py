@@ -25,9 +25,10 @@ import tensorflow_probability as tfp
 
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
-from blayers import regularizers, seeds
+from blayers import regularizers, sampling, seeds
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry
+from blayers.replicas import ReplicaInitializer
 
 tfd = tfp.distributions
 
@@ -95,11 +96,17 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
     from the constrained parameter tensors. Everything else (building, shape checks, the random
     variable, seeds, config) lives here once.
 
+    A replicated layer (`blayers.replicas`) sets `replica_seeds` before building it: the weight's
+    shape then leads with the replica axis, each parameter's replica slices are initialized as
+    one replica's with its own seed, and a draw's replica slices depend on their own keys.
+
     Args:
       seed: seeds the weight's draws (their stateless seeds come from this initializer's own
         `SeedGenerator`, saved with the model).
       **kwargs: `keras.layers.Layer` arguments.
     """
+
+    replica_seeds = None  # set by a replicated layer before `build`
 
     def __init__(self, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -117,12 +124,19 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
         """Creates the parameter variables for a weight of shape `input_shape`."""
         shape = tuple(int(d) for d in input_shape)
         self.weight_shape = shape
+        replicas = self.replica_seeds
+        one = shape[1:] if replicas is not None else shape  # one replica's weight
         for name, param in self._parameters.items():
             shape_fn = self._param_shapes[name]
+            param_shape = tuple(shape_fn(one) if shape_fn else one)
+            initializer = param.initializer
+            if replicas is not None:
+                param_shape = (len(replicas), *param_shape)
+                initializer = ReplicaInitializer(initializer, replicas)
             variable = self.add_weight(
                 name=name,
-                shape=shape_fn(shape) if shape_fn else shape,
-                initializer=param.initializer,
+                shape=param_shape,
+                initializer=initializer,
                 regularizer=param.regularizer,
             )
             setattr(self, name, variable)
@@ -148,6 +162,13 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             out[name] = param.constraint(value) if param.constraint else tf.identity(value)
         return out
 
+    @property
+    def replica_keys(self):
+        """The replicas' keys of the weight's draws (None: not replicated)."""
+        if self.replica_seeds is None:
+            return None
+        return sampling.replica_keys(self.replica_seeds)
+
     def random_variable(self):
         """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""
         distribution = self._distribution(self.parameters(), self.weight_shape)
@@ -156,6 +177,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             reinterpreted_batch_ndims=len(self.weight_shape),
             seed=seeds.next_seed(self.seed_generator),
             name=getattr(self, "variable_name", None) or self.name,
+            replica_keys=self.replica_keys,
         )
 
     def redraw(self, rv):
@@ -170,7 +192,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             name=rv.distribution.name,
         )
         value = rv.value if rv.value_given else None
-        return RandomVariable(distribution, value=value, seed=rv.seed)
+        return RandomVariable(distribution, value=value, seed=rv.seed, replica_keys=rv.replica_keys)
 
     def _distribution(self, params, shape):
         raise NotImplementedError  # abstract; intentional
@@ -350,6 +372,12 @@ class TrainableMultivariateNormal(TrainableInitializer):
         )
 
     def build(self, input_shape):
+        if self.replica_seeds is not None:
+            raise ValueError(
+                "trainable_multivariate_normal has no replica axis (its covariance would mix "
+                "replicas); replicated layers take a mean-field initializer such as "
+                "'trainable_normal'."
+            )
         size = int(np.prod(input_shape))
         if size > self.max_entries:
             raise ValueError(

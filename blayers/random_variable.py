@@ -37,11 +37,14 @@ class RandomVariable:
       seed: optional stateless seed (shape [2] integer tensor) or int for the lazy draw. Layers
         pass one from a `keras.random.SeedGenerator`, which keeps runs reproducible and
         XLA-compatible.
+      replica_keys: the keys of a replicated layer's replicas (`blayers.sampling.replica_keys`):
+        the leading batch axis is then the replica axis, and replica `r`'s slice of the lazy
+        draw depends on `seed` and its own key alone.
     """
 
     is_tensor_like = True  # tf.is_tensor(rv) -> True; Keras leaves tensor-likes unconverted.
 
-    def __init__(self, distribution, sample_shape=(), value=None, seed=None):
+    def __init__(self, distribution, sample_shape=(), value=None, seed=None, replica_keys=None):
         if not isinstance(distribution, tfd.Distribution):
             raise TypeError(
                 f"RandomVariable needs a tfp.distributions.Distribution, got {type(distribution)!r}."
@@ -49,6 +52,7 @@ class RandomVariable:
         self._distribution = distribution
         self._sample_shape = tf.TensorShape(sample_shape)
         self._seed = seed
+        self._replica_keys = replica_keys
         if value is not None:
             value = tf.convert_to_tensor(value, dtype=distribution.dtype)
             expected = self._static_shape()
@@ -88,10 +92,17 @@ class RandomVariable:
         return self._seed
 
     @property
+    def replica_keys(self):
+        """The replicas' keys of the lazy draw (None: not replicated)."""
+        return self._replica_keys
+
+    @property
     def value(self):
         """The variable's value; drawn from the distribution on first access, then fixed."""
         if self._value is None:
-            self._value = sampling.sample(self._distribution, self._sample_shape, self._seed)
+            self._value = sampling.sample(
+                self._distribution, self._sample_shape, self._seed, self._replica_keys
+            )
         return self._value
 
     # -- tensor-like surface -----------------------------------------------------------------------

@@ -4,6 +4,14 @@ Weight noise is the largest cost of a Bayesian layer's training step on CPU. TF'
 `stateless_normal` takes about 8.5 ms for 1M values here; the inverse CDF `ndtri(u)` of a
 uniform about 7 ms, and Box-Muller using both outputs of each uniform pair about 5.5 ms
 (`benchmarks/dense_estimators.py`). Every estimator draws Normal noise through `standard_normal`.
+
+Replicas (many independent models as one, a layer's leading replica axis): with `keys` (one
+`uint32` key a replica, `replica_keys`), `uniform`, `standard_normal`, `rademacher` and `sample`
+draw `[R, ...]` whose slice `r` depends on the seed and `keys[r]` alone, so a replica draws the
+same noise in any group, alone included. One Philox draw of a replica's shape is shared, and each
+replica's words are that draw under its own bijective mix (MurmurHash3's 32-bit finalizer of the
+word XOR the key): the cost of one draw of the whole `[R, ...]` shape, where a stateless op per
+replica costs about 1.5 times as much at 240 replicas.
 """
 
 import contextlib
@@ -20,9 +28,11 @@ __all__ = [
     "flat_multivariate_normal",
     "normal_parameters",
     "rademacher",
+    "replica_keys",
     "reuse_draws",
     "sample",
     "standard_normal",
+    "uniform",
     "xla_is_fast",
 ]
 
@@ -73,53 +83,115 @@ def xla_is_fast():
     return bool(tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("TPU"))
 
 
-def standard_normal(shape, seed, dtype=tf.float32):
+def replica_keys(replica_seeds):
+    """`uint32 [R]`: the keys of replicas with these integer seeds (one a replica), each a
+    function of its own seed alone (NumPy's `SeedSequence`, so nearby seeds get unrelated keys)."""
+    return np.array(
+        [np.random.SeedSequence(int(s)).generate_state(1, np.uint32)[0] for s in replica_seeds],
+        np.uint32,
+    )
+
+
+_MIX_1, _MIX_2 = 0x85EBCA6B, 0xC2B2AE35
+
+
+def _replica_words(shape, seed, keys):
+    """`uint32 [R, *shape[1:]]`: one Philox draw of a replica's shape, mixed with each key."""
+    shape = tf.convert_to_tensor(shape, tf.int32)
+    words = tf.random.stateless_uniform(shape[1:], seed, minval=None, maxval=None, dtype=tf.uint32)
+    keys = tf.reshape(
+        tf.convert_to_tensor(keys, tf.uint32), tf.concat([[-1], tf.ones_like(shape[1:])], 0)
+    )
+    h = tf.bitwise.bitwise_xor(words[None], keys)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
+    h = h * tf.constant(_MIX_1, tf.uint32)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(13, tf.uint32)))
+    h = h * tf.constant(_MIX_2, tf.uint32)
+    return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
+
+
+def _check_keys(shape, keys):
+    """The replica count of `shape` must be the number of keys."""
+    static = tf.get_static_value(tf.convert_to_tensor(shape, tf.int32))
+    if static is not None and len(static) and static[0] != len(keys):
+        raise ValueError(
+            f"A draw of shape {list(static)} for {len(keys)} replicas: its leading axis must be "
+            "the replica axis."
+        )
+
+
+def uniform(shape, seed, dtype=tf.float32, keys=None):
+    """`U(0, 1)` draws of `shape` from a stateless `seed`, in `(0, 1)` (never 0 or 1).
+
+    With `keys` (`replica_keys`), `shape` leads with the replica axis and slice `r` depends on
+    `seed` and `keys[r]` alone (24 bits of resolution, every value `(k + 1/2) 2^-24`)."""
+    dtype = tf.as_dtype(dtype)
+    if keys is None:
+        tiny = 0.5 * float(np.finfo(dtype.as_numpy_dtype).eps)
+        return tf.random.stateless_uniform(shape, seed, minval=tiny, maxval=1.0, dtype=dtype)
+    _check_keys(shape, keys)
+    high = tf.bitwise.right_shift(_replica_words(shape, seed, keys), tf.constant(8, tf.uint32))
+    return tf.cast((tf.cast(high, tf.float32) + 0.5) * (1.0 / (1 << 24)), dtype)
+
+
+def standard_normal(shape, seed, dtype=tf.float32, keys=None):
     """`N(0, 1)` draws of `shape` from a stateless `seed` (Box-Muller on both outputs).
 
     `z1, z2 = sqrt(-2 log u1) (cos, sin)(2 pi u2)` with `u1` in `[eps/2, 1)`, so every draw is
     finite (|z| < 5.8 in float32, as with TF's own sampler, which also cuts at the uniform's
-    resolution).
+    resolution). With `keys` (`replica_keys`), `shape` leads with the replica axis and slice `r`
+    depends on `seed` and `keys[r]` alone.
     """
+    if keys is not None:
+        _check_keys(shape, keys)
+        return _standard_normal(shape, seed, dtype, keys)
     return _memoized("normal", _standard_normal, shape, seed, dtype)
 
 
-def _standard_normal(shape, seed, dtype):
+def _standard_normal(shape, seed, dtype, keys=None):
     dtype = tf.as_dtype(dtype)
     shape = tf.convert_to_tensor(shape, tf.int32)
-    size = tf.reduce_prod(shape)
+    lead = shape[:1] if keys is not None else shape[:0]
+    size = tf.reduce_prod(shape[tf.size(lead) :])
     half = (size + 1) // 2
-    tiny = 0.5 * float(np.finfo(dtype.as_numpy_dtype).eps)
-    uniform = tf.random.stateless_uniform(
-        tf.stack([2, half]), seed, minval=tiny, maxval=1.0, dtype=dtype
-    )
-    radius = tf.sqrt(-2.0 * tf.math.log(uniform[0]))
-    angle = (2.0 * math.pi) * uniform[1]
-    normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], 0)
-    return tf.reshape(normal[:size], shape)
+    draws = uniform(tf.concat([lead, [2, half]], 0), seed, dtype, keys)
+    first, second = draws[..., 0, :], draws[..., 1, :]
+    radius = tf.sqrt(-2.0 * tf.math.log(first))
+    angle = (2.0 * math.pi) * second
+    normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], -1)
+    return tf.reshape(normal[..., :size], shape)
 
 
 _BIT_SHIFTS = tuple(range(32))
 
 
-def rademacher(shape, seed, dtype=tf.float32):
+def rademacher(shape, seed, dtype=tf.float32, keys=None):
     """Random signs, exactly -1 or +1 with probability 1/2 each: the 32 bits of each random
     word give 32 signs (Philox's words are uniform, so their bits are independent fair coins),
     a 32nd of the random numbers one draw per sign would cost (Flipout's signs are about a
-    tenth of a dense step's time otherwise)."""
+    tenth of a dense step's time otherwise). With `keys` (`replica_keys`), `shape` leads with
+    the replica axis and slice `r` depends on `seed` and `keys[r]` alone."""
+    if keys is not None:
+        _check_keys(shape, keys)
+        return _rademacher(shape, seed, dtype, keys)
     return _memoized("signs", _rademacher, shape, seed, dtype)
 
 
-def _rademacher(shape, seed, dtype):
+def _rademacher(shape, seed, dtype, keys=None):
     shape = tf.convert_to_tensor(shape, tf.int32)
-    size = tf.reduce_prod(shape)
-    words = tf.random.stateless_uniform(
-        tf.reshape((size + 31) // 32, [1]), seed, minval=None, maxval=None, dtype=tf.int32
-    )
-    bits = tf.bitwise.bitwise_and(
-        tf.bitwise.right_shift(words[:, None], tf.constant(_BIT_SHIFTS, tf.int32)), 1
-    )
-    signs = tf.cast(2 * tf.reshape(bits, [-1])[:size] - 1, dtype)
-    return tf.reshape(signs, shape)
+    if keys is None:
+        size = tf.reduce_prod(shape)
+        words = tf.random.stateless_uniform(
+            tf.reshape((size + 31) // 32, [1]), seed, minval=None, maxval=None, dtype=tf.int32
+        )
+    else:
+        size = tf.reduce_prod(shape[1:])
+        words = _replica_words(tf.stack([shape[0], (size + 31) // 32]), seed, keys)
+        words = tf.bitcast(words, tf.int32)
+    shifts = tf.constant(_BIT_SHIFTS, tf.int32)
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[..., None], shifts), 1)
+    bits = tf.reshape(bits, tf.concat([tf.shape(words)[:-1], [-1]], 0))[..., :size]
+    return tf.reshape(tf.cast(2 * tf.cast(bits, tf.int32) - 1, dtype), shape)
 
 
 def normal_parameters(distribution):
@@ -155,8 +227,14 @@ def flat_multivariate_normal(distribution, diagonal=False):
     return None
 
 
-def sample(distribution, sample_shape, seed):
-    """`distribution.sample(sample_shape, seed)`, with a fast path for (Independent) Normals."""
+def sample(distribution, sample_shape, seed, keys=None):
+    """`distribution.sample(sample_shape, seed)`, with a fast path for (Independent) Normals.
+
+    With `keys` (`replica_keys`; no sample shape), the distribution's leading batch axis is the
+    replica axis and slice `r` of the draw depends on `seed` and `keys[r]` alone: for (Independent)
+    Normals and Bernoullis, the distributions a replicated layer draws."""
+    if keys is not None:
+        return _replica_sample(distribution, sample_shape, seed, keys)
     params = normal_parameters(distribution)
     if params is None or seed is None:
         return distribution.sample(sample_shape, seed=seed)
@@ -169,3 +247,31 @@ def sample(distribution, sample_shape, seed):
     if isinstance(seed, int):
         seed = tf.constant([seed, 0], tf.int32)
     return loc + scale * standard_normal(shape, seed, distribution.dtype)
+
+
+def _replica_sample(distribution, sample_shape, seed, keys):
+    if seed is None:  # an unseeded draw (a likelihood's) is not reproducible, replicated or not
+        return distribution.sample(sample_shape)
+    shape = distribution.batch_shape.concatenate(distribution.event_shape)
+    if tf.TensorShape(sample_shape).rank or not shape.is_fully_defined():
+        raise ValueError(
+            f"A replicated draw of {distribution.name} needs no sample shape and a known "
+            f"shape; got sample_shape={sample_shape}, shape {shape}."
+        )
+    if isinstance(seed, int):
+        seed = tf.constant([seed, 0], tf.int32)
+    params = normal_parameters(distribution)
+    if params is not None:
+        loc, scale = params
+        return loc + scale * standard_normal(shape, seed, distribution.dtype, keys)
+    base = distribution
+    while isinstance(base, tfd.Independent):
+        base = base.distribution
+    if type(base) is tfd.Bernoulli:
+        probs = tf.broadcast_to(base.probs_parameter(), shape)
+        draws = uniform(shape, seed, probs.dtype, keys) < probs
+        return tf.cast(draws, distribution.dtype)
+    raise ValueError(
+        f"{type(base).__name__} has no replicated draw (Normal and Bernoulli do): a replica's "
+        "draw would depend on the group it trains in."
+    )

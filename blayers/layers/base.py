@@ -19,6 +19,7 @@ import keras
 import tensorflow as tf
 
 from blayers import constraints, initializers, regularizers, sampling, seeds
+from blayers import replicas as replicas_lib
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, register_layer
 
@@ -31,6 +32,11 @@ WEIGHT_ARGS = """      kernel_initializer: a distribution initializer (`'trainab
       bias_regularizer: likewise for the bias (default None).
       kernel_constraint, bias_constraint: Keras constraints of deterministic weights.
       seed: seeds the layer's own noise (Flipout signs, local-reparameterization noise).
+      replicas: None (an ordinary layer) or `R`, the number of independent replicas of the layer
+        (`blayers.replicas`): every weight gains a leading axis of `R`, inputs and outputs are
+        `[R, batch, ...]`, and the KL is the sum of the replicas'.
+      replica_seeds: one int a replica (default `0..R-1`): replica `r`'s initial weights and
+        noise depend on its seed alone, whatever group it trains in.
       **kwargs: `keras.layers.Layer` arguments (`name`, `dtype`, `activity_regularizer`, ...).
 """
 
@@ -121,16 +127,30 @@ class SeededLayer(ArgsDoc, keras.layers.Layer):
     """A layer that draws fresh stateless seeds on every call: stochastic output layers, MC
     dropout, GP layers, and (through `BayesianLayer`) every layer with random weights.
 
+    A layer that sets `supports_replicas` also takes `replicas` and `replica_seeds`
+    (`blayers.replicas`): its per-call seed is then shared by the replicas, and each replica's
+    draws are mixed with its own key (`replica_keys`), so they depend on its seed alone.
+
     Args:
       seed: seeds the layer's `keras.random.SeedGenerator` (None: from the global seed set by
         `blayers.set_seed`). Its state is a variable of the layer, so checkpoints carry it.
+      replicas: None, or the number of independent replicas (layers that support them).
+      replica_seeds: one int a replica (default `0..replicas-1`).
       **kwargs: `keras.layers.Layer` arguments (`name`, `dtype`, `trainable`, ...).
     """
 
-    def __init__(self, seed=None, **kwargs):
+    supports_replicas = False
+
+    def __init__(self, seed=None, replicas=None, replica_seeds=None, **kwargs):
         super().__init__(**kwargs)
         self.seed = seed
         self.seed_generator = keras.random.SeedGenerator(seed)
+        self.replicas, self.replica_seeds = replicas_lib.check_replicas(
+            self, replicas, replica_seeds, self.supports_replicas
+        )
+        self.replica_keys = (
+            None if self.replicas is None else sampling.replica_keys(self.replica_seeds)
+        )
 
     # Keras' jit_compile='auto' asks every layer; XLA's CPU random kernels are slow.
     @property
@@ -145,8 +165,20 @@ class SeededLayer(ArgsDoc, keras.layers.Layer):
         """A fresh stateless seed (int32, shape [2]) for one random op of this call."""
         return seeds.next_seed(self.seed_generator)
 
+    def replica_broadcast(self, value, rank):
+        """A per-replica `[R, ...]` value reshaped to broadcast against `rank`-axis outputs
+        (`[R, 1, ..., 1, ...]`); an ordinary layer's value unchanged."""
+        if self.replicas is None:
+            return value
+        value = tf.convert_to_tensor(value)
+        inner = value.shape.rank - 1
+        return tf.reshape(value, [self.replicas] + [1] * (rank - 1 - inner) + list(value.shape[1:]))
+
     def get_config(self):
-        return {**super().get_config(), "seed": self.seed}
+        config = {**super().get_config(), "seed": self.seed}
+        if self.replicas is not None:
+            config.update(replicas=self.replicas, replica_seeds=self.replica_seeds)
+        return config
 
 
 class BayesianLayer(SeededLayer):
@@ -201,14 +233,19 @@ class BayesianLayer(SeededLayer):
         setattr(self, f"{name}_constraint", con)
 
     def add_bayesian_weight(self, name, shape):
-        """Creates weight `name` of `shape` (in `build`): random or deterministic by initializer."""
+        """Creates weight `name` of `shape` (in `build`): random or deterministic by initializer.
+        A replicated layer's weight is `[replicas, *shape]`, each replica's slice initialized
+        as one replica's weight with its own seed."""
         shape = tuple(int(d) for d in shape)
+        if self.replicas is not None:
+            shape = (self.replicas, *shape)
         init = getattr(self, f"{name}_initializer")
         reg = getattr(self, f"{name}_regularizer")
         self._bayesian_weights[name] = shape
         if initializers.is_distribution_initializer(init):
             if not init.built:
                 init.dtype_policy = self.dtype_policy  # float64 layers get float64 parameters
+                init.replica_seeds = self.replica_seeds
                 # Named after the weight: stable paths (`dense_flipout/kernel/mean`) that do not
                 # depend on how many initializers a process created, for weight loading and
                 # layout maps.
@@ -230,7 +267,11 @@ class BayesianLayer(SeededLayer):
                 self.add_weight(
                     name=name,
                     shape=shape,
-                    initializer=init,
+                    initializer=(
+                        init
+                        if self.replicas is None
+                        else replicas_lib.ReplicaInitializer(init, self.replica_seeds)
+                    ),
                     regularizer=reg,
                     constraint=getattr(self, f"{name}_constraint"),
                 ),
@@ -293,7 +334,9 @@ class BayesianLayer(SeededLayer):
     def add_bias_and_activate(self, outputs):
         """`activation(outputs + bias)`, the common tail of the layers with `use_bias` and
         `activation` (a random bias contributes its draw)."""
-        if self.use_bias:
+        if self.use_bias and self.replicas is not None:  # `[R, units]`, per replica
+            outputs = outputs + self.replica_broadcast(self.bias, outputs.shape.rank)
+        elif self.use_bias:
             outputs = tf.nn.bias_add(outputs, tf.convert_to_tensor(self.bias))
         if self.activation is not None:
             outputs = self.activation(outputs)

@@ -15,7 +15,9 @@ integral over `q` is estimated (Tran et al., 2019, Sec. 2.1 and Fig. 3):
   over a multivariate Normal with the outputs' mean and covariance.
 
 Each accepts the mandatory arguments of `keras.layers.Dense` and is a drop-in replacement. With
-a Keras (deterministic) kernel initializer, each is an ordinary `Dense`.
+a Keras (deterministic) kernel initializer, each is an ordinary `Dense`. With `replicas=R` (all
+but `DenseDVI`), each is `R` independent layers at once (`blayers.replicas`): kernel
+`[R, in, units]`, inputs `[R, batch, ..., in]`, one batched matmul.
 """
 
 import math
@@ -26,6 +28,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
+from blayers import replicas as replicas_lib
 from blayers.layers.base import WEIGHT_ARGS, BayesianLayer, is_fixed, register
 from blayers.layers.estimators import (
     FlipoutEstimator,
@@ -47,7 +50,15 @@ __all__ = [
 
 
 def dense_matmul(inputs, kernel):
-    """`inputs @ kernel` over the last axis of `inputs` (rank >= 2)."""
+    """`inputs @ kernel` over the last axis of `inputs` (rank >= 2); a replicated kernel
+    `[R, in, units]` maps each replica's `[R, batch, ..., in]` inputs with its own slice."""
+    if kernel.shape.rank == 3:
+        if inputs.shape.rank == 3:
+            return tf.matmul(inputs, kernel)
+        shape = tf.shape(inputs)
+        flat = tf.reshape(inputs, tf.stack([shape[0], -1, shape[-1]]))
+        outputs = tf.matmul(flat, kernel)
+        return tf.reshape(outputs, tf.concat([shape[:-1], tf.shape(kernel)[-1:]], 0))
     if inputs.shape.rank == 2:
         return tf.matmul(inputs, kernel)
     return tf.tensordot(inputs, kernel, [[-1], [0]])
@@ -64,6 +75,7 @@ class _DenseBase(BayesianLayer):
 """
         + WEIGHT_ARGS
     )
+    supports_replicas = True
 
     def __init__(
         self,
@@ -100,12 +112,16 @@ class _DenseBase(BayesianLayer):
                 f"{type(self).__name__} ({self.name}) needs a known last input "
                 f"dimension, got input shape {input_shape}."
             )
+        if self.replicas is not None:
+            replicas_lib.check_replica_inputs(self, input_shape)
         self.add_bayesian_weight("kernel", (input_dim, self.units))
         if self.use_bias:
             self.add_bayesian_weight("bias", (self.units,))
         else:
             self.bias = None
-        self.input_spec = keras.layers.InputSpec(min_ndim=2, axes={-1: input_dim})
+        self.input_spec = keras.layers.InputSpec(
+            min_ndim=2 if self.replicas is None else 3, axes={-1: input_dim}
+        )
 
     def call(self, inputs):
         self.call_weights()
@@ -252,6 +268,8 @@ class DenseDVI(_DenseBase):
     closed-form expected log-likelihood read `outputs.distribution`. Activations other than
     linear and ReLU raise. Cost O(batch * units^2 * input_dim).
     """
+
+    supports_replicas = False  # moment propagation over one layer's units
 
     def __init__(self, units, activation=None, **kwargs):
         super().__init__(units, activation=activation, **kwargs)

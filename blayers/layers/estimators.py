@@ -15,7 +15,9 @@ a cell can form the same draw again):
   exact in distribution for a linear `op` and a mean-field Normal q, per output unit.
 
 Everything is exact for a mean-field Normal q (`normal_parameters`); other q fall back to
-`mean()` / `stddev()` / `value - mean`.
+`mean()` / `stddev()` / `value - mean`. A replicated layer (`blayers.replicas`) runs the same
+code on `[R, batch, ...]` inputs and `[R, ...]` kernels: its draws take the layer's
+`replica_keys`, and the per-example noise is per replica and per example.
 """
 
 import tensorflow as tf
@@ -46,22 +48,29 @@ def kernel_moments(kernel):
     return kernel.distribution.mean(), kernel.distribution.stddev()
 
 
-def kernel_perturbation(kernel, seed, dtype):
+def kernel_perturbation(kernel, seed, dtype, keys=None):
     """`(M, dW)`: the kernel's mean and one zero-mean perturbation `W - M`. For a Normal q only
-    `S * eps` is drawn; `M + S * eps` is never materialized."""
+    `S * eps` is drawn; `M + S * eps` is never materialized. `keys`: a replicated kernel's."""
     params = normal_parameters(kernel.distribution)
     if params is not None:
         mean, scale = params
-        return mean, scale * standard_normal(kernel.shape, seed, dtype)
+        return mean, scale * standard_normal(kernel.shape, seed, dtype, keys)
     mean = kernel.distribution.mean()
     return mean, kernel.value - mean
 
 
-def channel_sign_shape(tensor):
-    """`[batch, 1, ..., 1, channels]`: one sign per example and per channel."""
+def channel_sign_shape(tensor, example_axes=1):
+    """`[batch, 1, ..., 1, channels]`: one sign per example and per channel; a replicated
+    layer's examples are its first two axes, `[R, batch, 1, ..., 1, channels]`."""
     shape = tf.shape(tensor)
     rank = tensor.shape.rank
-    return tf.concat([shape[:1], tf.ones([rank - 2], tf.int32), shape[-1:]], 0)
+    return tf.concat(
+        [shape[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), shape[-1:]], 0
+    )
+
+
+def _example_axes(layer):
+    return 1 if getattr(layer, "replicas", None) is None else 2
 
 
 class ReparameterizationEstimator:
@@ -85,8 +94,8 @@ class FlipoutEstimator:
     def linear_fn(self, kernel, batch_size=None, seed=None):
         seed = self.next_seed() if seed is None else seed
         noise_seed, in_seed, out_seed = tfp.random.split_seed(seed, n=3)
-        dtype = self.compute_dtype
-        mean, perturbation = kernel_perturbation(kernel, noise_seed, dtype)
+        dtype, keys, axes = self.compute_dtype, self.replica_keys, _example_axes(self)
+        mean, perturbation = kernel_perturbation(kernel, noise_seed, dtype, keys)
         if batch_size is not None:
             sign_in = rademacher(tf.stack([batch_size, kernel.shape[0]]), in_seed, dtype)
             sign_out = rademacher(tf.stack([batch_size, kernel.shape[-1]]), out_seed, dtype)
@@ -96,9 +105,9 @@ class FlipoutEstimator:
 
         def apply(x):
             outputs = self._linear(x, mean)
-            sign_in = rademacher(channel_sign_shape(x), in_seed, x.dtype)
+            sign_in = rademacher(channel_sign_shape(x, axes), in_seed, x.dtype, keys)
             perturbed = self._linear(x * sign_in, perturbation)
-            sign_out = rademacher(channel_sign_shape(perturbed), out_seed, x.dtype)
+            sign_out = rademacher(channel_sign_shape(perturbed, axes), out_seed, x.dtype, keys)
             return outputs + perturbed * sign_out
 
         return apply
@@ -124,7 +133,7 @@ class LocalReparameterizationEstimator:
         def apply(x):
             loc = self._linear(x, mean)
             variance = self._linear(tf.square(x), variance_kernel)
-            noise = standard_normal(tf.shape(loc), seed, loc.dtype)
+            noise = standard_normal(tf.shape(loc), seed, loc.dtype, self.replica_keys)
             # The small floor keeps sqrt's gradient finite where an input patch is all zeros.
             return loc + tf.sqrt(variance + 1e-12) * noise
 

@@ -13,7 +13,7 @@ import tensorflow as tf
 
 from blayers.lab import loop
 from blayers.lab.data.base import Replica, standardized_regression
-from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll
+from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll, _moments
 from blayers.lab.models import (
     mc_dropout_regressor,
     mlp,
@@ -21,6 +21,7 @@ from blayers.lab.models import (
     replicated_flipout_regressor,
     replicated_mc_dropout_regressor,
 )
+from blayers.layers import GaussianLikelihood, MCDropout
 from blayers.layers.replicated import ReplicatedNoise
 
 
@@ -110,7 +111,8 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
     # The predictive's parts are scored: the function's spread (draws, or a GP's closed form)
     # is positive, and the noise is the likelihood's (MC dropout's 1 / tau), in original units.
-    (noise,) = [layer for layer in group.model.layers if isinstance(layer, ReplicatedNoise)]
+    likelihoods = (ReplicatedNoise, GaussianLikelihood)
+    (noise,) = [layer for layer in group.model.layers if isinstance(layer, likelihoods)]
     variances = noise.noise_variance.numpy()
     for r, (replica, scores) in enumerate(zip(REPLICAS, summary["replicas"])):
         assert scores["final"]["function_stddev"] > 0.0
@@ -216,17 +218,18 @@ def test_the_replicated_network_has_gal_and_ghahramani_s_objective():
     dense = [layer for layer in lone.layers if isinstance(layer, keras.layers.Dense)]
     kernels = [v for v in net.trainable_variables if "kernel" in v.path]
     biases = [v for v in net.trainable_variables if "bias" in v.path]
+    assert len(dense) == len(kernels) == len(biases) == 2
     for layer, kernel, bias in zip(dense, kernels, biases):
         layer.kernel.assign(kernel[0])
         layer.bias.assign(bias[0])
     for layer in net.layers:
-        if hasattr(layer, "rates"):
-            layer.rates = [0.0]
-    lone_drop = [layer for layer in lone.layers if hasattr(layer, "rate")]
+        if isinstance(layer, MCDropout):
+            layer.rate = [0.0]
+    lone_drop = [layer for layer in lone.layers if isinstance(layer, MCDropout)]
     for layer in lone_drop:
         layer.rate = 0.0
     x, y = next(iter(replica.data.train.batch(100)))
-    outputs = net(tf.convert_to_tensor(x)[None])
+    outputs = _moments(net(tf.convert_to_tensor(x)[None]))
     likelihood = lone(x)
     np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-5)
     ours = float(tf.reduce_mean(_gaussian_nll(outputs, tf.cast(y, tf.float32)[None]))) + float(
@@ -244,26 +247,27 @@ def test_the_replicated_flipout_network_has_dense_flipout_s_objective():
     outputs, noise variance and objective (mean NLL + KL / N) equal those of
     `mlp(dense_layer='DenseFlipout', noise_variance=0.1, learn_noise=True)` with the same
     posterior means, stddevs and noise."""
-    replica = Replica("a", _data(0), seed=3, hparams={"prior_stddev": 0.5})
-    net = replicated_flipout_regressor(3, [replica], hidden_units=(8,))
+    replica = Replica("a", _data(0), seed=3)
+    net = replicated_flipout_regressor(3, [replica], hidden_units=(8,), prior_stddev=0.5)
     lone = mlp((3,), 1, hidden_units=(8,), dense_layer="DenseFlipout", noise_variance=0.1)
     for layer in lone.layers[:2]:
         layer.kernel_regularizer.stddev = 0.5  # the replica's prior, N(0, 0.5^2)
     x, y = next(iter(replica.data.train.batch(100)))
     x = tf.convert_to_tensor(x, tf.float32)
     outputs, likelihood = net(x[None]), lone(x)  # builds both
-    ours = {v.path.split("/", 1)[1]: v for v in net.trainable_variables}
+    assert len(net.trainable_variables) == 7  # means, rhos and biases of two layers, the noise
     rng = np.random.default_rng(0)
     for layer, replicated in zip(lone.layers[:2], net.layers[:2]):
-        variables = {v.path.split("/")[-1]: v for v in layer.trainable_variables}
-        replicated.kernel.assign(rng.normal(size=replicated.kernel.shape) * 0.5)  # not ~1e-5
-        variables["mean"].assign(replicated.kernel[0])
-        variables["bias"].assign(replicated.bias[0])
-        replicated.kernel_rho.assign(tf.fill(replicated.kernel_rho.shape, -16.0))
-        variables["stddev"].assign(tf.fill(variables["stddev"].shape, -16.0))
+        replicated.kernel_initializer.mean.assign(
+            rng.normal(size=replicated.kernel_initializer.mean.shape) * 0.5  # not ~1e-5
+        )
+        replicated.kernel_initializer.stddev.assign(
+            tf.fill(replicated.kernel_initializer.stddev.shape, -16.0)
+        )
+        for theirs, ours in zip(layer.trainable_variables, replicated.trainable_variables):
+            theirs.assign(ours[0])
     lone.layers[-1].raw_noise_variance.assign(net.layers[-1].raw_noise_variance[0])
-    assert len(ours) == 7  # means, rhos and biases of two layers, and the noise
-    outputs, likelihood = net(x[None]), lone(x)
+    outputs, likelihood = _moments(net(x[None])), lone(x)
     np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-4)
     np.testing.assert_allclose(
         np.exp(outputs[0, :, 1]), likelihood.distribution.variance()[:, 0], rtol=1e-5

@@ -29,6 +29,7 @@ from blayers.lab.learners.base import KerasLearner, refuse_strategy
 from blayers.lab.learners.supervised import make_optimizer
 from blayers.lab.tasks.base import features, targets
 from blayers.layers.replicated import replica_seeds
+from blayers.random_variable import RandomVariable
 
 __all__ = ["ReplicatedLearner"]
 
@@ -46,9 +47,10 @@ class ReplicatedLearner(KerasLearner):
     Args:
       replicas: the `blayers.lab.data.Replica`s (or a callable returning them, such as
         `@uci_replicas`); all need the same number of training rows and features.
-      model: `model(input_dim, replicas)` -> a Keras model mapping `[R, B, input_dim]` to
-        `[R, B, 2]` (mean, log noise variance, in standardized units), or `[R, B, 3]` with a
-        GP's function variance last (the loss is then the variational expectation).
+      model: `model(input_dim, replicas)` -> a Keras model mapping `[R, B, input_dim]` to a
+        replicated `GaussianLikelihood`'s random variable `[R, B, 1]` (standardized units), to
+        `[R, B, 2]` (mean, log noise variance), or to `[R, B, 3]` with a GP's function variance
+        last (the loss is then the variational expectation).
       optimizer: `optimizer()` -> a Keras optimizer (elementwise ones keep replicas exact).
       batch_size: rows a replica per step (full batches only, like the supervised stream).
       num_eval_samples: Monte Carlo draws of the predictive at evaluation.
@@ -125,7 +127,9 @@ class ReplicatedLearner(KerasLearner):
         optimizer.build(model.trainable_variables)
         self.track(model, optimizer)
         self._train_step_fn = self._make_train_step()
-        self._predict_fn = tf.function(lambda x: model(x, training=False), reduce_retracing=True)
+        self._predict_fn = tf.function(
+            lambda x: _moments(model(x, training=False)), reduce_retracing=True
+        )
 
     def _make_train_step(self):
         net, opt, step = self.model, self.optimizer, self.step_variable
@@ -133,7 +137,7 @@ class ReplicatedLearner(KerasLearner):
         @tf.function
         def train_step(x, y):
             with tf.GradientTape() as tape:
-                outputs = net(x, training=True)
+                outputs = _moments(net(x, training=True))
                 nll = tf.reduce_mean(_gaussian_nll(outputs, y), axis=[1, 2])  # [R]
                 penalty = tf.add_n(net.losses) if net.losses else tf.constant(0.0)
                 loss = tf.reduce_sum(nll) + penalty
@@ -259,6 +263,14 @@ class ReplicatedLearner(KerasLearner):
             "replicas": replicas,
         }
         return summary, [curves]
+
+
+def _moments(outputs):
+    """A likelihood's random variable as `[..., 2]` (mean, log variance); tensors unchanged."""
+    if isinstance(outputs, RandomVariable):
+        distribution = outputs.distribution
+        return tf.concat([distribution.mean(), tf.math.log(distribution.variance())], -1)
+    return outputs
 
 
 def _gaussian_nll(outputs, targets):

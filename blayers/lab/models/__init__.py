@@ -22,6 +22,8 @@ from blayers.lab.models.transformer import transformer, transformer_lm, transfor
 from blayers.lab.models.vae import VAE, VQVAE, vae, vqvae
 from blayers.lab.tasks import Regression
 from blayers.registry import get_layer as get_layer_class
+from blayers.regularizers import NormalKLDivergence
+from blayers.replicas import ReplicaL2
 
 __all__ = [
     "NUM_OUTPUTS",
@@ -163,14 +165,15 @@ def mc_dropout_regressor(
 def replicated_mc_dropout_regressor(
     input_dim, replicas, hidden_units=(50,), lengthscale=1e-2, name="replicated_mc_dropout"
 ):
-    """`mc_dropout_regressor` for `R` replicas at once (`blayers.layers.replicated`): replica
-    `r` drops units at its `hparams['dropout_rate']`, has the noise precision `hparams['tau']`
-    (original units) and the weight decay of its rate, its data's target scale and training
-    size. Inputs `[R, B, input_dim]`; outputs `[R, B, 2]` (mean, log noise variance).
+    """`mc_dropout_regressor` for `R` replicas at once (`blayers.replicas`: the same layers
+    with `replicas=R`): replica `r` drops units at its `hparams['dropout_rate']`, has the noise
+    precision `hparams['tau']` (original units) and the weight decay of its rate, its data's
+    target scale and training size (`blayers.replicas.ReplicaL2`). Inputs `[R, B, input_dim]`;
+    outputs a `GaussianLikelihood`'s random variable `[R, B, 1]`.
 
     Args:
       input_dim: features per example.
-      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer).
+      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer's replica).
       hidden_units, lengthscale: as `mc_dropout_regressor`.
     """
     rates, variances, decays = [], [], []
@@ -185,23 +188,23 @@ def replicated_mc_dropout_regressor(
         rates.append(rate)
         variances.append(1.0 / (tau * scale**2))
         decays.append(mc_dropout_decay(lengthscale, rate, scale) / replica.data.num_train)
-    seeds = [replica.seed for replica in replicas]
-    replicated = blayers_layers.replicated
+    group = {"replicas": len(replicas), "replica_seeds": [replica.seed for replica in replicas]}
     model_layers = [keras.Input((None, input_dim))]
     widths = (*hidden_units, 1)
     for i, units in enumerate(widths):  # dropout before every dense layer, as theirs
-        model_layers.append(
-            replicated.ReplicatedMCDropout(rates, replicated.replica_seeds(seeds, 2 * i))
-        )
-        model_layers.append(
-            replicated.ReplicatedDense(
+        model_layers.append(blayers_layers.MCDropout(rates, **group))
+        model_layers.append(  # a Keras initializer: the deterministic dense layer
+            blayers_layers.DenseReparameterization(
                 units,
-                replicated.replica_seeds(seeds, 2 * i + 1),
                 activation="relu" if i < len(hidden_units) else None,
-                kernel_decay=decays,
+                kernel_initializer="glorot_uniform",
+                kernel_regularizer=ReplicaL2(decays),
+                **group,
             )
         )
-    model_layers.append(replicated.ReplicatedNoise(variances, len(replicas)))
+    model_layers.append(
+        blayers_layers.GaussianLikelihood(variances, trainable=False, name="likelihood", **group)
+    )
     return keras.Sequential(model_layers, name=name)
 
 
@@ -217,37 +220,44 @@ def replicated_flipout_regressor(
     name="replicated_flipout",
 ):
     """`mlp(dense_layer='DenseFlipout', noise_variance=..., learn_noise=True)`, the mean-field
-    Flipout regressor, for `R` replicas at once (`blayers.layers.replicated`): each replica has
-    its own posterior, its own `N(0, prior_stddev^2)` prior and KL weight `1 / N_r` (its negative
-    ELBO per example) and its own learned noise variance (standardized units). A replica's
-    `hparams` may override `prior_stddev` and `noise_variance`. Inputs `[R, B, input_dim]`;
-    outputs `[R, B, 2]` (mean, log noise variance).
+    Flipout regressor, for `R` replicas at once (`blayers.replicas`: `DenseFlipout` and
+    `GaussianLikelihood` with `replicas=R`): each replica has its own posterior, KL weight
+    `1 / N` (its negative ELBO per example) and learned noise variance (standardized units,
+    `hparams['noise_variance']` where a replica sets it). Inputs `[R, B, input_dim]`; outputs
+    the likelihood's random variable `[R, B, 1]`.
 
     Args:
       input_dim: features per example.
-      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer).
+      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer's replica).
       hidden_units, activation: the hidden layers, as `mlp`'s.
       prior_stddev: the weights' prior stddev (Hernandez-Lobato & Adams' VI baseline: 1).
       noise_variance: the initial noise variance; learn_noise: whether it is trained.
     """
-    priors = [r.hparams.get("prior_stddev", prior_stddev) for r in replicas]
     variances = [r.hparams.get("noise_variance", noise_variance) for r in replicas]
-    kl_weights = [1.0 / r.data.num_train for r in replicas]
-    seeds = [replica.seed for replica in replicas]
-    replicated = blayers_layers.replicated
+    sizes = {r.data.num_train for r in replicas}
+    if len(sizes) > 1 or any("prior_stddev" in r.hparams for r in replicas):
+        raise ValueError(
+            "replicated_flipout_regressor: replicas share one prior and one training size (the "
+            f"KL's 1 / N); got sizes {sorted(sizes)} and per-replica prior_stddev hparams."
+        )
+    group = {"replicas": len(replicas), "replica_seeds": [replica.seed for replica in replicas]}
+    kl = {"stddev": prior_stddev, "scale_factor": 1.0 / sizes.pop()}
     model_layers = [keras.Input((None, input_dim))]
     widths = (*hidden_units, 1)
     for i, units in enumerate(widths):
         model_layers.append(
-            replicated.ReplicatedDenseFlipout(
+            blayers_layers.DenseFlipout(
                 units,
-                replicated.replica_seeds(seeds, i),
                 activation=activation if i < len(hidden_units) else None,
-                prior_stddev=priors,
-                kl_weight=kl_weights,
+                kernel_regularizer=NormalKLDivergence(**kl),
+                **group,
             )
         )
-    model_layers.append(replicated.ReplicatedNoise(variances, len(replicas), trainable=learn_noise))
+    model_layers.append(
+        blayers_layers.GaussianLikelihood(
+            variances, trainable=learn_noise, name="likelihood", **group
+        )
+    )
     return keras.Sequential(model_layers, name=name)
 
 

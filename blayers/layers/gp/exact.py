@@ -8,6 +8,8 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import distributions as rv_lib
+from blayers import replicas as replicas_lib
+from blayers import sampling
 from blayers.layers.base import NamedOutput, register
 from blayers.random_variable import RandomVariable
 
@@ -165,27 +167,56 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
     estimate of the ELBO's expected log-likelihood, and Monte Carlo passes average into the
     predictive mixture. `variational_expectation(f, y)` is the same term in closed form.
 
+    With `replicas=R` (`blayers.replicas`) it is `R` independent likelihoods on `[R, batch, ...]`
+    inputs, each with its own `sigma_r^2` (`noise_variance` one value or `R`).
+
     Args:
-      noise_variance: initial `sigma^2` (positive).
-      **kwargs: `keras.layers.Layer` arguments.
+      noise_variance: initial `sigma^2` (positive); with replicas, one or one a replica.
+      replicas, replica_seeds: see `blayers.replicas` (default: an ordinary layer).
+      **kwargs: `keras.layers.Layer` arguments (`trainable=False` keeps `sigma^2` fixed).
     """
 
-    def __init__(self, noise_variance=0.1, **kwargs):
+    def __init__(self, noise_variance=0.1, replicas=None, replica_seeds=None, **kwargs):
         super().__init__(**kwargs)
-        self.noise_variance_init = float(noise_variance)
+        self.replicas, self.replica_seeds = replicas_lib.check_replicas(
+            self, replicas, replica_seeds, supported=True
+        )
+        self.noise_variance_init = replicas_lib.per_replica(
+            self, "noise_variance", noise_variance, self.replicas
+        )
+        initial = np.atleast_1d(self.noise_variance_init)
+        if not np.all(initial > 0):
+            raise ValueError(
+                f"GaussianLikelihood ({self.name}): noise_variance must be positive, got "
+                f"{noise_variance!r}."
+            )
 
     def build(self, input_shape):
+        if self.replicas is not None:
+            replicas_lib.check_replica_inputs(self, input_shape, min_rank=2)
+        initial = self.noise_variance_init
+        raw = (
+            float_softplus_inverse(initial)
+            if self.replicas is None
+            else [float_softplus_inverse(v) for v in initial]
+        )
         self.raw_noise_variance = self.add_weight(
             name="noise_variance",
-            shape=(),
-            initializer=keras.initializers.Constant(
-                float_softplus_inverse(self.noise_variance_init)
-            ),
+            shape=np.shape(initial),
+            initializer=keras.initializers.Constant(raw),
         )
 
     @property
     def noise_variance(self):
+        """`sigma^2`; with replicas, `[R]`."""
         return tf.nn.softplus(self.raw_noise_variance)
+
+    def _noise_variance_like(self, f):
+        """`sigma^2` broadcast against `f` (a replicated likelihood's `[R, 1, ..., 1]`)."""
+        noise = tf.cast(self.noise_variance, f.dtype)
+        if self.replicas is None:
+            return noise
+        return tf.reshape(noise, [self.replicas] + [1] * (f.shape.rank - 1))
 
     def variational_expectation(self, f, y):
         """`E_q(f)[log N(y; f, sigma^2)] = log N(y; mu, sigma^2) - s^2 / (2 sigma^2)` per entry,
@@ -195,17 +226,25 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
             self.build(f.shape)
         mean, variance = f.distribution.mean(), f.distribution.variance()
         y = tf.cast(y, mean.dtype)
-        noise = tf.cast(self.noise_variance, mean.dtype)
+        noise = self._noise_variance_like(mean)
         return tfd.Normal(mean, tf.sqrt(noise)).log_prob(y) - variance / (2.0 * noise)
 
     def call(self, inputs):
         f = inputs.value if isinstance(inputs, RandomVariable) else tf.convert_to_tensor(inputs)
         return rv_lib.Normal(
-            loc=f, scale=tf.sqrt(self.noise_variance) + tf.zeros_like(f), name=self.output_name
+            loc=f,
+            scale=tf.sqrt(self._noise_variance_like(f)) + tf.zeros_like(f),
+            name=self.output_name,
+            replica_keys=(
+                None if self.replicas is None else sampling.replica_keys(self.replica_seeds)
+            ),
         )
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
-        return {**super().get_config(), "noise_variance": self.noise_variance_init}
+        config = {**super().get_config(), "noise_variance": self.noise_variance_init}
+        if self.replicas is not None:
+            config.update(replicas=self.replicas, replica_seeds=self.replica_seeds)
+        return config
