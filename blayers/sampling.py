@@ -252,12 +252,14 @@ def sample(distribution, sample_shape, seed, keys=None):
 def _replica_sample(distribution, sample_shape, seed, keys):
     if seed is None:  # an unseeded draw (a likelihood's) is not reproducible, replicated or not
         return distribution.sample(sample_shape)
-    shape = distribution.batch_shape.concatenate(distribution.event_shape)
-    if tf.TensorShape(sample_shape).rank or not shape.is_fully_defined():
+    if tf.TensorShape(sample_shape).rank:
         raise ValueError(
-            f"A replicated draw of {distribution.name} needs no sample shape and a known "
-            f"shape; got sample_shape={sample_shape}, shape {shape}."
+            f"A replicated draw of {distribution.name} is one draw (no sample shape); got "
+            f"sample_shape={sample_shape}."
         )
+    shape = distribution.batch_shape.concatenate(distribution.event_shape)
+    if not shape.is_fully_defined():
+        shape = tf.concat([distribution.batch_shape_tensor(), distribution.event_shape_tensor()], 0)
     if isinstance(seed, int):
         seed = tf.constant([seed, 0], tf.int32)
     params = normal_parameters(distribution)

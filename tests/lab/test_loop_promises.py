@@ -94,22 +94,23 @@ class _Crash(Exception):
 
 
 def _run(kind, model_dir, *params, at_step=None, action=None):
-    """A run of the `kind` learner in `model_dir`; `action(step)` runs inside the training step
-    that reaches `at_step` (a signal, a crash)."""
+    """A run of the `kind` learner in `model_dir`; `action()` runs inside the call of training
+    steps that reaches `at_step` (a signal, a crash), as if it came during that step."""
     name, gin_files, bindings, _ = LEARNERS[kind]
     gin.clear_config()
     config.parse(gin_files, [*SCHEDULE, *bindings, *params])
     learner = getattr(learners_lib, name)()
     if action is not None:
-        step_fn = learner.train_step
+        steps_fn = learner.train_steps
 
-        def train_step(batch):
-            scalars = step_fn(batch)
-            if learner.step == at_step:
+        def train_steps(n):
+            before = learner.step
+            steps = steps_fn(n)
+            if before < at_step <= learner.step:
                 action()
-            return scalars
+            return steps
 
-        learner.train_step = train_step
+        learner.train_steps = train_steps
     return loop.train(str(model_dir), learner=learner)
 
 
@@ -209,3 +210,28 @@ def test_every_learner_keeps_the_run_folder_promises(kind, tmp_path, caplog, cap
     assert list((moved / "checkpoints").glob("ckpt-6.*.damaged"))
     _assert_same_run(moved, straight)
     assert len(list((moved / "checkpoints").glob("ckpt-*.index"))) <= 3
+
+
+def test_a_stop_inside_a_call_of_several_steps_resumes_exactly(tmp_path):
+    """Steps run several to a call (here 3: calls end at the log cadence, and an epoch of the
+    smoke config is longer). A SIGTERM during the call's second step stops at the call's end
+    with a checkpoint there; the resumed run ends as the uninterrupted one, and the records are
+    the same whatever the steps a call."""
+    kind = "supervised"
+    calls = ["train.log_every = 3", "train.checkpoint_every = 6"]
+    straight, cut, single = tmp_path / "straight", tmp_path / "cut", tmp_path / "single"
+    _run(kind, straight, *calls)
+    _run(kind, single, *calls, "train.steps_per_execution = 1")
+    with pytest.raises(KeyboardInterrupt):
+        _run(kind, cut, *calls, at_step=2, action=lambda: os.kill(os.getpid(), signal.SIGTERM))
+    assert [os.path.basename(p) for p in runs.checkpoint_prefixes(str(cut / "checkpoints"))] == [
+        "ckpt-3"
+    ]
+    _run(kind, cut, *calls)
+    for other in (cut, single):
+        ours, theirs = _losses(other), _losses(straight)
+        assert [s for s, _ in ours] == [s for s, _ in theirs] == [3, 6]
+        np.testing.assert_allclose([v for _, v in ours], [v for _, v in theirs], rtol=1e-6)
+        final, expected = runs.RunDir(other).final(), runs.RunDir(straight).final()
+        for key, value in expected.items():
+            np.testing.assert_allclose(final[key], value, rtol=1e-5, atol=1e-7, err_msg=key)

@@ -6,6 +6,13 @@ and the run folder; a learner owns the model and answers these calls, in this or
                            `blayers.lab.runs.SaverState` (a graph-mode learner's v1 Saver)
     restored()             after the Checkpointer restored `state()` (or found none)
     collect()              between phases (reinforcement learning); no-op by default
+    begin_phase()          a phase starts (an epoch, a collection interval), from the data
+                           position `step` implies; by default it iterates `batches()`
+    train_steps(n)         up to `n` optimizer steps of the phase in one call -> `Steps` (the
+                           scalars' sums over the steps and the last step's; fewer steps at the
+                           phase's end; it stops after a non-finite step). By default one
+                           `train_step(batch)` a batch of `batches()`; a Keras learner runs them
+                           in one graph call (`compile_steps`), no host round trip per step
     batches()              the batches of one phase, from the data position `step` implies
     train_step(batch)      one optimizer step -> `{name: float}` (a `non_finite` > 0 marks a
                            step the learner found non-finite without a non-finite scalar)
@@ -22,10 +29,37 @@ gin under its class name (`SupervisedLearner.batch_size = 128`) and chosen by
 """
 
 import contextlib
+import dataclasses
+import itertools
+import math
 
 import tensorflow as tf
 
-__all__ = ["KerasLearner", "Learner", "refuse_strategy"]
+__all__ = ["KerasLearner", "Learner", "Steps", "refuse_strategy"]
+
+
+@dataclasses.dataclass
+class Steps:
+    """What one `train_steps(n)` call did.
+
+    Attributes:
+      count: the steps taken (fewer than `n` at the end of a phase; 0 once it is over).
+      sums: `{name: float}`, each scalar summed over the steps (`non_finite` included).
+      last: the last step's scalars.
+      bad: the batch of the non-finite step that ended the call (None: every step was finite).
+    """
+
+    count: int
+    sums: dict
+    last: dict
+    bad: object = None
+
+
+def non_finite(scalars):
+    """Whether a step's scalars mark it non-finite (a flag, or a NaN or infinite value)."""
+    return bool(scalars.get("non_finite", 0.0)) or not all(
+        math.isfinite(v) for v in scalars.values()
+    )
 
 
 class Learner:
@@ -55,6 +89,22 @@ class Learner:
 
     def collect(self):
         """Between training phases: nothing to collect."""
+
+    def begin_phase(self):
+        """A phase starts: its batches are `batches()`."""
+        self._phase = iter(self.batches())
+
+    def train_steps(self, n):
+        """Up to `n` steps of the phase, one `train_step` a batch (see the module docstring)."""
+        sums, last, count = {}, {}, 0
+        for batch in itertools.islice(self._phase, n):
+            last = dict(self.train_step(batch))
+            count += 1
+            for key, value in last.items():
+                sums[key] = sums.get(key, 0.0) + value
+            if non_finite(last):
+                return Steps(count, sums, last, bad=batch)
+        return Steps(count, sums, last)
 
     def batches(self):
         raise NotImplementedError(f"{type(self).__name__} has no batches.")
@@ -107,6 +157,40 @@ class KerasLearner(Learner):
     @property
     def step(self):
         return int(self.step_variable.numpy())
+
+    @staticmethod
+    def compile_steps(step_fn, next_batch, names):
+        """A `tf.function` `(n, *args) -> (count, sums, last)` running up to `n` steps in one
+        call: `next_batch(i, *args) -> (has_value, get)` says whether the call's `i`-th batch
+        exists (not: the phase is over) and `get()` makes it, `step_fn(batch) -> {name: scalar tensor}` (the keys `names`,
+        `non_finite` among them) takes one optimizer step, and a non-finite step ends the call.
+        The scalars stay in the graph, summed; the host reads them once a call (`Steps`)."""
+
+        @tf.function
+        def steps(n, *args):
+            zeros = {name: tf.constant(0.0) for name in names}
+            count, sums, last = tf.constant(0), zeros, zeros
+            for i in tf.range(n):
+                has_value, get = next_batch(i, *args)
+                if not has_value:
+                    break
+                scalars = step_fn(get())
+                scalars = {name: tf.cast(scalars[name], tf.float32) for name in names}
+                sums = {name: sums[name] + scalars[name] for name in names}
+                last = scalars
+                count += 1
+                if scalars["non_finite"] > 0:
+                    break
+            return count, sums, last
+
+        return steps
+
+    @staticmethod
+    def read_steps(result):
+        """`(count, sums, last)` of a compiled call as Python numbers (the call's one sync)."""
+        count, sums, last = result
+        as_floats = lambda d: {k: float(v) for k, v in d.items()}
+        return int(count), as_floats(sums), as_floats(last)
 
     @contextlib.contextmanager
     def training_streams_kept(self):

@@ -25,7 +25,7 @@ import tensorflow as tf
 from blayers import metrics as metrics_lib
 from blayers import seeds as seeds_lib
 from blayers.lab import plots
-from blayers.lab.learners.base import KerasLearner, refuse_strategy
+from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.lab.learners.supervised import make_optimizer
 from blayers.lab.tasks.base import features, targets
 from blayers.layers.replicated import replica_seeds
@@ -34,6 +34,7 @@ from blayers.random_variable import RandomVariable
 __all__ = ["ReplicatedLearner"]
 
 _LOG_2PI = float(np.log(2.0 * np.pi))
+_STEP_SCALARS = ("loss", "nll", "kl_per_example", "non_finite", "bad_replica")
 
 
 def _arrays(dataset):
@@ -133,22 +134,50 @@ class ReplicatedLearner(KerasLearner):
 
     def _make_train_step(self):
         net, opt, step = self.model, self.optimizer, self.step_variable
+        x_train, y_train = tf.constant(self.x_train), tf.constant(self.y_train)  # resident
+        replicas, batch_size = len(self.replicas), self.batch_size
 
-        @tf.function
-        def train_step(x, y):
+        def train_step(batch):
+            x, y = batch
             with tf.GradientTape() as tape:
                 outputs = _moments(net(x, training=True))
                 nll = tf.reduce_mean(_gaussian_nll(outputs, y), axis=[1, 2])  # [R]
                 penalty = tf.add_n(net.losses) if net.losses else tf.constant(0.0)
                 loss = tf.reduce_sum(nll) + penalty
             grads = tape.gradient(loss, net.trainable_variables)
-            finite = tf.reduce_all(tf.math.is_finite(nll)) & tf.math.is_finite(penalty)
+            finite_nll = tf.math.is_finite(nll)
+            finite = tf.reduce_all(finite_nll) & tf.math.is_finite(penalty)
             grads = [tf.where(finite, g, tf.zeros_like(g)) for g in grads]
             opt.apply_gradients(zip(grads, net.trainable_variables))
             step.assign_add(1)
-            return nll, penalty, 1.0 - tf.cast(finite, tf.float32)
+            mean_nll = tf.reduce_mean(nll)
+            # The weight decay (a Gaussian prior's log density, already divided by N), per
+            # replica: the supervised learner's `kl_per_example` for such a model.
+            decay = penalty / replicas
+            first_bad = tf.argmin(tf.cast(finite_nll, tf.int32), output_type=tf.int32)
+            return {
+                "loss": mean_nll + decay,
+                "nll": mean_nll,
+                "kl_per_example": decay,
+                "non_finite": 1.0 - tf.cast(finite, tf.float32),
+                # The first replica whose NLL is not finite (-1: none), for the diagnosis.
+                "bad_replica": tf.where(tf.reduce_all(finite_nll), -1, first_bad),
+            }
 
-        return train_step
+        def next_batch(i, order, start):
+            """The batch `start + i` of the epoch: each replica's rows in its own order,
+            gathered from the resident data in the graph."""
+            rows = tf.reshape(
+                order[:, (start + i) * batch_size : (start + i + 1) * batch_size],
+                [replicas, batch_size],
+            )
+            return tf.constant(True), lambda: (
+                tf.gather(x_train, rows, batch_dims=1),
+                tf.gather(y_train, rows, batch_dims=1),
+            )
+
+        self._train_steps_fn = self.compile_steps(train_step, next_batch, _STEP_SCALARS)
+        return tf.function(train_step)
 
     # -- training --------------------------------------------------------------------------------
     def epoch_order(self, epoch):
@@ -160,39 +189,52 @@ class ReplicatedLearner(KerasLearner):
             ]
         )
 
+    def _batch(self, order, b):
+        rows = order[:, b * self.batch_size : (b + 1) * self.batch_size, None]
+        return (
+            np.take_along_axis(self.x_train, rows, axis=1),
+            np.take_along_axis(self.y_train, rows, axis=1),
+        )
+
     def batches(self):
         epoch, skip = divmod(self.step, self.steps_per_epoch)
         order = self.epoch_order(epoch)
         for b in range(skip, self.steps_per_epoch):
-            rows = order[:, b * self.batch_size : (b + 1) * self.batch_size, None]
-            yield (
-                np.take_along_axis(self.x_train, rows, axis=1),
-                np.take_along_axis(self.y_train, rows, axis=1),
-            )
+            yield self._batch(order, b)
+
+    def begin_phase(self):
+        """The rest of an epoch: its orders, resident in the graph's memory."""
+        self._epoch = self.step // self.steps_per_epoch
+        self._order = self.epoch_order(self._epoch)
+        self._order_tensor = tf.constant(self._order, tf.int32)
+
+    def train_steps(self, n):
+        """Up to `n` steps of the epoch in one graph call, the batches gathered in the graph."""
+        start = self.step - self._epoch * self.steps_per_epoch
+        n = min(n, self.steps_per_epoch - start)
+        if n <= 0:
+            return Steps(0, {}, {})
+        count, sums, last = self.read_steps(
+            self._train_steps_fn(tf.constant(n), self._order_tensor, tf.constant(start))
+        )
+        self.bad_replica = int(last.pop("bad_replica"))
+        sums.pop("bad_replica")
+        bad = self._batch(self._order, start + count - 1) if non_finite(last) else None
+        return Steps(count, sums, last, bad)
 
     def train_step(self, batch):
-        nll, penalty, bad = self._train_step_fn(*batch)
-        self.last_nll = nll.numpy()
-        mean_nll = float(np.mean(self.last_nll))
-        # The weight decay (a Gaussian prior's log density, already divided by N), per replica:
-        # the supervised learner's `kl_per_example` for such a model.
-        decay = float(penalty) / len(self.replicas)
-        return {
-            "loss": mean_nll + decay,
-            "nll": mean_nll,
-            "kl_per_example": decay,
-            "non_finite": float(bad),
-        }
+        scalars = {k: float(v) for k, v in self._train_step_fn(batch).items()}
+        self.bad_replica = int(scalars.pop("bad_replica"))
+        return scalars
 
     def diagnose_non_finite(self, batch):
         x = batch[0]
         bad_rows = [r for r in range(len(self.replicas)) if not np.isfinite(x[r]).all()]
         if bad_rows:
             return f"features of replica {self.replicas[bad_rows[0]].name} are not finite"
-        bad = [r for r, v in enumerate(getattr(self, "last_nll", [])) if not np.isfinite(v)]
-        if bad:
-            names = [self.replicas[r].name for r in bad[:5]]
-            return f"the NLL of replicas {names} is not finite (of {len(self.replicas)})"
+        if getattr(self, "bad_replica", -1) >= 0:
+            name = self.replicas[self.bad_replica].name
+            return f"the NLL of replica {name} (the first of {len(self.replicas)}) is not finite"
         return "the weight decay is not finite"
 
     # -- evaluation and outputs ------------------------------------------------------------------

@@ -18,7 +18,7 @@ from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.configurables import unapplied_layer_bindings
 from blayers.lab.data.stream import epoch_batches
-from blayers.lab.learners.base import KerasLearner, refuse_strategy
+from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.random_variable import RandomVariable
 
 __all__ = [
@@ -27,6 +27,10 @@ __all__ = [
     "first_non_finite_layer",
     "make_optimizer",
 ]
+
+
+# The scalars of a supervised step, in every record.
+STEP_SCALARS = ("loss", "nll", "local_loss", "kl_per_example", "elbo", "kl_weight", "non_finite")
 
 
 @gin.configurable(module="blayers.lab.learners")
@@ -209,6 +213,9 @@ class SupervisedLearner(KerasLearner):
         epoch, skip = divmod(self.step, self.steps_per_epoch)
         if skip == 0:
             self.begin_epoch(epoch)
+        return self._epoch_batches(epoch, skip)
+
+    def _epoch_batches(self, epoch, skip):
         ds = epoch_batches(self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer)
         if self.strategy.num_replicas_in_sync == 1:
             # One replica needs no splitting, and distributing costs ~35 ms an epoch: most of
@@ -224,19 +231,26 @@ class SupervisedLearner(KerasLearner):
             if callable(getattr(layer, "begin_epoch", None)):
                 layer.begin_epoch()
 
+    def begin_phase(self):
+        """The rest of the epoch: a data pipeline runs in the graph, several steps a call
+        (`train_steps`); other batches (a subclass's `batches`), one step a call."""
+        batches = self.batches()
+        graph_data = (tf.data.Dataset, tf.distribute.DistributedDataset)
+        self._iterator = iter(batches) if isinstance(batches, graph_data) else None
+        self._phase = self._iterator if self._iterator is not None else iter(batches)
+
+    def train_steps(self, n):
+        if self._iterator is None:
+            return super().train_steps(n)
+        count, sums, last = self.read_steps(self._train_steps_fn(tf.constant(n), self._iterator))
+        bad = None
+        if non_finite(last):  # the batch of the step again, from its place in the epoch
+            epoch, position = divmod(self.step - 1, self.steps_per_epoch)
+            bad = next(iter(self._epoch_batches(epoch, position)))
+        return Steps(count, sums, last, bad)
+
     def train_step(self, batch):
-        nll, local, kl, kl_weight, bad = (float(v) for v in self._train_step_fn(batch))
-        kl_per_example = kl / self.num_train
-        return {
-            "loss": nll + local + kl_weight * kl_per_example,
-            "nll": nll,
-            "local_loss": local,
-            "kl_per_example": kl_per_example,
-            # The (un-annealed) ELBO per example; `loss` is its annealed negative.
-            "elbo": -(nll + local + kl_per_example),
-            "kl_weight": kl_weight,
-            "non_finite": bad,
-        }
+        return {k: float(v) for k, v in self._train_step_fn(batch).items()}
 
     def diagnose_non_finite(self, batch):
         x = self.strategy.experimental_local_results(batch[0])[0]
@@ -290,8 +304,6 @@ class SupervisedLearner(KerasLearner):
         task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
         kl_schedule = self.kl_schedule
 
-        # reduce_retracing: batches of varying length (padded sequences) trace twice at most
-        @tf.function(reduce_retracing=True)
         def train_step(batch):
             def replica_step(x, y):
                 with tf.GradientTape() as tape:
@@ -329,18 +341,32 @@ class SupervisedLearner(KerasLearner):
                     1.0 - tf.cast(finite, tf.float32),
                 )
 
-            nll, local, kl, kl_weight, non_finite = strategy.run(replica_step, args=batch)
+            nll, local, kl, kl_weight, bad = strategy.run(replica_step, args=batch)
             step.assign_add(1)
             reduce = tf.distribute.ReduceOp
-            return (
-                strategy.reduce(reduce.SUM, nll, axis=None),
-                strategy.reduce(reduce.SUM, local, axis=None),
-                strategy.reduce(reduce.MEAN, kl, axis=None),
-                strategy.reduce(reduce.MEAN, kl_weight, axis=None),
-                strategy.reduce(reduce.SUM, non_finite, axis=None),  # replicas with a bad step
-            )
+            nll = strategy.reduce(reduce.SUM, nll, axis=None)
+            local = strategy.reduce(reduce.SUM, local, axis=None)
+            kl_per_example = strategy.reduce(reduce.MEAN, kl, axis=None) / num_train
+            kl_weight = strategy.reduce(reduce.MEAN, kl_weight, axis=None)
+            return {
+                "loss": nll + local + kl_weight * kl_per_example,
+                "nll": nll,
+                "local_loss": local,
+                "kl_per_example": kl_per_example,
+                # The (un-annealed) ELBO per example; `loss` is its annealed negative.
+                "elbo": -(nll + local + kl_per_example),
+                "kl_weight": kl_weight,
+                "non_finite": strategy.reduce(reduce.SUM, bad, axis=None),  # bad replicas
+            }
 
-        return train_step
+        def next_batch(i, iterator):
+            del i
+            optional = iterator.get_next_as_optional()
+            return optional.has_value(), optional.get_value
+
+        self._train_steps_fn = self.compile_steps(train_step, next_batch, STEP_SCALARS)
+        # reduce_retracing: batches of varying length (padded sequences) trace twice at most
+        return tf.function(train_step, reduce_retracing=True)
 
 
 @gin.configurable(module="blayers.lab.learners")
