@@ -103,7 +103,9 @@ def replica_shape(rank, replicas):
 class ReplicaInitializer(keras.initializers.Initializer):
     """`[R, *shape]`: replica `r`'s slice drawn by `initializer` for one replica's `shape`
     (so fan-based scales, Glorot's and He's, see a replica's fans) with the seed
-    `fold_seed(initializer's seed, replica_seeds[r])`: the same slice in any group.
+    `fold_seed(initializer's seed, replica_seeds[r])`: the same slice in any group. A
+    deterministic initializer (zeros, a constant) fills the whole shape: a `Constant` may hold
+    one value a replica.
 
     Args:
       initializer: a Keras initializer (identifier or instance).
@@ -130,9 +132,8 @@ class ReplicaInitializer(keras.initializers.Initializer):
         seed = self._base_seed()
         config = self.initializer.get_config()
         with tf.init_scope():  # eager values, even when first built inside a tf.function
-            if seed is None or "seed" not in config:  # deterministic (zeros, constant, ...)
-                one = self.initializer(shape[1:], dtype=dtype)
-                return tf.stack([one] * len(self.replica_seeds))
+            if seed is None or "seed" not in config:  # deterministic: zeros, a constant (one
+                return self.initializer(shape, dtype=dtype)  # for all, or one a replica)
             slices = [
                 type(self.initializer).from_config({**config, "seed": fold_seed(seed, s)})(
                     shape[1:], dtype=dtype

@@ -4,10 +4,10 @@
 `gp` (exact, sparse, random features, SNGP's head, kernels), `stochastic_output`, `reversible`,
 `vector_quantizer`, and the rest of edward2's families: `ensemble` (the member-major batch),
 `batch_ensemble`, `rank1`, `variational_dropout`, `hierarchical`, `ncp`, `spectral_norm`,
-`heteroscedastic`, `discrete_flows`; `replicated` (the sparse GP's replicated form; the dense
-layers, MC dropout and the Gaussian likelihood take `replicas=R` themselves, `blayers.replicas`);
-the estimators' forward passes live once in `estimators` and the weight-distribution mechanism in
-`base`.
+`heteroscedastic`, `discrete_flows`. The dense layers, MC dropout, the sparse GP and the
+Gaussian likelihood take `replicas=R` (many independent models as one, `blayers.replicas`).
+The estimators' forward passes live once in `estimators` and the weight-distribution mechanism
+in `base`.
 `point_process.PoissonProcess` is a random variable over patterns whose rate is a layer (not a
 layer itself: a pattern has a random size).
 
@@ -41,7 +41,6 @@ _FAMILIES = (
     "spectral_norm",
     "heteroscedastic",
     "discrete_flows",
-    "replicated",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")

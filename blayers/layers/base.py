@@ -165,6 +165,18 @@ class SeededLayer(ArgsDoc, keras.layers.Layer):
         """A fresh stateless seed (int32, shape [2]) for one random op of this call."""
         return seeds.next_seed(self.seed_generator)
 
+    def replica_initializer(self, initializer):
+        """A weight's initializer as this layer's replicas draw it (`ReplicaInitializer`; the
+        initializer itself for an ordinary layer)."""
+        if self.replicas is None:
+            return initializer
+        return replicas_lib.ReplicaInitializer(initializer, self.replica_seeds)
+
+    def replica_shape(self, shape):
+        """A weight's shape with this layer's replica axis in front (ordinary layers: as is)."""
+        shape = tuple(int(d) for d in shape)
+        return shape if self.replicas is None else (self.replicas, *shape)
+
     def replica_broadcast(self, value, rank):
         """A per-replica `[R, ...]` value reshaped to broadcast against `rank`-axis outputs
         (`[R, 1, ..., 1, ...]`); an ordinary layer's value unchanged."""
@@ -236,9 +248,7 @@ class BayesianLayer(SeededLayer):
         """Creates weight `name` of `shape` (in `build`): random or deterministic by initializer.
         A replicated layer's weight is `[replicas, *shape]`, each replica's slice initialized
         as one replica's weight with its own seed."""
-        shape = tuple(int(d) for d in shape)
-        if self.replicas is not None:
-            shape = (self.replicas, *shape)
+        shape = self.replica_shape(shape)
         init = getattr(self, f"{name}_initializer")
         reg = getattr(self, f"{name}_regularizer")
         self._bayesian_weights[name] = shape
@@ -267,11 +277,7 @@ class BayesianLayer(SeededLayer):
                 self.add_weight(
                     name=name,
                     shape=shape,
-                    initializer=(
-                        init
-                        if self.replicas is None
-                        else replicas_lib.ReplicaInitializer(init, self.replica_seeds)
-                    ),
+                    initializer=self.replica_initializer(init),
                     regularizer=reg,
                     constraint=getattr(self, f"{name}_constraint"),
                 ),

@@ -22,7 +22,6 @@ from blayers.lab.models import (
     replicated_mc_dropout_regressor,
 )
 from blayers.layers import GaussianLikelihood, MCDropout
-from blayers.layers.replicated import ReplicatedNoise
 
 
 def _data(split):
@@ -111,8 +110,7 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
         assert scores["final"]["rmse"] < 0.75 * replica.data.target_scale, scores
     # The predictive's parts are scored: the function's spread (draws, or a GP's closed form)
     # is positive, and the noise is the likelihood's (MC dropout's 1 / tau), in original units.
-    likelihoods = (ReplicatedNoise, GaussianLikelihood)
-    (noise,) = [layer for layer in group.model.layers if isinstance(layer, likelihoods)]
+    (noise,) = [layer for layer in group.model.layers if isinstance(layer, GaussianLikelihood)]
     variances = noise.noise_variance.numpy()
     for r, (replica, scores) in enumerate(zip(REPLICAS, summary["replicas"])):
         assert scores["final"]["function_stddev"] > 0.0
@@ -148,11 +146,11 @@ def test_the_deep_gp_from_salimbeni_s_start():
     the identity; `length_scale='sqrt_width'` starts each layer at sqrt(its input width)."""
     from blayers.lab.models.gaussian_process import kmeans_centres
     from blayers.lab.tasks.base import features
-    from blayers.layers.replicated import replica_seeds
+    from blayers.replicas import fold_seed
 
     model = _dgp3(3, REPLICAS)
     gps = model.layers[:3]
-    assert [gp.length_scale for gp in gps] == pytest.approx([3**0.5, 2**0.5, 2**0.5])
+    assert [gp.length_scale_init for gp in gps] == pytest.approx([3**0.5, 2**0.5, 2**0.5])
     assert [gp.mean_fn for gp in gps] == ["identity", "identity", "zero"]
     assert gps[1].mean_projection is None  # 2 features into 2 units: the identity
     names = {v.name for v in model.trainable_variables}
@@ -163,7 +161,7 @@ def test_the_deep_gp_from_salimbeni_s_start():
         projection = gps[0].mean_projection[r]
         _, _, vt = np.linalg.svd(x.astype(np.float64), full_matrices=False)
         np.testing.assert_allclose(np.abs(projection.T @ vt[:2].T), np.eye(2), atol=1e-5)
-        centres = kmeans_centres(x @ projection, 10, replica_seeds(seeds, 11)[r])
+        centres = kmeans_centres(x @ projection, 10, fold_seed(seeds[r], 11))
         np.testing.assert_allclose(gps[1].inducing_inputs.numpy()[r], centres, rtol=1e-6)
     with pytest.raises(ValueError, match="replicated_deep_gp: inner_mean must be"):
         replicated_deep_gp(3, REPLICAS, inner_mean="zero")

@@ -277,3 +277,143 @@ def test_config_round_trip_and_errors_name_the_layer():
         DenseFlipout(3, kernel_initializer=TrainableMultivariateNormal(), replicas=2)(x)
     # Without replicas, the layers are the ordinary ones.
     assert DenseFlipout(3).replicas is None and "replicas" not in DenseFlipout(3).get_config()
+
+
+# -- the sparse GP -------------------------------------------------------------------------------
+def _svgp(replicas=3, seeds=None, **kwargs):
+    from blayers.layers import SparseGaussianProcess
+
+    kwargs = {"num_inducing": 7, "cholesky_dtype": "float64", **kwargs}
+    return SparseGaussianProcess(
+        kwargs.pop("units", 2), replicas=replicas, replica_seeds=seeds, **kwargs
+    )
+
+
+def _perturb(layer, rng):
+    """Parameters away from their initial values, so that every term of the maths counts."""
+    for variable in layer.trainable_variables:
+        variable.assign(variable + rng.normal(size=variable.shape).astype("float32") * 0.3)
+
+
+@pytest.mark.parametrize("mean_fn", ["linear", "identity", "constant"])
+def test_svgp_replicas_are_the_lone_sparse_gp_with_the_same_parameters(mean_fn):
+    """Marginals, KL and gradients of replica r (whitened and not) are the lone layer's with its
+    slice of the parameters; the layer's loss is the replicas' KLs summed."""
+    from blayers.layers import SparseGaussianProcess
+
+    rng = np.random.default_rng(6)
+    x = rng.normal(size=(3, 9, 4)).astype("float32")
+    kwargs = {"units": 4 if mean_fn == "identity" else 2, "mean_fn": mean_fn}
+    kwargs["whiten"] = mean_fn != "constant"
+    layer = _svgp(scale_factor=0.1, **kwargs)
+    layer(x)
+    _perturb(layer, rng)
+    weights = rng.normal(size=(3, 9, 2 * layer.units)).astype("float32")
+    with tf.GradientTape() as tape:
+        mean, variance, kl = layer.predict_marginals(x)
+        objective = tf.reduce_sum(tf.concat([mean, variance], -1) * weights) + kl
+    gradients = tape.gradient(objective, layer.trainable_variables)
+    names = [v.name for v in layer.trainable_variables]
+    total = 0.0
+    for r in range(3):
+        lone = _svgp(replicas=None, **kwargs)
+        lone(x[r])
+        theirs = {v.name: v for v in layer.weights}
+        for mine in lone.weights:
+            value = theirs[mine.name]
+            mine.assign(value if mine.shape == value.shape else value[r])
+        with tf.GradientTape() as tape:
+            lone_mean, lone_variance, lone_kl = lone.predict_marginals(x[r])
+            lone_objective = (
+                tf.reduce_sum(tf.concat([lone_mean, lone_variance], -1) * weights[r]) + lone_kl
+            )
+        np.testing.assert_allclose(mean[r], lone_mean, rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(variance[r], lone_variance, rtol=1e-4, atol=1e-5)
+        total += float(lone_kl)
+        for name, lone_gradient in zip(
+            [v.name for v in lone.trainable_variables],
+            tape.gradient(lone_objective, lone.trainable_variables),
+        ):
+            np.testing.assert_allclose(
+                gradients[names.index(name)][r], lone_gradient, rtol=2e-3, atol=2e-4, err_msg=name
+            )
+        assert isinstance(lone, SparseGaussianProcess)
+    np.testing.assert_allclose(float(kl), total, rtol=1e-5)
+    outputs = layer(x)
+    np.testing.assert_allclose(float(layer.losses[-1]), 0.1 * total, rtol=1e-5)
+    assert outputs.shape == (3, 9, layer.units)
+
+
+def test_the_identity_mean_is_fixed_and_a_projection_is_each_replica_s_own():
+    """`mean_fn='identity'` adds the inputs, padded, and trains nothing; `mean_projection`
+    swaps in a fixed map (one a replica) for inputs wider than the units."""
+    rng = np.random.default_rng(11)
+    x = rng.normal(size=(2, 8, 3)).astype("float32")
+    layer = _svgp(replicas=2, units=4, mean_fn="identity", num_inducing=6)
+    layer(x)
+    assert not {"mean_kernel", "mean_bias"} & {v.name for v in layer.trainable_variables}
+    mean, _, _ = layer.predict_marginals(x)  # q(u)'s mean at zero: the inputs, zero-padded
+    np.testing.assert_allclose(mean, np.concatenate([x, np.zeros((2, 8, 1))], -1), atol=1e-6)
+    projection = rng.normal(size=(2, 3, 2)).astype("float32")
+    projected = _svgp(replicas=2, mean_fn="identity", mean_projection=projection, name="pr")
+    projected(x)
+    mean, _, _ = projected.predict_marginals(x)
+    np.testing.assert_allclose(mean, np.einsum("rbd,rdu->rbu", x, projection), rtol=1e-5)
+    clone = type(projected).from_config(projected.get_config())
+    clone(x)
+    for mine, theirs in zip(clone.weights, projected.weights):
+        mine.assign(theirs)
+    np.testing.assert_allclose(clone.predict_marginals(x)[0], projected.predict_marginals(x)[0])
+    with pytest.raises(ValueError, match="id1.*mean_fn='identity' copies the inputs"):
+        _svgp(replicas=2, mean_fn="identity", name="id1")(x)
+    with pytest.raises(ValueError, match=r"id2.*mean_projection must be"):
+        _svgp(replicas=2, mean_fn="identity", mean_projection=projection[:1, :2], name="id2")(x)
+    with pytest.raises(ValueError, match="id3.*mean_projection is the fixed map"):
+        _svgp(replicas=2, mean_fn="linear", mean_projection=projection, name="id3")
+
+
+def test_svgp_draws_have_the_marginals_moments_and_do_not_depend_on_the_group():
+    rng = np.random.default_rng(7)
+    x = np.tile(rng.normal(size=(2, 1, 3)).astype("float32"), (1, 4000, 1))
+    keras.utils.set_random_seed(3)
+    layer = _svgp(replicas=2, seeds=[4, 5], num_inducing=5)
+    layer(x[:, :1])
+    _perturb(layer, rng)
+    mean, variance, _ = layer.predict_marginals(x[:, :1])
+    mean, variance = mean.numpy()[:, 0], variance.numpy()[:, 0]
+    draws = tf.convert_to_tensor(layer(x)).numpy()  # independent across rows
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * np.sqrt(variance / 4000))
+    np.testing.assert_allclose(draws.var(1), variance, rtol=5 * np.sqrt(2 / 4000))
+    keras.utils.set_random_seed(3)
+    lone = _svgp(replicas=1, seeds=[5], num_inducing=5)
+    lone(x[1:, :1])
+    for mine, theirs in zip(lone.variables, layer.variables):  # the seed generator's state too
+        mine.assign(theirs[1:] if mine.shape != theirs.shape else theirs)
+    np.testing.assert_allclose(
+        tf.convert_to_tensor(lone(x[1:]))[0],
+        tf.convert_to_tensor(layer(x))[1],
+        rtol=1e-5,
+        atol=1e-6,
+    )
+
+
+def test_svgp_refusals_and_the_likelihood_s_closed_form_input():
+    x = np.ones((2, 5, 4), "float32")
+    with pytest.raises(
+        ValueError, match=r"gp2.*takes inputs of shape \[replicas, batch, features\]"
+    ):
+        _svgp(replicas=2, name="gp2")(np.ones((3, 5, 4), "float32"))
+    with pytest.raises(ValueError, match="not inducing_inputs_initializer='kmeans'"):
+        _svgp(replicas=2, inducing_inputs_initializer="kmeans")
+    with pytest.raises(ValueError, match="has no replica axis"):
+        from blayers.layers import GaussianProcess
+
+        GaussianProcess(1, replicas=2)
+    # One Constant of every replica's inducing inputs.
+    centres = np.random.default_rng(0).normal(size=(2, 7, 4)).astype("float32")
+    layer = _svgp(replicas=2, inducing_inputs_initializer=keras.initializers.Constant(centres))
+    f = layer(x)
+    np.testing.assert_array_equal(layer.inducing_inputs, centres)
+    y = GaussianLikelihood([0.5, 2.0], replicas=2)(f)
+    assert y.function is f  # the GP's marginals, for the closed-form expectation
+    np.testing.assert_allclose(y.distribution.variance()[:, 0, 0], [0.5, 2.0], rtol=1e-6)

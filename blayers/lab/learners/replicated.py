@@ -28,8 +28,8 @@ from blayers.lab import plots
 from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.lab.learners.supervised import make_optimizer
 from blayers.lab.tasks.base import features, targets
-from blayers.layers.replicated import replica_seeds
-from blayers.random_variable import RandomVariable
+from blayers.replicas import fold_seed
+from blayers.sampling import normal_parameters
 
 __all__ = ["ReplicatedLearner"]
 
@@ -49,9 +49,9 @@ class ReplicatedLearner(KerasLearner):
       replicas: the `blayers.lab.data.Replica`s (or a callable returning them, such as
         `@uci_replicas`); all need the same number of training rows and features.
       model: `model(input_dim, replicas)` -> a Keras model mapping `[R, B, input_dim]` to a
-        replicated `GaussianLikelihood`'s random variable `[R, B, 1]` (standardized units), to
-        `[R, B, 2]` (mean, log noise variance), or to `[R, B, 3]` with a GP's function variance
-        last (the loss is then the variational expectation).
+        replicated `GaussianLikelihood`'s random variable `[R, B, 1]` (standardized units);
+        where the likelihood's input is a GP's marginals, the loss is the variational
+        expectation in closed form.
       optimizer: `optimizer()` -> a Keras optimizer (elementwise ones keep replicas exact).
       batch_size: rows a replica per step (full batches only, like the supervised stream).
       num_eval_samples: Monte Carlo draws of the predictive at evaluation.
@@ -98,8 +98,7 @@ class ReplicatedLearner(KerasLearner):
         self.seed = context.seed
         self.replica_seeds = [r.seed for r in replicas]
         self.replicas = [
-            dataclasses.replace(r, seed=replica_seeds([self.seed], salt=r.seed)[0])
-            for r in replicas
+            dataclasses.replace(r, seed=fold_seed(self.seed, r.seed)) for r in replicas
         ]
         if not self.replicas:
             raise ValueError("ReplicatedLearner.replicas is empty.")
@@ -308,11 +307,16 @@ class ReplicatedLearner(KerasLearner):
 
 
 def _moments(outputs):
-    """A likelihood's random variable as `[..., 2]` (mean, log variance); tensors unchanged."""
-    if isinstance(outputs, RandomVariable):
-        distribution = outputs.distribution
+    """A Gaussian likelihood's random variable as `[..., 2]` (mean, log noise variance), or
+    `[..., 3]` (mean, log noise variance, the function's variance) where the likelihood's
+    input was a GP's marginals (its `function`), integrated in closed form."""
+    distribution = outputs.distribution
+    function = getattr(outputs, "function", None)
+    if function is None:
         return tf.concat([distribution.mean(), tf.math.log(distribution.variance())], -1)
-    return outputs
+    mean, stddev = normal_parameters(function.distribution)
+    log_noise = tf.math.log(distribution.variance())
+    return tf.concat([tf.broadcast_to(mean, tf.shape(log_noise)), log_noise, tf.square(stddev)], -1)
 
 
 def _gaussian_nll(outputs, targets):

@@ -18,8 +18,8 @@ import numpy as np
 
 from blayers.lab.tasks import Regression
 from blayers.lab.tasks.base import features
-from blayers.layers import replicated as replicated_lib
 from blayers.layers.gp import GaussianLikelihood, SparseGaussianProcess
+from blayers.replicas import fold_seed
 
 __all__ = ["deep_gp", "replicated_deep_gp"]
 
@@ -158,14 +158,14 @@ def replicated_deep_gp(
     length_scale=1.0,
     name="replicated_deep_gp",
 ):
-    """`deep_gp` (SVGP for `depth=1`) for `R` replicas at once
-    (`blayers.layers.ReplicatedSparseGaussianProcess`): every replica has its own inducing
-    inputs (k-means centres of its own training inputs, from its seed; an inner layer's of
-    those inputs under the inner means' starting map, which is what reaches it at the start),
-    kernels, `q(u)`, KL weight `1 / N_r` and learned noise variance. Inner layers pass one draw
-    per row (the doubly stochastic ELBO); the last layer's marginals go to the likelihood in
-    closed form. Inputs `[R, B, input_dim]`; outputs `[R, B, 3]` (mean, log noise variance, the
-    function's variance).
+    """`deep_gp` (SVGP for `depth=1`) for `R` replicas at once (`SparseGaussianProcess` and
+    `GaussianLikelihood` with `replicas=R`, `blayers.replicas`): every replica has its own
+    inducing inputs (k-means centres of its own training inputs, from its seed; an inner
+    layer's of those inputs under the inner means' starting map, which is what reaches it at
+    the start), kernels, `q(u)`, KL weight `1 / N` and learned noise variance; the factorization
+    is in float64. Inner layers pass one draw per row (the doubly stochastic ELBO); the last
+    layer's marginals reach the likelihood, whose expectation the learner takes in closed form.
+    Inputs `[R, B, input_dim]`; outputs the likelihood's random variable `[R, B, 1]`.
 
     Args:
       input_dim: features per example.
@@ -181,15 +181,21 @@ def replicated_deep_gp(
     _check_inner_mean("replicated_deep_gp", inner_mean)
     hidden = hidden_units or min(input_dim, 30)
     seeds = [replica.seed for replica in replicas]
+    group = {"replicas": len(replicas), "replica_seeds": seeds}
     # What reaches layer i at the start, per replica: the training inputs, then their image
     # under each inner mean's starting map.
     reaching = [features(replica.data.train).reshape(-1, input_dim) for replica in replicas]
-    kl_weights = [1.0 / replica.data.num_train for replica in replicas]
+    sizes = {replica.data.num_train for replica in replicas}
+    if len(sizes) > 1:
+        raise ValueError(
+            f"replicated_deep_gp: replicas share one training size (the KL's 1 / N); got "
+            f"{sorted(sizes)}."
+        )
     model_layers = [keras.Input((None, input_dim))]
     width = input_dim
     for i in range(depth):
         last = i == depth - 1
-        salt = replicated_lib.replica_seeds(seeds, 10 + i)
+        salt = [fold_seed(seed, 10 + i) for seed in seeds]
         centres = np.stack([kmeans_centres(x, num_inducing, s) for x, s in zip(reaching, salt)])
         if centres.shape[-1] < width:  # an inner width above the inputs': zero-padded
             centres = np.pad(centres, ((0, 0), (0, 0), (0, width - centres.shape[-1])))
@@ -197,17 +203,18 @@ def replicated_deep_gp(
         if not last and inner_mean == "identity" and width > hidden:
             projection = np.stack([principal_directions(x, hidden) for x in reaching])
         model_layers.append(
-            replicated_lib.ReplicatedSparseGaussianProcess(
+            SparseGaussianProcess(
                 1 if last else hidden,
-                centres,
-                replicated_lib.replica_seeds(seeds, i),
+                num_inducing=num_inducing,
                 mean_fn="zero" if last else inner_mean,
+                inducing_inputs_initializer=keras.initializers.Constant(centres),
                 length_scale=initial_length_scale(length_scale, width, "replicated_deep_gp"),
                 initial_variational_scale=1.0 if last else inner_variational_scale,
-                kl_weight=kl_weights,
-                sample=not last,
+                scale_factor=1.0 / next(iter(sizes)),
+                cholesky_dtype="float64",
                 mean_projection=projection,
                 name=f"gp_{i}",
+                **group,
             )
         )
         if projection is not None:
@@ -215,9 +222,5 @@ def replicated_deep_gp(
         else:  # eye(width, hidden): the first `hidden` features (fewer are padded above)
             reaching = [x[:, :hidden] for x in reaching]
         width = hidden
-    model_layers.append(
-        replicated_lib.ReplicatedNoise(
-            noise_variance, len(replicas), trainable=True, function_variance=True
-        )
-    )
+    model_layers.append(GaussianLikelihood(noise_variance, name="likelihood", **group))
     return keras.Sequential(model_layers, name=name)

@@ -52,6 +52,7 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
         jitter=1e-6,
         max_jitter_tries=4,
         cholesky_dtype=None,
+        mean_projection=None,
         seed=None,
         **kwargs,
     ):
@@ -75,6 +76,14 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
         self.max_jitter_tries = int(max_jitter_tries)
         self.input_dim = None
         self.cholesky_dtype = cholesky_dtype
+        self.mean_projection = None
+        if mean_projection is not None:
+            if mean_fn != "identity":
+                raise ValueError(
+                    f"{name}: mean_projection is the fixed map of mean_fn='identity'; got "
+                    f"mean_fn={mean_fn!r}."
+                )
+            self.mean_projection = np.asarray(mean_projection, np.float32)
 
     def _build_kernel_and_mean(self, input_dim):
         if input_dim is None:
@@ -82,6 +91,7 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
                 f"{type(self).__name__} ({self.name}) needs a known number of input features."
             )
         self.input_dim = int(input_dim)
+        lead = self.replica_shape(())  # a replicated layer's weights lead with its replicas
         # The jitter that worked last (`jittered_cholesky`'s sticky `level`), saved with the
         # layer so that a resumed run factorizes exactly as the uninterrupted one.
         self.jitter_level = self.add_weight(
@@ -96,26 +106,36 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
         if not self.fixed_kernel:  # a kernel instance keeps its own hyperparameters
             self.raw_amplitude = self.add_weight(
                 name="amplitude",
-                shape=(),
+                shape=lead,
                 initializer=constant(float_softplus_inverse(self.amplitude_init)),
             )
             self.raw_length_scale = self.add_weight(
                 name="length_scale",
-                shape=(input_dim,),
+                shape=(*lead, input_dim),
                 initializer=constant(float_softplus_inverse(self.length_scale_init)),
             )
         if self.mean_fn == "constant":
             self.mean_bias = self.add_weight(
-                name="mean_bias", shape=(self.units,), initializer="zeros"
+                name="mean_bias", shape=(*lead, self.units), initializer="zeros"
             )
         elif self.mean_fn == "linear":
             eye = np.eye(input_dim, self.units, dtype="float32")
             self.mean_kernel = self.add_weight(
-                name="mean_kernel", shape=(input_dim, self.units), initializer=constant(eye)
+                name="mean_kernel",
+                shape=(*lead, input_dim, self.units),
+                initializer=constant(np.broadcast_to(eye, (*lead, *eye.shape))),
             )
             self.mean_bias = self.add_weight(
-                name="mean_bias", shape=(self.units,), initializer="zeros"
+                name="mean_bias", shape=(*lead, self.units), initializer="zeros"
             )
+        elif self.mean_fn == "identity" and self.mean_projection is not None:
+            shapes = [(input_dim, self.units), (*lead, input_dim, self.units)]
+            if self.mean_projection.shape not in shapes:
+                raise ValueError(
+                    f"{type(self).__name__} ({self.name}): mean_projection must be "
+                    f"{' or '.join(str(list(s)) for s in set(shapes))}, got shape "
+                    f"{list(self.mean_projection.shape)}."
+                )
         elif self.mean_fn == "identity":
             check_identity_mean(f"{type(self).__name__} ({self.name})", input_dim, self.units)
 
@@ -143,29 +163,35 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
         and other kernels go through TFP."""
         if self.covariance_fn != "exponentiated_quadratic" or a.dtype != tf.float64:
             return kernel.matrix(a, b) if b is not None else kernel.apply(a, a, example_ndims=1)
+        # A replicated layer's `[R]` amplitudes and `[R, d]` length scales broadcast against
+        # its `[R, n, d]` inputs; an ordinary layer's are a scalar and `[d]`.
         amplitude = tf.cast(tf.nn.softplus(self.raw_amplitude), a.dtype)
         if b is None:
-            return tf.fill(tf.shape(a)[:1], tf.square(amplitude))
-        length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), a.dtype)
+            return tf.square(amplitude)[..., None] * tf.ones(tf.shape(a)[:-1], a.dtype)
+        length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), a.dtype)[..., None, :]
         a, b = a / length_scale, b / length_scale
         squared = (
-            tf.reduce_sum(tf.square(a), -1)[:, None]
-            + tf.reduce_sum(tf.square(b), -1)[None, :]
+            tf.reduce_sum(tf.square(a), -1)[..., :, None]
+            + tf.reduce_sum(tf.square(b), -1)[..., None, :]
             - 2.0 * tf.matmul(a, b, transpose_b=True)
         )
-        return tf.square(amplitude) * tf.exp(-0.5 * tf.maximum(squared, 0.0))
+        return tf.square(amplitude)[..., None, None] * tf.exp(-0.5 * tf.maximum(squared, 0.0))
 
     def mean(self, x):
-        """The prior mean `m(x)`, `[batch, units]`."""
+        """The prior mean `m(x)`, `[batch, units]` (a replicated layer's `[R, batch, units]`)."""
         if self.mean_fn == "zero":
             return tf.zeros(tf.concat([tf.shape(x)[:-1], [self.units]], 0), x.dtype)
+        rank = x.shape.rank
         if self.mean_fn == "constant":
             return tf.zeros(tf.concat([tf.shape(x)[:-1], [self.units]], 0), x.dtype) + tf.cast(
-                self.mean_bias, x.dtype
+                self.replica_broadcast(self.mean_bias, rank), x.dtype
             )
+        if self.mean_fn == "identity" and self.mean_projection is not None:
+            return tf.matmul(x, tf.constant(self.mean_projection, x.dtype))
         if self.mean_fn == "identity":
             return tf.matmul(x, tf.eye(self.input_dim, self.units, dtype=x.dtype))
-        return tf.matmul(x, tf.cast(self.mean_kernel, x.dtype)) + tf.cast(self.mean_bias, x.dtype)
+        bias = self.replica_broadcast(self.mean_bias, rank)
+        return tf.matmul(x, tf.cast(self.mean_kernel, x.dtype)) + tf.cast(bias, x.dtype)
 
     def _linalg_dtype(self):
         return tf.as_dtype(self.cholesky_dtype or self.compute_dtype)
@@ -181,10 +207,12 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
 
     def _inputs(self, inputs, argument="inputs"):
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
-        if x.shape.rank != 2:
+        expected = "[batch, features]" if self.replicas is None else "[replicas, batch, features]"
+        rank = 2 if self.replicas is None else 3
+        if x.shape.rank != rank or (rank == 3 and x.shape[0] not in (None, self.replicas)):
             raise ValueError(
                 f"{type(self).__name__} ({self.name}) takes {argument} of shape "
-                f"[batch, features], got {x.shape}."
+                f"{expected}, got {x.shape}."
             )
         if self.input_dim is not None and x.shape[-1] not in (None, self.input_dim):
             raise ValueError(
@@ -207,4 +235,9 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
             "jitter": self.jitter,
             "max_jitter_tries": self.max_jitter_tries,
             "cholesky_dtype": self.cholesky_dtype,
+            **(
+                {}
+                if self.mean_projection is None
+                else {"mean_projection": self.mean_projection.tolist()}
+            ),
         }

@@ -10,6 +10,7 @@ import tensorflow_probability as tfp
 from blayers import distributions as rv_lib
 from blayers import replicas as replicas_lib
 from blayers import sampling
+from blayers.sampling import normal_parameters
 from blayers.layers.base import NamedOutput, register
 from blayers.random_variable import RandomVariable
 
@@ -170,6 +171,10 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
     With `replicas=R` (`blayers.replicas`) it is `R` independent likelihoods on `[R, batch, ...]`
     inputs, each with its own `sigma_r^2` (`noise_variance` one value or `R`).
 
+    Given a random variable with Normal marginals (a sparse GP layer's), the output's `function`
+    attribute is that variable, so a learner can take the expected log-likelihood in closed
+    form (`variational_expectation`) instead of through the draw.
+
     Args:
       noise_variance: initial `sigma^2` (positive); with replicas, one or one a replica.
       replicas, replica_seeds: see `blayers.replicas` (default: an ordinary layer).
@@ -231,7 +236,7 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
 
     def call(self, inputs):
         f = inputs.value if isinstance(inputs, RandomVariable) else tf.convert_to_tensor(inputs)
-        return rv_lib.Normal(
+        y = rv_lib.Normal(
             loc=f,
             scale=tf.sqrt(self._noise_variance_like(f)) + tf.zeros_like(f),
             name=self.output_name,
@@ -239,6 +244,9 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
                 None if self.replicas is None else sampling.replica_keys(self.replica_seeds)
             ),
         )
+        if isinstance(inputs, RandomVariable) and normal_parameters(inputs.distribution):
+            y.function = inputs
+        return y
 
     def compute_output_shape(self, input_shape):
         return input_shape

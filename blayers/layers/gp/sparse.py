@@ -23,7 +23,7 @@ def explained_variances(scale, a):
     """`[R, U, B]`: `||L_u^T a_b||^2 = a_b^T S_u a_b` with `S_u = L_u L_u^T`, for each
     replica's `L_u` (`scale`, `[R, U, M, M]`) and column `a_b` of its `a` (`[R, M, B]`): the
     variance a whitened sparse GP's `q(u)` explains (`R = 1` for one GP,
-    `blayers.layers.ReplicatedSparseGaussianProcess` for many).
+    `SparseGaussianProcess(replicas=R)` for many).
 
     Written out, its gradient costs two `U M^2 B` products where autodiff of `||L^T a||^2`
     costs three: with `g` the upstream gradient, `dS_u = A diag(g_u) A^T`, `dL_u = 2 dS_u L_u`
@@ -88,9 +88,19 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
         per-example ELBO's KL term in `model.fit`, which `blayers.set_kl_scale` sets, as it
         does for every weight's KL regularizer).
       output_name: name of the returned random variable (default: the layer's name).
+      mean_projection: with `mean_fn='identity'`, a fixed `[d, units]` map instead of the
+        identity (with replicas, one a replica, `[R, d, units]`): Salimbeni & Deisenroth
+        project inputs wider than an inner layer onto their top principal directions.
+      replicas, replica_seeds: `R` independent sparse GPs at once (`blayers.replicas`): every
+        weight leads with the replica axis, inputs are `[R, batch, d]`, the marginals
+        `[R, batch, units]`, the KL is the sum of the replicas' and each replica's draws depend
+        on its own seed (not with `full_covariance` or k-means initialization; the jitter,
+        raised only when a factorization fails, is shared).
       **kwargs: `GaussianProcess`'s kernel arguments (`amplitude`, `length_scale`, `jitter`,
         `cholesky_dtype`, `seed`) and `keras.layers.Layer` arguments.
     """
+
+    supports_replicas = True
 
     def __init__(
         self,
@@ -134,35 +144,41 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
         self.inducing_inputs_initializer = keras.initializers.get(
             "random_normal" if self.kmeans else inducing_inputs_initializer
         )
+        if self.replicas is not None and (self.kmeans or self.full_covariance):
+            raise ValueError(
+                f"{name}: replicas take their inducing inputs from an initializer (a Constant of "
+                "each replica's k-means centres) and return marginals: not "
+                "inducing_inputs_initializer='kmeans' or full_covariance=True."
+            )
 
     def build(self, input_shape):
         m = self.num_inducing
         self._build_kernel_and_mean(input_shape[-1])
         self.inducing_inputs = self.add_weight(
             name="inducing_inputs",
-            shape=(m, input_shape[-1]),
-            initializer=self.inducing_inputs_initializer,
+            shape=self.replica_shape((m, input_shape[-1])),
+            initializer=self.replica_initializer(self.inducing_inputs_initializer),
         )
         if self.kmeans:  # set once, from the first training batch; saved with the layer
             self.kmeans_done = self.add_weight(
                 name="kmeans_done", shape=(), initializer="zeros", trainable=False
             )
         self.variational_mean = self.add_weight(
-            name="variational_mean", shape=(self.units, m), initializer="zeros"
+            name="variational_mean", shape=self.replica_shape((self.units, m)), initializer="zeros"
         )
         raw_diag = float_softplus_inverse(self.initial_variational_scale)
         if self.variational == "full":
-            init = np.zeros((self.units, m, m), "float32")
-            init[:, np.arange(m), np.arange(m)] = raw_diag
+            init = np.zeros(self.replica_shape((self.units, m, m)), "float32")
+            init[..., np.arange(m), np.arange(m)] = raw_diag
             self.variational_scale = self.add_weight(
                 name="variational_scale",
-                shape=(self.units, m, m),
+                shape=init.shape,
                 initializer=keras.initializers.Constant(init),
             )
         else:
             self.variational_scale = self.add_weight(
                 name="variational_scale",
-                shape=(self.units, m),
+                shape=self.replica_shape((self.units, m)),
                 initializer=keras.initializers.Constant(raw_diag),
             )
 
@@ -181,9 +197,9 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
         scale = self.variational_scale_tril(dtype)
         mean = tf.cast(self.variational_mean, dtype)
         if self.whiten:
-            m = float(self.num_inducing)
+            entries = float(np.prod(self.variational_mean.shape))  # M units (R M units)
             return 0.5 * (
-                tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(mean)) - m * self.units
+                tf.reduce_sum(tf.square(scale)) + tf.reduce_sum(tf.square(mean)) - entries
             ) - tf.reduce_sum(tf.math.log(tf.abs(tf.linalg.diag_part(scale))))
         q = tfd.MultivariateNormalTriL(mean, scale)
         if chol_zz is None:
@@ -191,13 +207,15 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
             chol_zz = self._cholesky(
                 self.covariance(self.kernel(dtype), z, z), "inducing covariance"
             )
+        if self.replicas is not None:  # one prior a replica, for each of its units
+            chol_zz = chol_zz[:, None]
         prior = tfd.MultivariateNormalTriL(tf.zeros([self.num_inducing], dtype), chol_zz)
         return tf.reduce_sum(tfd.kl_divergence(q, prior))
 
     def predict_marginals(self, inputs):
         """`(mu, sigma^2)` of `q(f(x))`, each `[batch, units]`, and the KL."""
         mean, prior_var, explained, kl = self._predict(inputs, full_covariance=False)
-        variance = prior_var[:, None] + tf.transpose(explained)
+        variance = prior_var[..., None] + tf.linalg.matrix_transpose(explained)
         out = self.compute_dtype
         return tf.cast(mean, out), tf.cast(tf.maximum(variance, 1e-12), out), tf.cast(kl, out)
 
@@ -222,15 +240,17 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
             a_u = a
         q_mean = tf.cast(self.variational_mean, dtype)  # [units, M]
         scale = self.variational_scale_tril(dtype)  # [units, M, M]
-        mean = tf.cast(self.mean(x), dtype) + tf.transpose(tf.matmul(q_mean, a_u))
+        mean = tf.cast(self.mean(x), dtype) + tf.linalg.matrix_transpose(tf.matmul(q_mean, a_u))
         kl = self.kl_divergence(chol_zz)
         if full_covariance:  # K_XX - A^T A and A_u^T L L^T A_u
             projected = tf.matmul(scale, a_u[None], transpose_a=True)  # L^T A_u, [units, M, B]
             prior = self.covariance(kernel, xd, xd) - tf.matmul(a, a, transpose_a=True)
             return mean, prior, tf.matmul(projected, projected, transpose_a=True), kl
-        prior_var = self.covariance(kernel, xd) - tf.reduce_sum(tf.square(a), 0)
+        prior_var = self.covariance(kernel, xd) - tf.reduce_sum(tf.square(a), -2)
         if self.variational == "mean_field":  # diagonal L: ||L^T a||^2 = sum_m L_mm^2 a_m^2
             explained = tf.matmul(tf.square(tf.linalg.diag_part(scale)), tf.square(a_u))
+        elif self.replicas is not None:  # [R, units, M, M] and [R, M, B]
+            explained = explained_variances(scale, a_u)
         else:
             explained = explained_variances(scale[None], a_u[None])[0]
         return mean, prior_var, explained, kl
@@ -272,7 +292,11 @@ class SparseGaussianProcess(AddsKL, GaussianProcessBase):
             if self.add_kl_loss:
                 self.add_loss(tf.cast(self.scale_factor, kl.dtype) * kl)
             return rv_lib.Normal(
-                loc=mean, scale=tf.sqrt(variance), seed=self.next_seed(), name=self.output_name
+                loc=mean,
+                scale=tf.sqrt(variance),
+                seed=self.next_seed(),
+                name=self.output_name,
+                replica_keys=self.replica_keys,
             )
         mean, chol, kl = self.predict_joint(inputs)
         if self.add_kl_loss:
