@@ -10,9 +10,9 @@ import tensorflow_probability as tfp
 from blayers import distributions as rv_lib
 from blayers import replicas as replicas_lib
 from blayers import sampling
-from blayers.sampling import normal_parameters
 from blayers.layers.base import NamedOutput, register
 from blayers.random_variable import RandomVariable
+from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
 psd = tfp.math.psd_kernels
