@@ -1,10 +1,10 @@
 """Deep GP regression on the UCI benchmarks (paper Figure 5; Salimbeni & Deisenroth, 2017).
 
 `experiments.uci_regression` with its deep GP methods only (depth 1 is SVGP): one trainer run
-per (data set, depth) whose replicas are the splits (`configs/deep_gp_uci_replicated.gin`;
-`--noreplicated`: one run per split with `configs/deep_gp_uci.gin`), 20,000 full-batch Adam
-steps, 100 k-means inducing points per layer, and the table of test log-likelihood and RMSE (mean +-
-standard error over splits, original units) beside published numbers with their sources.
+per (data set, depth) whose replicas are the splits (`configs/deep_gp_uci.gin`), 20,000
+full-batch Adam steps, 100 k-means inducing points per layer, and the table of test
+log-likelihood and RMSE (mean +- standard error over splits, original units) beside published
+numbers with their sources.
 
     python -m experiments.deep_gp_uci --uci_dir=~/data/uci --root=runs/deep_gp_uci
     python -m experiments.deep_gp_uci --uci_dir=... --datasets=yacht --depths=2 --splits=0-4 \\
@@ -22,9 +22,7 @@ from experiments.base import Experiment, ReportEntry
 DEPTH_METHODS = {1: "svgp", 2: "dgp2", 3: "dgp3"}
 
 
-def run_experiment(
-    uci_dir, root, datasets, depths, splits=None, gin_params=(), parallel=1, replicated=True
-):
+def run_experiment(uci_dir, root, datasets, depths, splits=None, gin_params=(), parallel=1):
     """Trains every (data set, depth, split) run (skipping finished ones) under `root/<method>`
     and writes the tables in `root`; returns the rows."""
     bad = [d for d in depths if int(d) not in DEPTH_METHODS]
@@ -32,7 +30,7 @@ def run_experiment(
         raise ValueError(f"--depths: {bad} unsupported (1, 2 or 3).")
     methods = [DEPTH_METHODS[int(d)] for d in depths]
     return uci_regression.run_experiment(
-        uci_dir, root, methods, datasets, splits, gin_params, parallel, replicated=replicated
+        uci_dir, root, methods, datasets, splits, gin_params, parallel
     )
 
 
@@ -58,11 +56,6 @@ class DeepGPUCI(Experiment):
         flags.DEFINE_list("datasets", uci_regression.DATASETS, "UCI data sets.")
         flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths (1: SVGP).")
         flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
-        flags.DEFINE_bool(
-            "replicated",
-            True,
-            "Train a data set's splits as replicas of one run; --noreplicated: one run per split.",
-        )
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         del gin_file
@@ -75,7 +68,6 @@ class DeepGPUCI(Experiment):
             options.get("splits"),
             gin_params,
             parallel,
-            options.get("replicated", True),
         )
 
 

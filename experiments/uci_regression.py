@@ -2,12 +2,10 @@
 deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside published numbers.
 
 Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
-setting (`METHODS`). Every method trains in replicated form by default
-(`configs/uci_{mc_dropout,flipout}_replicated.gin`, `configs/deep_gp_uci_replicated.gin`,
-`ReplicatedLearner`): for MC dropout all splits and grid points of a data set's validation
-stage in one run, then all its test runs in one; for the others all its splits in one run; each
-replica follows the trajectory it has alone. `--noreplicated` gives one run per (data set,
-split, grid point) with the methods' own gin files:
+setting (`METHODS`). Every stage of a data set trains as one run whose replicas
+(`blayers.replicas`, `@uci_replicas()`) are its splits: for MC dropout all splits and grid points
+of a data set's validation stage in one run, then all its test runs in one; for the others all
+its splits in one run; each replica follows the trajectory it has alone:
 
 * `mc_dropout` (`configs/uci_mc_dropout.gin`): Gal & Ghahramani (2016) as in their 2018 re-run.
   Each split's dropout rate and noise precision tau come from a grid search on a validation
@@ -171,21 +169,17 @@ class Method:
     model: str = ""  # the gin file's model builder (a network's width is set per data set)
     grid_search: bool = False  # Gal & Ghahramani's per-split validation grid
     dataset_epochs: tuple = ()  # (data set, epochs) exceptions
-    replicated: str = ""  # gin file of its replicated form: a data set's runs as one run
-    replicated_model: str = ""  # that gin file's model builder, whose width the data set sets
-    replicated_bindings: tuple = ()  # fixed bindings of the replicated form
-    # (argument, value) of the model builder (`model`, `replicated_model`) at the method's
-    # published start, passed as `--gin_param`s: they belong to the rows' setting, so rows
-    # trained before a change here are replaced, not merged with.
+    # (argument, value) of the model builder at the method's published start, passed as
+    # `--gin_param`s: they belong to the rows' setting, so rows trained before a change here
+    # are replaced, not merged with.
     protocol: tuple = ()
 
     def epochs_for(self, dataset):
         return dict(self.dataset_epochs).get(dataset, self.epochs)
 
-    def protocol_params(self, replicated):
-        """The protocol's `--gin_param`s for the replicated form or the one-run-per-split one."""
-        builder = self.replicated_model if replicated else self.model
-        return [f"{builder}.{argument} = {value}" for argument, value in self.protocol]
+    def protocol_params(self):
+        """The protocol's `--gin_param`s."""
+        return [f"{self.model}.{argument} = {value}" for argument, value in self.protocol]
 
 
 # Salimbeni & Deisenroth's start of a deep GP (their code, and bayesian_benchmarks'): inner
@@ -209,8 +203,6 @@ METHODS = {
         model="mc_dropout_regressor",
         grid_search=True,
         dataset_epochs=(("protein-tertiary-structure", 20 * 100),),
-        replicated="uci_mc_dropout_replicated",
-        replicated_model="replicated_mc_dropout_regressor",
     ),
     "flipout": Method(
         "Mean-field BNN (Flipout)",
@@ -218,8 +210,6 @@ METHODS = {
         epochs=500,
         batch_size=32,
         model="mlp",
-        replicated="uci_flipout_replicated",
-        replicated_model="replicated_flipout_regressor",
     ),
     **{
         method: Method(
@@ -227,9 +217,6 @@ METHODS = {
             "deep_gp_uci",
             (("deep_gp.depth", str(depth)),),
             model="deep_gp",
-            replicated="deep_gp_uci_replicated",
-            replicated_model="replicated_deep_gp",
-            replicated_bindings=(("replicated_deep_gp.depth", str(depth)),),
             protocol=protocol,
         )
         for method, label, depth, protocol in (
@@ -270,8 +257,8 @@ def splits_label(splits):
     return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in parts)
 
 
-def replicated_run_name(dataset, splits, count):
-    """A data set's replicated run: `dataset` for all its `count` splits, `dataset_splits0-4`
+def run_name(dataset, splits, count):
+    """A data set's run: `dataset` for all its `count` splits, `dataset_splits0-4`
     for some, so that calls on different splits train different runs in one `--root`."""
     if list(splits) == list(range(count)):
         return dataset
@@ -279,14 +266,13 @@ def replicated_run_name(dataset, splits, count):
 
 
 def run_dataset(name):
-    """The data set of a replicated run's name (`validation/concrete_splits0-4`: concrete)."""
+    """The data set of a run's name (`validation/concrete_splits0-4`: concrete)."""
     return re.sub(r"_splits[0-9,-]+$", "", name.split("/")[-1])
 
 
-def run_gin_params(gin_params, method, replicated):
+def run_gin_params(gin_params, method):
     """A run's `--gin_param`s: `method`'s protocol, then the user's for it (which win)."""
-    protocol = METHODS[method].protocol_params(replicated)
-    return protocol + method_gin_params(gin_params, method)
+    return METHODS[method].protocol_params() + method_gin_params(gin_params, method)
 
 
 def method_gin_params(gin_params, method):
@@ -333,76 +319,6 @@ def grid_pairs(method, dataset):
             f"{sorted(TAU_GRID)}); its precision grid is in the targets' units."
         )
     return [(p, t) for p in DROPOUT_RATES for t in TAU_GRID[dataset]]
-
-
-def _data_bindings(dataset, split, uci_dir, validation=False):
-    bindings = {
-        "uci.name": repr(dataset),
-        "uci.split": str(split),
-        "uci.root": repr(os.path.abspath(uci_dir)),
-    }
-    if validation:
-        bindings["uci.validation"] = "True"
-    return bindings
-
-
-def _epoch_based(method, dataset, split, uci_dir, epochs, validation=False):
-    """Bindings of an epoch-based method's run (data, step count, the model's width) and the
-    training targets' scale."""
-    spec = METHODS[method]
-    data = uci(dataset, split, uci_dir, validation=validation)
-    bindings = _data_bindings(dataset, split, uci_dir, validation)
-    bindings["train.train_steps"] = str(_epoch_steps(data.num_train, epochs, spec.batch_size))
-    bindings[f"{spec.model}.hidden_units"] = f"({HIDDEN_UNITS.get(dataset, 50)},)"
-    return bindings, data.target_scale
-
-
-def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
-    """`[(run_name, bindings)]` of `method`'s next stage and `{run_name: (dataset, split,
-    (rate, tau) or None)}`.
-
-    A grid-search method has two stages: without `selected`, the validation runs of every
-    (rate, tau) pair; with `selected` (`{(dataset, split): (rate, tau)}`), the test runs."""
-    spec = METHODS[method]
-    runs, keys = [], {}
-    for dataset in datasets:
-        dataset_epochs = epochs or spec.epochs_for(dataset)
-        for split in parse_splits(splits, uci_num_splits(dataset, uci_dir)):
-            if not spec.epochs:
-                bindings = {**_data_bindings(dataset, split, uci_dir), **dict(spec.bindings)}
-                runs.append((f"{dataset}_split{split}", bindings))
-                keys[runs[-1][0]] = (dataset, split, None)
-                continue
-            if spec.grid_search and selected is None:
-                pairs = grid_pairs(method, dataset)
-                validation = True
-            elif spec.grid_search:
-                if (dataset, split) not in selected:
-                    continue
-                pairs, validation = [selected[(dataset, split)]], False
-            else:
-                pairs, validation = [None], False
-            bindings, scale = _epoch_based(
-                method, dataset, split, uci_dir, dataset_epochs, validation
-            )
-            for pair in pairs:
-                run_bindings = dict(bindings)
-                name = f"{dataset}_split{split}"
-                if pair is not None:
-                    rate, tau = pair
-                    run_bindings.update(
-                        {
-                            "mc_dropout_regressor.dropout_rate": repr(rate),
-                            "mc_dropout_regressor.tau": repr(tau),
-                            "mc_dropout_regressor.target_scale": repr(scale),
-                        }
-                    )
-                    if validation:
-                        name = f"validation/{name}_rate{rate}_tau{tau}"
-                        run_bindings["SupervisedLearner.num_eval_samples"] = str(GRID_EVAL_SAMPLES)
-                runs.append((name, run_bindings))
-                keys[name] = (dataset, split, pair)
-    return runs, keys
 
 
 def select(results, keys):
@@ -621,33 +537,31 @@ def duration_text(hours):
     return f"{hours * 60:.0f} min" if hours < 1.0 else f"{hours:.1f} h"
 
 
-def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
-    """`[(run_name, bindings)]` of `method`'s next stage in replicated form: one run per data
-    set whose replicas are its splits (and, for the grid search, its grid points), bound
-    through `uci_replicas`. Without `selected`, the validation stage; with it, the test runs."""
+def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
+    """`[(run_name, bindings)]` of `method`'s next stage: one run per data set whose replicas
+    are its splits (and, for the grid search, its grid points), bound through `uci_replicas`.
+    Without `selected`, the validation stage; with it, the test runs."""
     spec = METHODS[method]
     runs = []
     for dataset in datasets:
         count = uci_num_splits(dataset, uci_dir)
         chosen_splits = parse_splits(splits, count)
-        name = replicated_run_name(dataset, chosen_splits, count)
+        name = run_name(dataset, chosen_splits, count)
         validation = spec.grid_search and selected is None
         bindings = {
             "uci_replicas.name": repr(dataset),
             "uci_replicas.root": repr(os.path.abspath(uci_dir)),
-            **dict(spec.replicated_bindings),
+            **dict(spec.bindings),
         }
         data = uci(dataset, chosen_splits[0], uci_dir, validation=validation)
         if spec.epochs:  # a network: its width and epochs
-            bindings[f"{spec.replicated_model}.hidden_units"] = (
-                f"({HIDDEN_UNITS.get(dataset, 50)},)"
-            )
+            bindings[f"{spec.model}.hidden_units"] = f"({HIDDEN_UNITS.get(dataset, 50)},)"
             epoch_steps = _epoch_steps(
                 data.num_train, epochs or spec.epochs_for(dataset), spec.batch_size
             )
             bindings["train.train_steps"] = str(epoch_steps)
         else:  # a GP: full batches, the gin file's steps
-            bindings["ReplicatedLearner.batch_size"] = str(min(FULL_BATCH, data.num_train))
+            bindings["SupervisedLearner.batch_size"] = str(min(FULL_BATCH, data.num_train))
         if not spec.grid_search:  # one stage: every split at the method's fixed setting
             bindings["uci_replicas.splits"] = repr(chosen_splits)
             runs.append((name, bindings))
@@ -658,7 +572,7 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
                     "uci_replicas.splits": repr(chosen_splits),
                     "uci_replicas.validation": "True",
                     "uci_replicas.grid": repr(grid),
-                    "ReplicatedLearner.num_eval_samples": str(GRID_EVAL_SAMPLES),
+                    "SupervisedLearner.num_eval_samples": str(GRID_EVAL_SAMPLES),
                 }
             )
             runs.append((f"validation/{name}", bindings))
@@ -678,8 +592,8 @@ def plan_replicated(method, uci_dir, datasets, splits=None, epochs=None, selecte
 
 
 def _replica_results(folder, results):
-    """The replicas of the finished replicated runs in `results`, as `(results, keys)` in the
-    form `select` and `summarize` read (one entry per replica)."""
+    """The replicas of the finished runs in `results`, as `(results, keys)` in the form
+    `select` and `summarize` read (one entry per replica)."""
     flat, keys = [], {}
     for name, _, status, _ in results:
         if not status.startswith(("finished", "skipped")):
@@ -724,51 +638,27 @@ def with_setting(rows, uci_dir, gin_params, epochs):
     return rows
 
 
-def run_replicated(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
-    """`run_method` with each stage of each data set as one replicated run."""
+def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
+    """Trains `method`'s runs (both stages of a grid search) under `root/method`, each stage of
+    each data set one run of replicas; returns `(rows, stopped)`."""
     spec = METHODS[method]
     folder = os.path.join(root, method)
-    params = run_gin_params(gin_params, method, replicated=True)
+    params = run_gin_params(gin_params, method)
     epochs = parse_epochs(epochs).get(method)
-    planned = plan_replicated(method, uci_dir, datasets, splits, epochs)
-    results, stopped = sweep.run_experiment_grid(planned, folder, spec.replicated, params, parallel)
+    planned = plan(method, uci_dir, datasets, splits, epochs)
+    results, stopped = sweep.run_experiment_grid(planned, folder, spec.gin_file, params, parallel)
     finished = list(results)  # every stage's runs, for the training time
     if spec.grid_search and not stopped:
         selected = select(*_replica_results(folder, results))
         write_selected(folder, selected)
-        planned = plan_replicated(method, uci_dir, datasets, splits, epochs, selected=selected)
+        planned = plan(method, uci_dir, datasets, splits, epochs, selected=selected)
         results, stopped = sweep.run_experiment_grid(
-            planned, folder, spec.replicated, params, parallel
+            planned, folder, spec.gin_file, params, parallel
         )
         finished += results
     seconds = train_seconds(folder, finished, run_dataset)
     rows = summarize(method, *_replica_results(folder, results), seconds)
     return with_setting(rows, uci_dir, params, epochs), stopped
-
-
-def run_method(method, uci_dir, root, datasets, splits, gin_params, parallel, epochs=None):
-    """Trains `method`'s runs (both stages of a grid search) under `root/method`; returns
-    `(rows, stopped)`."""
-    spec = METHODS[method]
-    folder = os.path.join(root, method)
-    params = run_gin_params(gin_params, method, replicated=False)
-    epochs = parse_epochs(epochs).get(method)
-    runs, keys = plan(method, uci_dir, datasets, splits, epochs)
-    results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
-    # Every stage's runs and their data sets, for the training time.
-    finished, dataset_of = list(results), {name: key[0] for name, key in keys.items()}
-    if spec.grid_search and not stopped:
-        selected = select(results, keys)
-        missing = sorted({k[:2] for k in keys.values()} - set(selected))
-        if missing:
-            print(f"{method}: no finished validation run for {missing}; not tested.")
-        runs, keys = plan(method, uci_dir, datasets, splits, epochs, selected=selected)
-        write_selected(folder, selected)
-        results, stopped = sweep.run_experiment_grid(runs, folder, spec.gin_file, params, parallel)
-        finished += results
-        dataset_of.update({name: key[0] for name, key in keys.items()})
-    seconds = train_seconds(folder, finished, dataset_of.get)
-    return with_setting(summarize(method, results, keys, seconds), uci_dir, params, epochs), stopped
 
 
 def run_experiment(
@@ -780,21 +670,18 @@ def run_experiment(
     gin_params=(),
     parallel=1,
     epochs=None,
-    replicated=True,
 ):
     """Trains every method's runs (skipping finished ones) and writes the tables of `root`:
-    these rows and the earlier calls' rows of other cells (`results.json`); returns them. With
-    `replicated`, a method that has a replicated form trains each stage of each data set as one
-    run (`ReplicatedLearner`), which gives each split and grid point the trajectory it has
-    alone."""
+    these rows and the earlier calls' rows of other cells (`results.json`); returns them. Each
+    stage of each data set is one run of replicas (its splits and grid points), each with the
+    trajectory it has alone."""
     unknown = [m for m in methods if m not in METHODS]
     if unknown:
         raise ValueError(f"--methods: unknown {unknown} (choose from {sorted(METHODS)}).")
     earlier_rows(root)  # an unreadable table stops the call before anything trains
     rows = []
     for method in methods:
-        runner = run_replicated if replicated and METHODS[method].replicated else run_method
-        method_rows, stopped = runner(
+        method_rows, stopped = run_method(
             method, uci_dir, root, datasets, splits, gin_params, parallel, epochs
         )
         rows += method_rows
@@ -858,13 +745,6 @@ class UCIRegression(Experiment):
         flags.DEFINE_string(
             "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
         )
-        flags.DEFINE_bool(
-            "replicated",
-            True,
-            "Train each stage of a data set as one replicated run (every split, and MC dropout's "
-            "grid points, as replicas of one model); --noreplicated: one run per split and grid "
-            "point.",
-        )
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""
@@ -878,7 +758,6 @@ class UCIRegression(Experiment):
             gin_params,
             parallel,
             options.get("epochs"),
-            options.get("replicated", True),
         )
 
 

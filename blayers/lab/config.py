@@ -26,7 +26,7 @@ from blayers.lab import (  # noqa: F401 - registers configurables
     tasks,
 )
 from blayers.lab.control import env, planner  # noqa: F401 - PlaNet's configurables
-from blayers.lab.learners import mesh, planet, replicated, supervised  # noqa: F401 - the learners
+from blayers.lab.learners import mesh, planet, supervised  # noqa: F401 - the learners
 
 __all__ = [
     "config_search_path",

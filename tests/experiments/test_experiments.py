@@ -98,79 +98,24 @@ def test_deep_gp_uci_writes_table_beside_published_numbers(tmp_path):
             "SupervisedLearner.num_eval_samples = 2",
         ],
         "parallel": 2,
-        "replicated": False,  # one run per split (the replicated form: test_uci_regression_...)
     }
     rows = deep_gp_uci.run_experiment(**kwargs)
     assert len(rows) == 1 and rows[0]["splits"] == 2 and rows[0]["published_ll"] == -2.40
     table = (tmp_path / "results.md").read_text()
-    assert "| bostonHousing | SVGP | 2 |" in table and "test LL (published)" in table
+    assert "| bostonHousing | SVGP | 2 of 20 |" in table and "test LL (published)" in table
     assert "References:" in table and "own random splits" in table
-    assert (tmp_path / "svgp" / "bostonHousing_split1" / "checkpoints").is_dir()
+    assert (tmp_path / "svgp" / "bostonHousing_splits0-1" / "checkpoints").is_dir()
     # Finished runs are reused: a second call trains nothing and gives the same numbers.
     assert deep_gp_uci.run_experiment(**kwargs)[0]["test_ll"] == rows[0]["test_ll"]
     assert "skipped (finished)" in (tmp_path / "svgp" / "runs.md").read_text()
 
 
-@pytest.mark.slow  # an end-to-end run
-def test_uci_regression_runs_every_method_with_its_protocol(tmp_path, toy_uci, monkeypatch):
-    """MC dropout's per-split grid search (validation runs, then one test run with the best
-    pair), Flipout and SVGP on a small data set in the 20-split format, at a few steps."""
-    from experiments import uci_regression
-
-    monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
-    monkeypatch.setitem(uci_regression.TAU_GRID, "toy", (4.0,))
-    kwargs = {
-        "uci_dir": str(toy_uci),
-        "root": str(tmp_path / "runs"),
-        "methods": ["mc_dropout", "flipout", "svgp"],
-        "datasets": ["toy"],
-        "splits": "1",
-        "gin_params": [
-            "SupervisedLearner.num_eval_samples = 3",
-            "svgp: train.train_steps = 10",
-            "svgp: deep_gp.num_inducing = 5",
-        ],
-        "parallel": 2,
-        "epochs": "mc_dropout:2,flipout:1",
-        "replicated": False,  # one run per split and grid point (the replicated form: below)
-    }
-    rows = uci_regression.run_experiment(**kwargs)
-    assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp"]
-    assert all(r["splits"] == 1 and np.isfinite(r["test_ll"]) for r in rows)
-    runs = tmp_path / "runs"
-    validation = sorted(p.name for p in (runs / "mc_dropout" / "validation").iterdir())
-    assert validation == ["toy_split1_rate0.01_tau4.0", "toy_split1_rate0.1_tau4.0"]
-    selected = json.loads((runs / "mc_dropout" / "selected.json").read_text())
-    assert selected["toy_split1"] in ([0.01, 4.0], [0.1, 4.0])
-    test_run = runs / "mc_dropout" / "toy_split1"
-    bindings = json.loads((test_run / "bindings.json").read_text())
-    # 54 training rows: 1 batch of 128 an epoch (the last partial one counts, as in Keras)
-    assert bindings["train.train_steps"] == "2" and "uci.validation" not in bindings
-    val = json.loads(
-        (runs / "mc_dropout" / "validation" / validation[0] / "bindings.json").read_text()
-    )
-    assert val["uci.validation"] == "True" and val["SupervisedLearner.num_eval_samples"] == "1000"
-    flipout = json.loads((runs / "flipout" / "toy_split1" / "bindings.json").read_text())
-    assert flipout["train.train_steps"] == "2" and flipout["mlp.hidden_units"] == "(50,)"
-    svgp = json.loads((runs / "svgp" / "toy_split1" / "metrics.json").read_text())
-    assert svgp["step"] == 10  # the method-prefixed binding reached only SVGP's runs
-    assert "| toy | MC dropout | 1 |" in (runs / "results.md").read_text()
-    seconds = [
-        json.loads((folder / "metrics.json").read_text())["train_seconds"]
-        for folder in [test_run, *(runs / "mc_dropout" / "validation").iterdir()]
-    ]
-    assert all(s > 0 for s in seconds)  # both stages count
-    assert rows[0]["train_hours"] == pytest.approx(sum(seconds) / 3600)
-    # Re-running trains nothing and gives the same table.
-    again = uci_regression.run_experiment(**kwargs)
-    assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
-
-
 @pytest.mark.slow  # two trainer runs
-def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uci, monkeypatch):
-    """MC dropout's grid search in replicated form: every split and grid point of the
-    validation stage in one run, then the test runs (each split with its best pair) in one;
-    Flipout's and SVGP's splits in one run each."""
+def test_uci_regression_trains_each_stage_as_one_run(tmp_path, toy_uci, monkeypatch):
+    """Each method with its protocol, each stage of a data set one run of replicas: MC
+    dropout's grid search (every split and grid point of the validation stage in one run, then
+    the test runs, each split with its best pair, in one), Flipout's, SVGP's and DGP-3's splits
+    in one run each; the training time counts both stages; a re-run trains nothing."""
     from experiments import uci_regression
 
     monkeypatch.setattr(uci_regression, "DROPOUT_RATES", (0.01, 0.1))
@@ -182,11 +127,11 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
         "datasets": ["toy"],
         "splits": "0-1",
         "gin_params": [
-            "mc_dropout: ReplicatedLearner.batch_size = 16",
+            "mc_dropout: SupervisedLearner.batch_size = 16",
             "svgp: train.train_steps = 5",
-            "svgp: replicated_deep_gp.num_inducing = 5",
+            "svgp: deep_gp.num_inducing = 5",
             "dgp3: train.train_steps = 2",
-            "dgp3: replicated_deep_gp.num_inducing = 5",
+            "dgp3: deep_gp.num_inducing = 5",
         ],
         "epochs": "mc_dropout:3,flipout:2",
     }
@@ -194,16 +139,16 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     assert [r["method"] for r in rows] == ["mc_dropout", "flipout", "svgp", "dgp3"]
     svgp = tmp_path / "runs" / "svgp" / "toy"
     svgp_bindings = json.loads((svgp / "bindings.json").read_text())
-    assert svgp_bindings["replicated_deep_gp.depth"] == "1"
-    assert svgp_bindings["ReplicatedLearner.batch_size"] == "54"  # full batches
+    assert svgp_bindings["deep_gp.depth"] == "1"
+    assert svgp_bindings["SupervisedLearner.batch_size"] == "54"  # full batches
     assert json.loads((svgp / "metrics.json").read_text())["step"] == 5
     # DGP-3 trains from Salimbeni & Deisenroth's start, bound before the user's bindings (which
     # may override it) and recorded in its row's setting; SVGP's start is blayers' own.
     protocol = [
-        "replicated_deep_gp.inner_mean = 'identity'",
-        "replicated_deep_gp.length_scale = 'sqrt_width'",
-        "replicated_deep_gp.inner_variational_scale = 1e-5",
-        "replicated_deep_gp.noise_variance = 0.01",
+        "deep_gp.inner_mean = 'identity'",
+        "deep_gp.length_scale = 'sqrt_width'",
+        "deep_gp.inner_variational_scale = 1e-5",
+        "deep_gp.noise_variance = 0.01",
     ]
     dgp3_command = json.loads((tmp_path / "runs" / "dgp3" / "toy" / "command.json").read_text())
     params = dgp3_command["gin_param"]
@@ -212,14 +157,14 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     assert params.index("train.train_steps = 2") > first + 3  # the user's come after
     settings = {r["method"]: r["setting"]["gin_params"] for r in rows}
     assert settings["dgp3"][:4] == protocol and len(settings["dgp3"]) == 6
-    assert settings["svgp"] == ["train.train_steps = 5", "replicated_deep_gp.num_inducing = 5"]
+    assert settings["svgp"] == ["train.train_steps = 5", "deep_gp.num_inducing = 5"]
     assert all(r["splits"] == 2 and np.isfinite(r["test_ll"]) for r in rows)
     flipout = tmp_path / "runs" / "flipout" / "toy"
     flipout_bindings = json.loads((flipout / "bindings.json").read_text())
     # 54 rows in batches of 32: one full batch an epoch, two epochs.
     assert flipout_bindings["train.train_steps"] == "4"
     assert flipout_bindings["uci_replicas.splits"] == "[0, 1]"
-    assert flipout_bindings["replicated_flipout_regressor.hidden_units"] == "(50,)"
+    assert flipout_bindings["mlp.hidden_units"] == "(50,)"
     flipout_metrics = json.loads((flipout / "metrics.json").read_text())
     assert [r["name"] for r in flipout_metrics["replicas"]] == ["split0[]seed0", "split1[]seed0"]
     folder = tmp_path / "runs" / "mc_dropout"
@@ -238,7 +183,10 @@ def test_uci_regression_replicated_trains_each_stage_as_one_run(tmp_path, toy_uc
     assert rows[0]["test_ll"] == pytest.approx(
         np.mean([r["final"]["test_log_likelihood"] for r in test["replicas"]])
     )
-    # Epochs count batches of the published 128 (54 rows: one an epoch), as unreplicated.
+    # Re-running trains nothing and gives the same table.
+    again = uci_regression.run_experiment(**kwargs)
+    assert [r["test_ll"] for r in again] == [r["test_ll"] for r in rows]
+    # Epochs count batches of the published 128 (54 rows: one an epoch).
     bindings = json.loads((folder / "toy" / "bindings.json").read_text())
     assert bindings["train.train_steps"] == "3" and "uci_replicas.chosen" in bindings
     # The training time counts both stages of the grid search.
@@ -478,8 +426,8 @@ def test_uci_cells_accumulate_splits_trained_a_few_at_a_time(tmp_path, capsys):
     again takes its new scores); at another setting the new row replaces the old, saying so."""
     from experiments.uci_regression import (
         merge_rows,
-        replicated_run_name,
         run_dataset,
+        run_name,
         splits_label,
         summarize,
         with_setting,
@@ -515,10 +463,10 @@ def test_uci_cells_accumulate_splits_trained_a_few_at_a_time(tmp_path, capsys):
     (row,) = merge_rows([other], [first])
     assert row["splits"] == 1 and row["test_ll"] == -2.0
     assert "replaces the earlier row (2 splits" in capsys.readouterr().out
-    # A subset's replicated run has a name of its own, and names its data set.
+    # A subset's run has a name of its own, and names its data set.
     assert splits_label([0, 1, 2, 5, 7, 8]) == "0-2,5,7-8"
-    assert replicated_run_name("wine", range(20), 20) == "wine"
-    assert replicated_run_name("wine", [0, 1, 2, 5], 20) == "wine_splits0-2,5"
+    assert run_name("wine", range(20), 20) == "wine"
+    assert run_name("wine", [0, 1, 2, 5], 20) == "wine_splits0-2,5"
     assert run_dataset("validation/wine_splits0-2,5") == "wine" == run_dataset("wine")
 
 
@@ -540,7 +488,7 @@ def test_uci_calls_on_one_root_at_the_same_time_keep_each_other_s_rows(
         )
         return [row(method, -2.0)], False
 
-    monkeypatch.setattr(uci_regression, "run_replicated", trains)
+    monkeypatch.setattr(uci_regression, "run_method", trains)
     rows = uci_regression.run_experiment(str(toy_uci), str(tmp_path), ["svgp"], ["toy"])
     assert [(r["method"], r["test_ll"]) for r in rows] == [("svgp", -2.0), ("dgp2", -1.0)]
     table = json.loads((tmp_path / "results.json").read_text())

@@ -18,9 +18,10 @@ __all__ = [
 
 @dataclasses.dataclass(frozen=True)
 class Replica:
-    """One of the independent models a `ReplicatedLearner` trains as one: its data (a split, or
-    a split's validation part), its own seed, and its hyperparameters (`{'dropout_rate': 0.05,
-    'tau': 0.1}`), read by the replicated model builder; `name` labels its metrics."""
+    """One of the independent models `SupervisedLearner` trains as one (replicated data,
+    `blayers.lab.data.Replicas`): its data (a split, or a split's validation part), its own seed,
+    and its hyperparameters (`{'dropout_rate': 0.05, 'tau': 0.1}`), read by the model builder
+    (`replicas=`); `name` labels its metrics."""
 
     name: str
     data: "Data"

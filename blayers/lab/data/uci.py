@@ -114,8 +114,8 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
 def uci_replicas(
     name=gin.REQUIRED, splits=None, root=None, validation=False, grid=({},), seeds=(0,), chosen=None
 ):
-    """One `Replica` per (split, grid point, seed) of UCI data set `name`, for a
-    `ReplicatedLearner`: every split's rows are read once and shared by its grid points.
+    """One `Replica` per (split, grid point, seed) of UCI data set `name`, replicated data for
+    `SupervisedLearner.data`: every split's rows are read once and shared by its grid points.
 
     Args:
       name, root, validation: as `uci`.

@@ -1,10 +1,11 @@
 """Learners: what a training step means, under the one Loop (`blayers.lab.loop`).
 
-* `SupervisedLearner`: the ELBO of a Keras model on a data set's task (the default).
+* `SupervisedLearner`: the ELBO of a Keras model on a data set's task (the default); with
+  replicated data (`@uci_replicas()`), many independent models (splits, grid points, seeds,
+  ensemble members) as one.
 * `VariationalProgramLearner`: the ELBO of a model program and a posterior program.
 * `MeshLearner`: the Mesh TensorFlow Bayesian Transformer (graph mode, model parallel).
 * `PlanetLearner`: Bayesian PlaNet (collects episodes, trains a world model, plans).
-* `ReplicatedLearner`: many small regression models (splits, grid points, seeds) as one.
 
 Chosen in gin by `train.learner = @PlanetLearner()`; each imports only what it needs, so
 importing this package loads the heavy ones (Mesh TensorFlow, dm-control) on first use.
@@ -18,7 +19,6 @@ __all__ = [
     "Learner",
     "MeshLearner",
     "PlanetLearner",
-    "ReplicatedLearner",
     "SupervisedLearner",
     "VariationalProgramLearner",
 ]
@@ -28,7 +28,6 @@ _MODULES = {
     "VariationalProgramLearner": "supervised",
     "MeshLearner": "mesh",
     "PlanetLearner": "planet",
-    "ReplicatedLearner": "replicated",
 }
 
 

@@ -4,8 +4,19 @@ Per example, `loss = NLL + local + beta_t * KL / N`: the task's negative log-lik
 per-example local losses (a VAE's latent KL), and the weights' KL divided by the number of
 training examples and weighted by `kl_schedule` (the paper's Section 2 objective; a
 `tf.distribute` strategy splits the batch).
+
+Replicated data (`blayers.lab.data.Replicas`: many independent models as one, the splits, grid
+points and seeds of a UCI table or a deep ensemble's members) trains the sum over replicas of
+each one's objective, through a model whose layers have `replicas=R` (`blayers.replicas`): the
+builder gets the replicas (`model(input_shape, num_outputs, replicas=...)`), each replica reads
+its own rows in its own order (gathered in the graph from resident data), and since a
+replica's weights get the gradient of its own loss only and Adam's update is elementwise, each
+follows the trajectory it follows alone. The records hold the means over replicas; the
+evaluation scores each replica on its own test rows, and `metrics.json` lists each replica's
+metrics under `replicas` (with its name, seed and hyperparameters) for model selection.
 """
 
+import json
 import numbers
 
 import gin
@@ -17,9 +28,11 @@ from absl import logging
 from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.configurables import unapplied_layer_bindings
+from blayers.lab.data.replicas import Replicas, as_replicas
 from blayers.lab.data.stream import epoch_batches
 from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.random_variable import RandomVariable
+from blayers.replicas import fold_seed
 
 __all__ = [
     "SupervisedLearner",
@@ -131,19 +144,25 @@ class SupervisedLearner(KerasLearner):
     docstring); the data's task owns the likelihood, the metrics and the plots.
 
     Args:
-      data: a `blayers.lab.data.Data`.
-      model: model builder `fn(input_shape, num_outputs)`.
+      data: a `blayers.lab.data.Data`, or replicas (`Replica`s, e.g. `@uci_replicas()`, or
+        `blayers.lab.data.Replicas`): many independent models trained as one (module
+        docstring).
+      model: model builder `fn(input_shape, num_outputs)` (with replicated data,
+        `fn(input_shape, num_outputs, replicas=...)`).
       optimizer: optimizer factory (default `make_optimizer`, Adam 1e-3).
       batch_size: global batch size (split across replicas).
       kl_schedule: `fn(step) -> beta_t`, the weight of `KL / N`.
       num_eval_samples: Monte Carlo posterior draws per evaluation.
       eval_batch_size: examples per evaluation batch.
       shuffle_buffer: examples shuffled at a time.
+      eval_rows: with replicated data, rows (replicas x draws x examples) in one evaluation
+        call.
     """
 
     resumable_bindings = (
         "SupervisedLearner.num_eval_samples",
         "SupervisedLearner.eval_batch_size",
+        "SupervisedLearner.eval_rows",
     )
     instant_scalars = ("kl_weight",)
     progress_scalars = (
@@ -167,8 +186,11 @@ class SupervisedLearner(KerasLearner):
         num_eval_samples=10,
         eval_batch_size=500,
         shuffle_buffer=10_000,
+        eval_rows=1_000_000,
     ):
+        data = as_replicas(data)
         self.data, self.model_fn, self.optimizer_fn = data, model, optimizer
+        self.replicated = isinstance(data, Replicas)
         self.num_train = int(data.num_train)
         requested = _positive("batch_size", batch_size)
         self.batch_size = min(requested, self.num_train)
@@ -185,6 +207,7 @@ class SupervisedLearner(KerasLearner):
         self.kl_schedule = kl_schedule
         self.num_eval_samples = _positive("num_eval_samples", num_eval_samples)
         self.eval_batch_size = _positive("eval_batch_size", eval_batch_size)
+        self.eval_rows = _positive("eval_rows", eval_rows)
         self.shuffle_buffer = shuffle_buffer
 
     # -- build and state -------------------------------------------------------------------------
@@ -192,9 +215,18 @@ class SupervisedLearner(KerasLearner):
         if context.strategy_name == "mesh":
             refuse_strategy(self, context, "a tf.distribute strategy (cpu, gpu, mirrored, ...)")
         self.strategy, self.seed = context.strategy, context.seed
+        extra = {}
+        if self.replicated:
+            if context.strategy.num_replicas_in_sync > 1:
+                refuse_strategy(self, context, "one device (replicas already batch the work)")
+            # A replica's seed joins the run's (`train.seed`, the `seed` macro a sweep varies):
+            # it still depends on no other replica of the group.
+            self.replica_seeds = [r.seed for r in self.data.members]
+            self.data = self.data.with_run_seed(self.seed, fold_seed).load()
+            extra = {"replicas": self.data.members}
         seeds.set_seed(self.seed)
         with self.strategy.scope():
-            model = self.model_fn(self.data.input_shape, self.data.num_outputs)
+            model = self.model_fn(self.data.input_shape, self.data.num_outputs, **extra)
             optimizer = self.optimizer_fn()
             optimizer.build(model.trainable_variables)
             self.track(model, optimizer)
@@ -209,10 +241,17 @@ class SupervisedLearner(KerasLearner):
     # -- training --------------------------------------------------------------------------------
     def batches(self):
         """The rest of the current epoch, from the data position the step implies
-        (`blayers.lab.data.stream.epoch_batches`); a new epoch starts with `begin_epoch`."""
+        (`blayers.lab.data.stream.epoch_batches`; replicas: each one's rows in its own order);
+        a new epoch starts with `begin_epoch`."""
         epoch, skip = divmod(self.step, self.steps_per_epoch)
         if skip == 0:
             self.begin_epoch(epoch)
+        if self.replicated:
+            order = self.data.epoch_order(epoch)
+            return (
+                self.data.batch(order, b, self.batch_size)
+                for b in range(skip, self.steps_per_epoch)
+            )
         return self._epoch_batches(epoch, skip)
 
     def _epoch_batches(self, epoch, skip):
@@ -232,27 +271,53 @@ class SupervisedLearner(KerasLearner):
                 layer.begin_epoch()
 
     def begin_phase(self):
-        """The rest of the epoch: a data pipeline runs in the graph, several steps a call
-        (`train_steps`); other batches (a subclass's `batches`), one step a call."""
+        """The rest of the epoch: a data pipeline, or replicas' resident rows, run in the graph,
+        several steps a call (`train_steps`); other batches (a subclass's `batches`), one step
+        a call."""
+        self._epoch = self.step // self.steps_per_epoch
+        if self.replicated:
+            if self.step % self.steps_per_epoch == 0:
+                self.begin_epoch(self._epoch)
+            self._order = self.data.epoch_order(self._epoch)
+            self._order_tensor = tf.constant(self._order, tf.int32)
+            self._iterator = None
+            return
         batches = self.batches()
         graph_data = (tf.data.Dataset, tf.distribute.DistributedDataset)
         self._iterator = iter(batches) if isinstance(batches, graph_data) else None
         self._phase = self._iterator if self._iterator is not None else iter(batches)
 
     def train_steps(self, n):
-        if self._iterator is None:
+        if self.replicated:
+            start = self.step - self._epoch * self.steps_per_epoch
+            n = min(n, self.steps_per_epoch - start)
+            if n <= 0:
+                return Steps(0, {}, {})
+            args = (self._order_tensor, tf.constant(start))
+        elif self._iterator is None:
             return super().train_steps(n)
-        count, sums, last = self.read_steps(self._train_steps_fn(tf.constant(n), self._iterator))
+        else:
+            args = (self._iterator,)
+        count, sums, last = self.read_steps(self._train_steps_fn(tf.constant(n), *args))
+        self.bad_replica = int(last.pop("bad_replica", -1))
+        sums.pop("bad_replica", None)
         bad = None
         if non_finite(last):  # the batch of the step again, from its place in the epoch
             epoch, position = divmod(self.step - 1, self.steps_per_epoch)
-            bad = next(iter(self._epoch_batches(epoch, position)))
+            if self.replicated:
+                bad = self.data.batch(self._order, position, self.batch_size)
+            else:
+                bad = next(iter(self._epoch_batches(epoch, position)))
         return Steps(count, sums, last, bad)
 
     def train_step(self, batch):
-        return {k: float(v) for k, v in self._train_step_fn(batch).items()}
+        scalars = {k: float(v) for k, v in self._train_step_fn(batch).items()}
+        self.bad_replica = int(scalars.pop("bad_replica", -1))
+        return scalars
 
     def diagnose_non_finite(self, batch):
+        if self.replicated:
+            return self._diagnose_replicas(batch)
         x = self.strategy.experimental_local_results(batch[0])[0]
         y = self.strategy.experimental_local_results(batch[1])[0]
         bad_data = _non_finite_rows(x, "features") or _non_finite_rows(y, "targets")
@@ -263,20 +328,37 @@ class SupervisedLearner(KerasLearner):
             return f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
         return "no layer reproduced a non-finite value on a second pass"
 
+    def _diagnose_replicas(self, batch):
+        x, y = batch
+        members = self.data.members
+        for what, values in (("features", x), ("targets", y)):
+            bad = [r for r in range(len(members)) if not np.isfinite(values[r]).all()]
+            if bad:
+                return f"the batch's {what} of replica {members[bad[0]].name} are not finite"
+        if getattr(self, "bad_replica", -1) >= 0:
+            name = members[self.bad_replica].name
+            return f"the NLL of replica {name} (the first of {len(members)}) is not finite"
+        culprit = first_non_finite_layer(self.model)  # the weights: no per-replica replay
+        if culprit:
+            return f"first non-finite value in '{culprit[0]}' ({culprit[1]})"
+        return "the weights' KL or penalty is not finite"
+
     # -- evaluation and outputs ------------------------------------------------------------------
     def evaluate(self):
-        """The task's evaluation of the current model; the training random streams
-        (seed-generator states) are restored afterwards."""
+        """The task's evaluation of the current model (replicas: each on its own test rows);
+        the training random streams (seed-generator states) are restored afterwards."""
         with self.training_streams_kept():
+            if self.replicated:
+                return self.data.evaluate(self.model, self.num_eval_samples, self.eval_rows)
             return self.data.task.evaluate(
                 self.model, self.data, self.num_eval_samples, self.eval_batch_size
             )
 
     def outputs(self, run, records, metrics, arrays):
-        """`training_curves.png` and the task's plots; the data, task and sizes."""
+        """`training_curves.png` and the task's plots; the data, task and sizes (replicas:
+        each one's metrics, with its name, seed and hyperparameters, under `replicas`)."""
         curves = run.file("training_curves.png")
         plots.training_curves(records, curves)
-        images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
         summary = {
             "data": self.data.name,
             "task": self.data.task.name,
@@ -284,6 +366,22 @@ class SupervisedLearner(KerasLearner):
             "batch_size": self.batch_size,
             "parameters": self.parameter_counts(),
         }
+        if self.replicated:
+            summary["num_replicas"] = len(self.data)
+            summary["replicas"] = [
+                {
+                    "name": replica.name,
+                    "data": replica.data.name,
+                    "seed": seed,
+                    "hparams": json.loads(json.dumps(replica.hparams, default=str)),
+                    "final": scores,
+                }
+                for replica, seed, scores in zip(
+                    self.data.members, self.replica_seeds, arrays["replicas"]
+                )
+            ]
+            return summary, [curves]
+        images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
         return summary, images
 
     def parameter_counts(self):
@@ -302,14 +400,24 @@ class SupervisedLearner(KerasLearner):
     def _make_train_step(self):
         net, opt, step, strategy = self.model, self.optimizer, self.step_variable, self.strategy
         task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
-        kl_schedule = self.kl_schedule
+        kl_schedule, replicated = self.kl_schedule, self.replicated
+        # Records hold a replica's mean: the objective is the sum over replicas.
+        per_replica = float(len(self.data)) if replicated else 1.0
 
         def train_step(batch):
             def replica_step(x, y):
                 with tf.GradientTape() as tape:
                     outputs = net(x, training=True)
-                    nll_per_example = task.negative_log_likelihood(outputs, y)
-                    nll = tf.nn.compute_average_loss(nll_per_example, global_batch_size=batch_size)
+                    if replicated:  # [R, B]: each replica's mean NLL, summed over replicas
+                        nll_rows = task.negative_log_likelihood(outputs, y, example_axes=2)
+                        nll_replicas = tf.reduce_mean(nll_rows, axis=1)
+                        nll = tf.reduce_sum(nll_replicas)
+                    else:
+                        nll_per_example = task.negative_log_likelihood(outputs, y)
+                        nll = tf.nn.compute_average_loss(
+                            nll_per_example, global_batch_size=batch_size
+                        )
+                        nll_replicas = tf.reshape(nll, [1])
                     local, kl = objectives.split_losses(net)
                     local = local / strategy.num_replicas_in_sync  # per-example (latent KL)
                     kl_weight = tf.cast(kl_schedule(step), kl.dtype)
@@ -333,22 +441,30 @@ class SupervisedLearner(KerasLearner):
                     for g in grads
                 ]
                 opt.apply_gradients(zip(grads, net.trainable_variables))
+                finite_replicas = tf.math.is_finite(nll_replicas)
+                bad_replica = tf.where(
+                    tf.reduce_all(finite_replicas),
+                    -1,
+                    tf.argmin(tf.cast(finite_replicas, tf.int32), output_type=tf.int32),
+                )
                 return (
                     tf.cast(nll, tf.float32),
                     tf.cast(local, tf.float32),
                     tf.cast(kl, tf.float32),
                     tf.cast(kl_weight, tf.float32),
                     1.0 - tf.cast(finite, tf.float32),
+                    bad_replica,
                 )
 
-            nll, local, kl, kl_weight, bad = strategy.run(replica_step, args=batch)
+            nll, local, kl, kl_weight, bad, bad_replica = strategy.run(replica_step, args=batch)
             step.assign_add(1)
             reduce = tf.distribute.ReduceOp
-            nll = strategy.reduce(reduce.SUM, nll, axis=None)
+            nll = strategy.reduce(reduce.SUM, nll, axis=None) / per_replica
             local = strategy.reduce(reduce.SUM, local, axis=None)
-            kl_per_example = strategy.reduce(reduce.MEAN, kl, axis=None) / num_train
+            kl = strategy.reduce(reduce.MEAN, kl, axis=None) / per_replica
+            kl_per_example = kl / num_train
             kl_weight = strategy.reduce(reduce.MEAN, kl_weight, axis=None)
-            return {
+            scalars = {
                 "loss": nll + local + kl_weight * kl_per_example,
                 "nll": nll,
                 "local_loss": local,
@@ -358,13 +474,34 @@ class SupervisedLearner(KerasLearner):
                 "kl_weight": kl_weight,
                 "non_finite": strategy.reduce(reduce.SUM, bad, axis=None),  # bad replicas
             }
+            if replicated:  # one device: the replica context's value is the value
+                scalars["bad_replica"] = bad_replica
+            return scalars
 
-        def next_batch(i, iterator):
-            del i
-            optional = iterator.get_next_as_optional()
-            return optional.has_value(), optional.get_value
+        if replicated:
+            x_train, y_train = tf.constant(self.data.x_train), tf.constant(self.data.y_train)
+            replicas = len(self.data)
 
-        self._train_steps_fn = self.compile_steps(train_step, next_batch, STEP_SCALARS)
+            def next_batch(i, order, start):
+                """Batch `start + i` of the epoch: each replica's rows in its own order,
+                gathered from the resident data in the graph."""
+                rows = order[:, (start + i) * batch_size : (start + i + 1) * batch_size]
+                rows = tf.reshape(rows, [replicas, batch_size])
+                return tf.constant(True), lambda: (
+                    tf.gather(x_train, rows, batch_dims=1),
+                    tf.gather(y_train, rows, batch_dims=1),
+                )
+
+            names = (*STEP_SCALARS, "bad_replica")
+        else:
+
+            def next_batch(i, iterator):
+                del i
+                optional = iterator.get_next_as_optional()
+                return optional.has_value(), optional.get_value
+
+            names = STEP_SCALARS
+        self._train_steps_fn = self.compile_steps(train_step, next_batch, names)
         # reduce_retracing: batches of varying length (padded sequences) trace twice at most
         return tf.function(train_step, reduce_retracing=True)
 

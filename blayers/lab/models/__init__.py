@@ -8,21 +8,23 @@ layers first (`'DenseFlipout'`), then `keras.layers` (`'Dense'`), so an estimato
 `mlp.dense_layer = 'Dense'`.
 """
 
+import functools
+
 import gin
 import keras
+import numpy as np
 
 from blayers import layers as blayers_layers
 from blayers.lab.models.baselines import uncertainty_baseline
 from blayers.lab.models.cox import CoxProcess, cox_process
 from blayers.lab.models.flows import realnvp_flow
-from blayers.lab.models.gaussian_process import deep_gp, replicated_deep_gp
+from blayers.lab.models.gaussian_process import deep_gp
 from blayers.lab.models.resnet import resnet
 from blayers.lab.models.sequence import lstm_sequence_model
 from blayers.lab.models.transformer import transformer, transformer_lm, transformer_schedule
 from blayers.lab.models.vae import VAE, VQVAE, vae, vqvae
 from blayers.lab.tasks import Regression
 from blayers.registry import get_layer as get_layer_class
-from blayers.regularizers import NormalKLDivergence
 from blayers.replicas import ReplicaL2
 
 __all__ = [
@@ -37,9 +39,6 @@ __all__ = [
     "mc_dropout_regressor",
     "mlp",
     "realnvp_flow",
-    "replicated_deep_gp",
-    "replicated_flipout_regressor",
-    "replicated_mc_dropout_regressor",
     "resnet",
     "sequential",
     "transformer",
@@ -67,6 +66,7 @@ def mlp(
     learn_noise=True,
     layer_kwargs=None,
     name="mlp",
+    replicas=None,
 ):
     """Multilayer perceptron: [Flatten] -> [MCDropout] -> (dense_layer(h), [MCDropout]) * L ->
     output_layer [-> GaussianLikelihood].
@@ -82,29 +82,61 @@ def mlp(
         (default) leaves the task's output layout (the heteroscedastic mean and scale).
       learn_noise: whether that likelihood's variance is trained (else it stays fixed).
       layer_kwargs: extra keyword arguments for every dense layer (e.g. initializers).
+      replicas: None, or the `blayers.lab.data.Replica`s of replicated data: every layer then
+        has `replicas=R` (`blayers.replicas`; `'Dense'` is the blayers dense layer with Keras'
+        deterministic initializer) and a replica's `hparams` may set its own `dropout_rate`
+        and `noise_variance` (a number or, here, one a replica). Inputs `[R, batch, d]`.
     """
     hidden_cls = get_layer_class(dense_layer)
     output_cls = get_layer_class(output_layer or dense_layer)
     kwargs = dict(layer_kwargs or {})
-    model_layers = [keras.Input(tuple(input_shape))]
-    if len(input_shape) > 1:
-        model_layers.append(keras.layers.Flatten())
-    if input_dropout and dropout_rate:
-        model_layers.append(blayers_layers.MCDropout(dropout_rate))
-    for units in hidden_units:
-        model_layers.append(hidden_cls(units, activation=activation, **kwargs))
-        if dropout_rate:
-            model_layers.append(blayers_layers.MCDropout(dropout_rate))
-    if noise_variance is None:
-        model_layers.append(output_cls(num_outputs, **kwargs))
+    group = {}
+    if replicas is not None:
+        if len(input_shape) > 1:
+            raise ValueError(f"mlp: replicas take vector features, got shape {input_shape}.")
+        group = {"replicas": len(replicas), "replica_seeds": [r.seed for r in replicas]}
+        hidden_cls, output_cls = _replicated_dense(hidden_cls), _replicated_dense(output_cls)
+        dropout_rate = _per_replica(replicas, "dropout_rate", dropout_rate)
+        if noise_variance is not None:
+            noise_variance = _per_replica(replicas, "noise_variance", noise_variance)
+        model_layers = [keras.Input((None, *input_shape))]
     else:
-        model_layers.append(output_cls(Regression.target_dim(num_outputs), **kwargs))
+        model_layers = [keras.Input(tuple(input_shape))]
+        if len(input_shape) > 1:
+            model_layers.append(keras.layers.Flatten())
+    dropout = bool(np.any(dropout_rate))
+    if input_dropout and dropout:
+        model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
+    for units in hidden_units:
+        model_layers.append(hidden_cls(units, activation=activation, **kwargs, **group))
+        if dropout:
+            model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
+    if noise_variance is None:
+        model_layers.append(output_cls(num_outputs, **kwargs, **group))
+    else:
+        model_layers.append(output_cls(Regression.target_dim(num_outputs), **kwargs, **group))
         model_layers.append(
             blayers_layers.GaussianLikelihood(
-                noise_variance, trainable=learn_noise, name="likelihood"
+                noise_variance, trainable=learn_noise, name="likelihood", **group
             )
         )
     return keras.Sequential(model_layers, name=name)
+
+
+def _per_replica(replicas, key, default):
+    """Each replica's `hparams[key]`, else `default` (one value, or one a replica)."""
+    defaults = np.broadcast_to(np.asarray(default, np.float64), (len(replicas),))
+    return [float(r.hparams.get(key, d)) for r, d in zip(replicas, defaults)]
+
+
+def _replicated_dense(cls):
+    """`keras.layers.Dense` as replicas train it: the blayers dense layer with Keras' kernel
+    initializer (deterministic weights); a blayers layer as it is."""
+    if cls is keras.layers.Dense:
+        return functools.partial(
+            blayers_layers.DenseReparameterization, kernel_initializer="glorot_uniform"
+        )
+    return cls
 
 
 def mc_dropout_decay(lengthscale, dropout_rate, target_scale):
@@ -123,6 +155,7 @@ def mc_dropout_regressor(
     target_scale=1.0,
     lengthscale=1e-2,
     name="mc_dropout_regressor",
+    replicas=None,
 ):
     """Gal & Ghahramani's (2016) MC dropout regression network, as in their UCI experiments.
 
@@ -140,125 +173,38 @@ def mc_dropout_regressor(
       tau: the observation noise precision in original units (their grid is per data set).
       target_scale: `s`, the standard deviation the targets were divided by.
       lengthscale: `l`, the prior lengthscale (1e-2 in their code).
+      replicas: None, or the `Replica`s of replicated data: replica `r` drops units at its
+        `hparams['dropout_rate']`, has the precision `hparams['tau']` and the weight decay of
+        its rate and its own data's target scale (`blayers.replicas.ReplicaL2`).
     """
-    if tau <= 0 or target_scale <= 0:
-        raise ValueError(
-            f"mc_dropout_regressor needs tau > 0 and target_scale > 0, got {tau}, {target_scale}."
-        )
-    decay = mc_dropout_decay(lengthscale, dropout_rate, target_scale)
+    if replicas is None:
+        rates, taus, scales = [dropout_rate], [tau], [target_scale]
+    else:
+        rates = _per_replica(replicas, "dropout_rate", dropout_rate)
+        taus = _per_replica(replicas, "tau", tau)
+        scales = [replica.data.target_scale for replica in replicas]
+    for t, scale in zip(taus, scales):
+        if t <= 0 or scale <= 0:
+            raise ValueError(
+                f"mc_dropout_regressor needs tau > 0 and target_scale > 0, got {t}, {scale}."
+            )
+    decays = [mc_dropout_decay(lengthscale, p, s) for p, s in zip(rates, scales)]
+    variances = [1.0 / (t * s**2) for t, s in zip(taus, scales)]
+    regularizer = keras.regularizers.L2(decays[0]) if replicas is None else ReplicaL2(decays)
     return mlp(
         input_shape,
         num_outputs,
         hidden_units=hidden_units,
         activation="relu",
         dense_layer="Dense",
-        dropout_rate=dropout_rate,
+        dropout_rate=rates[0] if replicas is None else rates,
         input_dropout=True,
-        noise_variance=1.0 / (tau * target_scale**2),
+        noise_variance=variances[0] if replicas is None else variances,
         learn_noise=False,
-        layer_kwargs={"kernel_regularizer": keras.regularizers.L2(decay)},
+        layer_kwargs={"kernel_regularizer": regularizer},
         name=name,
+        replicas=replicas,
     )
-
-
-@gin.configurable(module="blayers.lab.models")
-def replicated_mc_dropout_regressor(
-    input_dim, replicas, hidden_units=(50,), lengthscale=1e-2, name="replicated_mc_dropout"
-):
-    """`mc_dropout_regressor` for `R` replicas at once (`blayers.replicas`: the same layers
-    with `replicas=R`): replica `r` drops units at its `hparams['dropout_rate']`, has the noise
-    precision `hparams['tau']` (original units) and the weight decay of its rate, its data's
-    target scale and training size (`blayers.replicas.ReplicaL2`). Inputs `[R, B, input_dim]`;
-    outputs a `GaussianLikelihood`'s random variable `[R, B, 1]`.
-
-    Args:
-      input_dim: features per example.
-      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer's replica).
-      hidden_units, lengthscale: as `mc_dropout_regressor`.
-    """
-    rates, variances, decays = [], [], []
-    for replica in replicas:
-        rate, tau = replica.hparams.get("dropout_rate", 0.05), replica.hparams.get("tau", 1.0)
-        scale = replica.data.target_scale
-        if tau <= 0 or scale <= 0:
-            raise ValueError(
-                f"replicated_mc_dropout_regressor: replica {replica.name} needs tau > 0 and a "
-                f"positive target scale, got {tau}, {scale}."
-            )
-        rates.append(rate)
-        variances.append(1.0 / (tau * scale**2))
-        decays.append(mc_dropout_decay(lengthscale, rate, scale) / replica.data.num_train)
-    group = {"replicas": len(replicas), "replica_seeds": [replica.seed for replica in replicas]}
-    model_layers = [keras.Input((None, input_dim))]
-    widths = (*hidden_units, 1)
-    for i, units in enumerate(widths):  # dropout before every dense layer, as theirs
-        model_layers.append(blayers_layers.MCDropout(rates, **group))
-        model_layers.append(  # a Keras initializer: the deterministic dense layer
-            blayers_layers.DenseReparameterization(
-                units,
-                activation="relu" if i < len(hidden_units) else None,
-                kernel_initializer="glorot_uniform",
-                kernel_regularizer=ReplicaL2(decays),
-                **group,
-            )
-        )
-    model_layers.append(
-        blayers_layers.GaussianLikelihood(variances, trainable=False, name="likelihood", **group)
-    )
-    return keras.Sequential(model_layers, name=name)
-
-
-@gin.configurable(module="blayers.lab.models")
-def replicated_flipout_regressor(
-    input_dim,
-    replicas,
-    hidden_units=(50,),
-    activation="relu",
-    prior_stddev=1.0,
-    noise_variance=0.1,
-    learn_noise=True,
-    name="replicated_flipout",
-):
-    """`mlp(dense_layer='DenseFlipout', noise_variance=..., learn_noise=True)`, the mean-field
-    Flipout regressor, for `R` replicas at once (`blayers.replicas`: `DenseFlipout` and
-    `GaussianLikelihood` with `replicas=R`): each replica has its own posterior, KL weight
-    `1 / N` (its negative ELBO per example) and learned noise variance (standardized units,
-    `hparams['noise_variance']` where a replica sets it). Inputs `[R, B, input_dim]`; outputs
-    the likelihood's random variable `[R, B, 1]`.
-
-    Args:
-      input_dim: features per example.
-      replicas: the `blayers.lab.data.Replica`s (their seeds seed every layer's replica).
-      hidden_units, activation: the hidden layers, as `mlp`'s.
-      prior_stddev: the weights' prior stddev (Hernandez-Lobato & Adams' VI baseline: 1).
-      noise_variance: the initial noise variance; learn_noise: whether it is trained.
-    """
-    variances = [r.hparams.get("noise_variance", noise_variance) for r in replicas]
-    sizes = {r.data.num_train for r in replicas}
-    if len(sizes) > 1 or any("prior_stddev" in r.hparams for r in replicas):
-        raise ValueError(
-            "replicated_flipout_regressor: replicas share one prior and one training size (the "
-            f"KL's 1 / N); got sizes {sorted(sizes)} and per-replica prior_stddev hparams."
-        )
-    group = {"replicas": len(replicas), "replica_seeds": [replica.seed for replica in replicas]}
-    kl = {"stddev": prior_stddev, "scale_factor": 1.0 / sizes.pop()}
-    model_layers = [keras.Input((None, input_dim))]
-    widths = (*hidden_units, 1)
-    for i, units in enumerate(widths):
-        model_layers.append(
-            blayers_layers.DenseFlipout(
-                units,
-                activation=activation if i < len(hidden_units) else None,
-                kernel_regularizer=NormalKLDivergence(**kl),
-                **group,
-            )
-        )
-    model_layers.append(
-        blayers_layers.GaussianLikelihood(
-            variances, trainable=learn_noise, name="likelihood", **group
-        )
-    )
-    return keras.Sequential(model_layers, name=name)
 
 
 @gin.configurable(module="blayers.lab.models")

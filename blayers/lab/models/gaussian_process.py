@@ -21,7 +21,7 @@ from blayers.lab.tasks.base import features
 from blayers.layers.gp import GaussianLikelihood, SparseGaussianProcess
 from blayers.replicas import fold_seed
 
-__all__ = ["deep_gp", "replicated_deep_gp"]
+__all__ = ["deep_gp"]
 
 
 @gin.configurable(module="blayers.lab.models")
@@ -38,67 +38,100 @@ def deep_gp(
     inducing_inputs_initializer="random_normal",
     inner_mean="linear",
     length_scale=1.0,
+    cholesky_dtype=None,
     name="deep_gp",
+    replicas=None,
 ):
     """`depth` SVGP layers with `num_inducing` inducing points each, then `GaussianLikelihood`.
 
     `num_outputs` is the regression task's output size; the GP predicts its
-    `Regression.target_dim(num_outputs)` targets and the likelihood supplies the noise.
+    `Regression.target_dim(num_outputs)` targets and the likelihood supplies the noise, whose
+    expectation under the last layer's marginals the task takes in closed form.
     `inducing_inputs_initializer='kmeans'` starts every layer's inducing inputs at k-means
-    centres of its first training batch (Salimbeni & Deisenroth's initialization).
+    centres of what reaches it (Salimbeni & Deisenroth's initialization): of its first training
+    batch, or with replicas of each replica's training inputs under the inner means' starting
+    map, computed here from its seed.
 
     Args:
       inner_mean: the inner layers' mean function, `'linear'` (trained, starting at the
-        identity) or `'identity'` (fixed; needs `hidden_units >= input_dim` here:
-        `replicated_deep_gp` projects wider inputs onto their principal directions).
+        identity) or `'identity'` (fixed, as Salimbeni & Deisenroth: the identity, or with
+        replicas, for inputs wider than `hidden_units`, each replica's projection onto its
+        training inputs' top principal directions; without replicas that needs
+        `hidden_units >= input_dim`).
       length_scale: every layer's initial kernel length scales: a positive number, or
         `'sqrt_width'` for the square root of the layer's input width (bayesian_benchmarks').
-      (the others as `replicated_deep_gp`'s)
+      cholesky_dtype: the dtype of the layers' factorizations (`'float64'`: the UCI tables').
+      replicas: None, or the `blayers.lab.data.Replica`s of replicated data: every layer then
+        has `replicas=R` (`blayers.replicas`), each replica its own inducing inputs, kernels,
+        `q(u)` and noise; inputs `[R, batch, d]`.
+      (the others: the layers' arguments, `SparseGaussianProcess` and `GaussianLikelihood`)
     """
     if depth < 1:
         raise ValueError(f"deep_gp needs depth >= 1, got {depth}.")
     input_dim = int(np.prod(input_shape))
     hidden = hidden_units or min(input_dim, 30)
     _check_inner_mean("deep_gp", inner_mean)
-    if inner_mean == "identity" and depth > 1 and input_dim > hidden:
+    if replicas is None and inner_mean == "identity" and depth > 1 and input_dim > hidden:
         raise ValueError(
             f"deep_gp: inner_mean='identity' needs hidden_units >= input_dim (got {hidden} < "
-            f"{input_dim}): a fixed projection of wider inputs needs the data, which "
-            "replicated_deep_gp has. Set hidden_units, or inner_mean='linear'."
+            f"{input_dim}): a fixed projection of wider inputs needs the data, which replicated "
+            "data brings. Set hidden_units, or inner_mean='linear'."
         )
-    model_layers = [keras.Input(tuple(input_shape))]
-    if len(input_shape) > 1:
-        model_layers.append(keras.layers.Flatten())
+    group, reaching = {}, None
+    if replicas is not None:
+        group = {"replicas": len(replicas), "replica_seeds": [r.seed for r in replicas]}
+        # What reaches layer i at the start, per replica: the training inputs, then their
+        # image under each inner mean's starting map.
+        reaching = [features(r.data.train).reshape(-1, input_dim) for r in replicas]
+        model_layers = [keras.Input((None, input_dim))]
+    else:
+        model_layers = [keras.Input(tuple(input_shape))]
+        if len(input_shape) > 1:
+            model_layers.append(keras.layers.Flatten())
     width = input_dim
-    for i in range(depth - 1):
+    for i in range(depth):
+        last = i == depth - 1
+        initializer, projection = inducing_inputs_initializer, None
+        if replicas is not None:
+            if inducing_inputs_initializer == "kmeans":
+                initializer = keras.initializers.Constant(
+                    _replica_centres(reaching, replicas, num_inducing, width, salt=10 + i)
+                )
+            if not last and inner_mean == "identity" and width > hidden:
+                projection = np.stack([principal_directions(x, hidden) for x in reaching])
         model_layers.append(
             SparseGaussianProcess(
-                hidden,
+                Regression.target_dim(num_outputs) if last else hidden,
                 num_inducing=num_inducing,
-                mean_fn=inner_mean,
+                mean_fn="zero" if last else inner_mean,
                 covariance_fn=covariance_fn,
                 whiten=whiten,
-                initial_variational_scale=inner_variational_scale,
-                inducing_inputs_initializer=inducing_inputs_initializer,
+                initial_variational_scale=1.0 if last else inner_variational_scale,
+                inducing_inputs_initializer=initializer,
                 length_scale=initial_length_scale(length_scale, width, "deep_gp"),
+                cholesky_dtype=cholesky_dtype,
+                mean_projection=projection,
                 name=f"gp_{i}",
+                **group,
             )
         )
+        if reaching is not None and projection is not None:
+            reaching = [x @ p for x, p in zip(reaching, projection)]
+        elif reaching is not None:  # eye(width, hidden): the first `hidden` features
+            reaching = [x[:, :hidden] for x in reaching]
         width = hidden
-    model_layers.append(
-        SparseGaussianProcess(
-            Regression.target_dim(num_outputs),
-            num_inducing=num_inducing,
-            covariance_fn=covariance_fn,
-            whiten=whiten,
-            initial_variational_scale=1.0,
-            inducing_inputs_initializer=inducing_inputs_initializer,
-            length_scale=initial_length_scale(length_scale, width, "deep_gp"),
-            name=f"gp_{depth - 1}",
-        )
-    )
-    model_layers.append(GaussianLikelihood(noise_variance, name="likelihood"))
+    model_layers.append(GaussianLikelihood(noise_variance, name="likelihood", **group))
     return keras.Sequential(model_layers, name=name)
+
+
+def _replica_centres(reaching, replicas, num_inducing, width, salt):
+    """`[R, M, width]`: each replica's k-means centres of what reaches a layer (from its seed
+    and the layer's `salt`), zero-padded to the layer's width."""
+    seeds = [fold_seed(replica.seed, salt) for replica in replicas]
+    centres = np.stack([kmeans_centres(x, num_inducing, s) for x, s in zip(reaching, seeds)])
+    if centres.shape[-1] < width:  # an inner width above the inputs'
+        centres = np.pad(centres, ((0, 0), (0, 0), (0, width - centres.shape[-1])))
+    return centres
 
 
 def _check_inner_mean(name, inner_mean):
@@ -143,84 +176,3 @@ def kmeans_centres(x, num_inducing, seed):
         return np.concatenate([x, extra]).astype(np.float32)
     centres, _ = kmeans2(x, num_inducing, minit="points", seed=rng)
     return centres.astype(np.float32)
-
-
-@gin.configurable(module="blayers.lab.models")
-def replicated_deep_gp(
-    input_dim,
-    replicas,
-    depth=2,
-    num_inducing=100,
-    hidden_units=None,
-    inner_variational_scale=1e-3,
-    noise_variance=0.05,
-    inner_mean="linear",
-    length_scale=1.0,
-    name="replicated_deep_gp",
-):
-    """`deep_gp` (SVGP for `depth=1`) for `R` replicas at once (`SparseGaussianProcess` and
-    `GaussianLikelihood` with `replicas=R`, `blayers.replicas`): every replica has its own
-    inducing inputs (k-means centres of its own training inputs, from its seed; an inner
-    layer's of those inputs under the inner means' starting map, which is what reaches it at
-    the start), kernels, `q(u)`, KL weight `1 / N` and learned noise variance; the factorization
-    is in float64. Inner layers pass one draw per row (the doubly stochastic ELBO); the last
-    layer's marginals reach the likelihood, whose expectation the learner takes in closed form.
-    Inputs `[R, B, input_dim]`; outputs the likelihood's random variable `[R, B, 1]`.
-
-    Args:
-      input_dim: features per example.
-      replicas: the `blayers.lab.data.Replica`s.
-      depth, num_inducing, hidden_units, inner_variational_scale, noise_variance, length_scale:
-        as `deep_gp`'s.
-      inner_mean: `'linear'` (trained, starting at `eye(d, hidden)`) or `'identity'` (fixed, as
-        Salimbeni & Deisenroth: the identity, or for inputs wider than `hidden_units` each
-        replica's projection onto its training inputs' top principal directions).
-    """
-    if depth < 1:
-        raise ValueError(f"replicated_deep_gp needs depth >= 1, got {depth}.")
-    _check_inner_mean("replicated_deep_gp", inner_mean)
-    hidden = hidden_units or min(input_dim, 30)
-    seeds = [replica.seed for replica in replicas]
-    group = {"replicas": len(replicas), "replica_seeds": seeds}
-    # What reaches layer i at the start, per replica: the training inputs, then their image
-    # under each inner mean's starting map.
-    reaching = [features(replica.data.train).reshape(-1, input_dim) for replica in replicas]
-    sizes = {replica.data.num_train for replica in replicas}
-    if len(sizes) > 1:
-        raise ValueError(
-            f"replicated_deep_gp: replicas share one training size (the KL's 1 / N); got "
-            f"{sorted(sizes)}."
-        )
-    model_layers = [keras.Input((None, input_dim))]
-    width = input_dim
-    for i in range(depth):
-        last = i == depth - 1
-        salt = [fold_seed(seed, 10 + i) for seed in seeds]
-        centres = np.stack([kmeans_centres(x, num_inducing, s) for x, s in zip(reaching, salt)])
-        if centres.shape[-1] < width:  # an inner width above the inputs': zero-padded
-            centres = np.pad(centres, ((0, 0), (0, 0), (0, width - centres.shape[-1])))
-        projection = None
-        if not last and inner_mean == "identity" and width > hidden:
-            projection = np.stack([principal_directions(x, hidden) for x in reaching])
-        model_layers.append(
-            SparseGaussianProcess(
-                1 if last else hidden,
-                num_inducing=num_inducing,
-                mean_fn="zero" if last else inner_mean,
-                inducing_inputs_initializer=keras.initializers.Constant(centres),
-                length_scale=initial_length_scale(length_scale, width, "replicated_deep_gp"),
-                initial_variational_scale=1.0 if last else inner_variational_scale,
-                scale_factor=1.0 / next(iter(sizes)),
-                cholesky_dtype="float64",
-                mean_projection=projection,
-                name=f"gp_{i}",
-                **group,
-            )
-        )
-        if projection is not None:
-            reaching = [x @ p for x, p in zip(reaching, projection)]
-        else:  # eye(width, hidden): the first `hidden` features (fewer are padded above)
-            reaching = [x[:, :hidden] for x in reaching]
-        width = hidden
-    model_layers.append(GaussianLikelihood(noise_variance, name="likelihood", **group))
-    return keras.Sequential(model_layers, name=name)

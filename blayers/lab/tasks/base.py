@@ -68,16 +68,25 @@ class Task:
             f"{outputs.shape}."
         )
 
-    def negative_log_likelihood(self, outputs, targets):
+    def negative_log_likelihood(self, outputs, targets, example_axes=1):
         """Per-example `-log p(y | outputs)` (summed over any sequence or event axis); an
-        ensemble's members are fitted each on its own (`objectives.training_log_prob`)."""
-        log_prob = objectives.training_log_prob(self.likelihood(outputs), targets)
-        if log_prob.shape.rank > 1:
-            log_prob = tf.reduce_sum(log_prob, axis=list(range(1, log_prob.shape.rank)))
-        return -log_prob
+        ensemble's members are fitted each on its own (`objectives.training_log_prob`).
+        `example_axes`: the leading axes that index examples (2 for a replicated model's
+        `[R, B, ...]`)."""
+        log_prob = self.log_likelihood(outputs, targets)
+        return -sum_event_axes(log_prob, example_axes)
+
+    def log_likelihood(self, outputs, targets):
+        """`log p(y | outputs)` elementwise, the training objective's term."""
+        return objectives.training_log_prob(self.likelihood(outputs), targets)
 
     def evaluate(self, model, data, num_samples=10, batch_size=500):
         raise NotImplementedError(f"{type(self).__name__}.evaluate")  # abstract; intentional
+
+    def predictive_moments(self, outputs):
+        """`(mean, variance, function_variance)` of the predictive a forward pass gives (the
+        function's variance None where it is sampled, not integrated); regression only."""
+        raise ValueError(f"A {self.name} model has no Gaussian predictive moments.")
 
     def plot(self, model, data, arrays, model_dir):
         del model, data, arrays, model_dir
@@ -148,6 +157,13 @@ def _move_axis_first(tensor, axis):
 
 def _merge_first_axes(array):
     return array.reshape((-1,) + array.shape[2:])
+
+
+def sum_event_axes(values, example_axes=1):
+    """`values` summed over every axis after the first `example_axes` (the examples')."""
+    if values.shape.rank > example_axes:
+        values = tf.reduce_sum(values, axis=list(range(example_axes, values.shape.rank)))
+    return values
 
 
 def features(dataset):

@@ -2,18 +2,21 @@
 
 import os
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers import metrics as metrics_lib
 from blayers.lab import plots
 from blayers.lab.tasks.base import Task, features, register_task, targets
+from blayers.sampling import normal_parameters
 
 tfd = tfp.distributions
 
 __all__ = ["MIN_SCALE", "Regression"]
 
 MIN_SCALE = 1e-3
+_LOG_2PI = float(np.log(2.0 * np.pi))
 
 
 @register_task
@@ -48,6 +51,29 @@ class Regression(Task):
     def likelihood_from_tensor(self, outputs):
         loc, raw_scale = tf.split(outputs, self.outputs_per_target(), axis=-1)
         return tfd.Independent(tfd.Normal(loc, tf.nn.softplus(raw_scale) + MIN_SCALE), 1)
+
+    def log_likelihood(self, outputs, targets):
+        """`log p(y | outputs)`; for a Gaussian likelihood of a GP's marginals (its output's
+        `function`, `N(mu, s^2)`), the expectation `E_q[log N(y; f, sigma^2)] = log N(y; mu,
+        sigma^2) - s^2 / (2 sigma^2)` in closed form (Hensman et al., 2013) instead of the
+        one-draw estimate."""
+        function = getattr(outputs, "function", None)
+        if function is None:
+            return super().log_likelihood(outputs, targets)
+        mean, stddev = normal_parameters(function.distribution)
+        noise = tf.square(outputs.distribution.stddev())
+        y = tf.cast(tf.reshape(targets, tf.shape(mean)), mean.dtype)
+        return -0.5 * (
+            _LOG_2PI + tf.math.log(noise) + (tf.square(y - mean) + tf.square(stddev)) / noise
+        )
+
+    def predictive_moments(self, outputs):
+        distribution = self.likelihood(outputs)
+        function = getattr(outputs, "function", None)
+        if function is None:
+            return distribution.mean(), distribution.variance(), None
+        mean, stddev = normal_parameters(function.distribution)
+        return mean, distribution.variance(), tf.square(stddev)
 
     def evaluate(self, model, data, num_samples=10, batch_size=500):
         means, stddevs = self.predictive_samples(model, data.test, num_samples, batch_size)

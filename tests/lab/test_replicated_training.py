@@ -1,8 +1,10 @@
-"""Many small models as one: three replicas trained together through the Loop end where each
-ends trained alone (same seed, same data order, same hyperparameters), with per-replica metrics
-equal to the lone runs'; a resumed replicated run continues exactly; the replicated MC dropout
-network is Gal & Ghahramani's (its objective against `mc_dropout_regressor`'s), and the replicated
-Flipout network is `mlp(dense_layer='DenseFlipout')`'s negative ELBO per example."""
+"""Many small models as one (`SupervisedLearner` on replicated data): three replicas trained
+together through the Loop end where each ends trained alone (same seed, same data order, same
+hyperparameters), with per-replica metrics equal to the lone runs'; a resumed replicated run
+continues exactly; the replicated MC dropout network is Gal & Ghahramani's (its objective
+against the lone `mc_dropout_regressor`'s), the replicated Flipout network is
+`mlp(dense_layer='DenseFlipout')`'s negative ELBO per example, and a GP's loss is the
+closed-form variational expectation."""
 
 import json
 
@@ -13,14 +15,10 @@ import tensorflow as tf
 
 from blayers.lab import loop
 from blayers.lab.data.base import Replica, standardized_regression
-from blayers.lab.learners.replicated import ReplicatedLearner, _gaussian_nll, _moments
-from blayers.lab.models import (
-    mc_dropout_regressor,
-    mlp,
-    replicated_deep_gp,
-    replicated_flipout_regressor,
-    replicated_mc_dropout_regressor,
-)
+from blayers.lab.data.replicas import Replicas
+from blayers.lab.learners.supervised import SupervisedLearner
+from blayers.lab.models import deep_gp, mc_dropout_regressor, mlp
+from blayers.lab.tasks import Regression
 from blayers.layers import GaussianLikelihood, MCDropout
 
 
@@ -38,30 +36,41 @@ REPLICAS = [
 ]
 
 
-def _mc_dropout(dim, replicas):
-    return replicated_mc_dropout_regressor(dim, replicas, hidden_units=(16,))
+def _mc_dropout(shape, outputs, replicas):
+    return mc_dropout_regressor(shape, outputs, hidden_units=(16,), replicas=replicas)
 
 
-def _flipout(dim, replicas):
-    return replicated_flipout_regressor(dim, replicas, hidden_units=(16,))
+def _flipout(shape, outputs, replicas):
+    return mlp(
+        shape,
+        outputs,
+        hidden_units=(16,),
+        dense_layer="DenseFlipout",
+        noise_variance=0.1,
+        replicas=replicas,
+    )
 
 
-def _svgp(dim, replicas):
-    return replicated_deep_gp(dim, replicas, depth=1, num_inducing=10)
+_GP = {"inducing_inputs_initializer": "kmeans", "cholesky_dtype": "float64", "num_inducing": 10}
 
 
-def _dgp2(dim, replicas):
-    return replicated_deep_gp(dim, replicas, depth=2, num_inducing=10)
+def _svgp(shape, outputs, replicas):
+    return deep_gp(shape, outputs, depth=1, noise_variance=0.05, replicas=replicas, **_GP)
 
 
-def _dgp3(dim, replicas):
+def _dgp2(shape, outputs, replicas):
+    return deep_gp(shape, outputs, depth=2, noise_variance=0.05, replicas=replicas, **_GP)
+
+
+def _dgp3(shape, outputs, replicas):
     """Salimbeni & Deisenroth's start, its inputs wider than its inner layers: each replica's
     first inner mean is the fixed projection onto its own inputs' principal directions."""
-    return replicated_deep_gp(
-        dim,
-        replicas,
+    return deep_gp(
+        shape,
+        outputs,
+        replicas=replicas,
+        **_GP,
         depth=3,
-        num_inducing=10,
         hidden_units=2,
         inner_mean="identity",
         length_scale="sqrt_width",
@@ -71,8 +80,8 @@ def _dgp3(dim, replicas):
 
 
 def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
-    learner = ReplicatedLearner(
-        replicas=replicas,
+    learner = SupervisedLearner(
+        data=replicas,
         model=model,
         optimizer=lambda: keras.optimizers.Adam(1e-2),
         batch_size=32,
@@ -148,7 +157,7 @@ def test_the_deep_gp_from_salimbeni_s_start():
     from blayers.lab.tasks.base import features
     from blayers.replicas import fold_seed
 
-    model = _dgp3(3, REPLICAS)
+    model = _dgp3((3,), 2, REPLICAS)
     gps = model.layers[:3]
     assert [gp.length_scale_init for gp in gps] == pytest.approx([3**0.5, 2**0.5, 2**0.5])
     assert [gp.mean_fn for gp in gps] == ["identity", "identity", "zero"]
@@ -163,10 +172,10 @@ def test_the_deep_gp_from_salimbeni_s_start():
         np.testing.assert_allclose(np.abs(projection.T @ vt[:2].T), np.eye(2), atol=1e-5)
         centres = kmeans_centres(x @ projection, 10, fold_seed(seeds[r], 11))
         np.testing.assert_allclose(gps[1].inducing_inputs.numpy()[r], centres, rtol=1e-6)
-    with pytest.raises(ValueError, match="replicated_deep_gp: inner_mean must be"):
-        replicated_deep_gp(3, REPLICAS, inner_mean="zero")
+    with pytest.raises(ValueError, match="deep_gp: inner_mean must be"):
+        deep_gp((3,), 2, inner_mean="zero", replicas=REPLICAS)
     with pytest.raises(ValueError, match="length_scale must be a positive number or 'sqrt_width'"):
-        replicated_deep_gp(3, REPLICAS, length_scale="sqrt")
+        deep_gp((3,), 2, length_scale="sqrt", replicas=REPLICAS)
 
 
 def test_the_lone_deep_gp_takes_the_same_start():
@@ -191,8 +200,7 @@ def test_a_resumed_replicated_run_continues_exactly(tmp_path):
 
 
 def test_each_epoch_visits_every_row_once_in_the_replica_s_own_order(tmp_path):
-    learner = ReplicatedLearner(replicas=REPLICAS, model=lambda d, r: None)
-    learner.replicas, learner.num_train = REPLICAS, 100
+    learner = Replicas(REPLICAS)
     order = learner.epoch_order(3)
     assert all(sorted(row) == list(range(100)) for row in order)
     assert not np.array_equal(order[0], order[2])  # same data, other seed, other order
@@ -200,14 +208,25 @@ def test_each_epoch_visits_every_row_once_in_the_replica_s_own_order(tmp_path):
     assert not np.array_equal(order, learner.epoch_order(4))
 
 
+def _objective(net, x, y, num_train, replicated):
+    """The learner's objective of one batch: the mean NLL plus the penalties over `N`."""
+    task = Regression()
+    outputs = net(x)
+    if replicated:
+        nll = tf.reduce_mean(task.negative_log_likelihood(outputs, y, example_axes=2))
+    else:
+        nll = tf.reduce_mean(task.negative_log_likelihood(outputs, y))
+    return outputs, float(nll) + float(tf.add_n(net.losses)) / num_train
+
+
 def test_the_replicated_network_has_gal_and_ghahramani_s_objective():
     """With dropout off, replica r's output and objective (mean NLL + weight decay / N) equal
-    `mc_dropout_regressor`'s with the same weights, rate, tau and target scale."""
+    the lone `mc_dropout_regressor`'s with the same weights, rate, tau and target scale."""
     replica = Replica("a", _data(0), seed=3, hparams={"dropout_rate": 0.1, "tau": 2.0})
-    net = replicated_mc_dropout_regressor(3, [replica], hidden_units=(8,))
+    net = mc_dropout_regressor((3,), 2, hidden_units=(8,), replicas=[replica])
     lone = mc_dropout_regressor(
         (3,),
-        1,
+        2,
         hidden_units=(8,),
         dropout_rate=0.1,
         tau=2.0,
@@ -220,39 +239,31 @@ def test_the_replicated_network_has_gal_and_ghahramani_s_objective():
     for layer, kernel, bias in zip(dense, kernels, biases):
         layer.kernel.assign(kernel[0])
         layer.bias.assign(bias[0])
-    for layer in net.layers:
-        if isinstance(layer, MCDropout):
-            layer.rate = [0.0]
-    lone_drop = [layer for layer in lone.layers if isinstance(layer, MCDropout)]
-    for layer in lone_drop:
-        layer.rate = 0.0
+    for model, rate in ((net, [0.0]), (lone, 0.0)):
+        for layer in model.layers:
+            if isinstance(layer, MCDropout):
+                layer.rate = rate
     x, y = next(iter(replica.data.train.batch(100)))
-    outputs = _moments(net(tf.convert_to_tensor(x)[None]))
-    likelihood = lone(x)
-    np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-5)
-    ours = float(tf.reduce_mean(_gaussian_nll(outputs, tf.cast(y, tf.float32)[None]))) + float(
-        tf.add_n(net.losses)
-    )
-    theirs = (
-        float(-tf.reduce_mean(likelihood.distribution.log_prob(tf.cast(y, tf.float32))))
-        + float(tf.add_n(lone.losses)) / replica.data.num_train
+    x, y = tf.convert_to_tensor(x), tf.cast(y, tf.float32)
+    outputs, ours = _objective(net, x[None], y[None], replica.data.num_train, True)
+    likelihood, theirs = _objective(lone, x, y, replica.data.num_train, False)
+    np.testing.assert_allclose(
+        outputs.distribution.mean()[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-5
     )
     assert ours == pytest.approx(theirs, rel=1e-5)
 
 
 def test_the_replicated_flipout_network_has_dense_flipout_s_objective():
     """With the posterior stddevs near 0 (so both estimators' noise vanishes), replica r's
-    outputs, noise variance and objective (mean NLL + KL / N) equal those of
+    outputs, noise variance and objective (mean NLL + KL / N) equal those of the lone
     `mlp(dense_layer='DenseFlipout', noise_variance=0.1, learn_noise=True)` with the same
     posterior means, stddevs and noise."""
     replica = Replica("a", _data(0), seed=3)
-    net = replicated_flipout_regressor(3, [replica], hidden_units=(8,), prior_stddev=0.5)
-    lone = mlp((3,), 1, hidden_units=(8,), dense_layer="DenseFlipout", noise_variance=0.1)
-    for layer in lone.layers[:2]:
-        layer.kernel_regularizer.stddev = 0.5  # the replica's prior, N(0, 0.5^2)
+    net = _flipout((3,), 2, [replica])
+    lone = mlp((3,), 2, hidden_units=(16,), dense_layer="DenseFlipout", noise_variance=0.1)
     x, y = next(iter(replica.data.train.batch(100)))
-    x = tf.convert_to_tensor(x, tf.float32)
-    outputs, likelihood = net(x[None]), lone(x)  # builds both
+    x, y = tf.convert_to_tensor(x, tf.float32), tf.cast(y, tf.float32)
+    net(x[None]), lone(x)  # builds both
     assert len(net.trainable_variables) == 7  # means, rhos and biases of two layers, the noise
     rng = np.random.default_rng(0)
     for layer, replicated in zip(lone.layers[:2], net.layers[:2]):
@@ -265,16 +276,17 @@ def test_the_replicated_flipout_network_has_dense_flipout_s_objective():
         for theirs, ours in zip(layer.trainable_variables, replicated.trainable_variables):
             theirs.assign(ours[0])
     lone.layers[-1].raw_noise_variance.assign(net.layers[-1].raw_noise_variance[0])
-    outputs, likelihood = _moments(net(x[None])), lone(x)
-    np.testing.assert_allclose(outputs[0, :, 0], likelihood.distribution.mean()[:, 0], rtol=1e-4)
+    outputs, ours = _objective(net, x[None], y[None], replica.data.num_train, True)
+    likelihood, theirs = _objective(lone, x, y, replica.data.num_train, False)
     np.testing.assert_allclose(
-        np.exp(outputs[0, :, 1]), likelihood.distribution.variance()[:, 0], rtol=1e-5
+        outputs.distribution.mean()[0, :, 0],
+        likelihood.distribution.mean()[:, 0],
+        rtol=1e-4,
+        atol=1e-5,
     )
-    y = tf.cast(y, tf.float32)
-    theirs_kl = float(tf.add_n(lone.losses)) / replica.data.num_train
-    assert float(tf.add_n(net.losses)) == pytest.approx(theirs_kl, rel=1e-5)
-    ours = float(tf.reduce_mean(_gaussian_nll(outputs, y[None]))) + float(tf.add_n(net.losses))
-    theirs = float(-tf.reduce_mean(likelihood.distribution.log_prob(y))) + theirs_kl
+    np.testing.assert_allclose(
+        outputs.distribution.variance()[0], likelihood.distribution.variance(), rtol=1e-5
+    )
     assert ours == pytest.approx(theirs, rel=1e-5)
 
 
@@ -299,7 +311,7 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
             sys.executable,
             "-m",
             "blayers.train",
-            "--gin_file=uci_mc_dropout_replicated_smoke",
+            "--gin_file=uci_mc_dropout_smoke",
             "--gin_param=uci_replicas.name = 'toy'",
             f"--gin_param=uci_replicas.root = '{tmp_path / 'uci'}'",
             "--gin_param=train.progress = False",
@@ -325,20 +337,23 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
 
 
 def test_a_gp_s_loss_is_the_closed_form_variational_expectation():
-    """Outputs (mean, log noise variance, function variance) give `-E_q[log N(y; f, sigma^2)]`,
-    `GaussianLikelihood.variational_expectation`'s closed form (Hensman et al., 2013)."""
-    import tensorflow_probability as tfp
-
-    from blayers.layers.gp import GaussianLikelihood
+    """The Regression task's NLL of a Gaussian likelihood of a GP's marginals is
+    `-E_q[log N(y; f, sigma^2)]`, `GaussianLikelihood.variational_expectation`'s closed form
+    (Hensman et al., 2013), not the one-draw estimate; replicated or not."""
+    from blayers.layers import SparseGaussianProcess
 
     rng = np.random.default_rng(0)
-    mean, variance, y = rng.normal(size=(3, 1, 20, 1))
-    variance = np.abs(variance)
-    likelihood = GaussianLikelihood(0.3)
-    f = tfp.distributions.Normal(mean, np.sqrt(variance))
-    expected = -likelihood.variational_expectation(
-        type("F", (), {"distribution": f, "shape": f.batch_shape})(), y
+    x = rng.normal(size=(2, 20, 3)).astype("float32")
+    y = rng.normal(size=(2, 20, 1)).astype("float32")
+    gp = SparseGaussianProcess(1, num_inducing=4, replicas=2)
+    likelihood = GaussianLikelihood(0.3, replicas=2)
+    outputs = likelihood(gp(x))
+    expected = -likelihood.variational_expectation(outputs.function, y)
+    nll = Regression().negative_log_likelihood(outputs, y, example_axes=2)
+    np.testing.assert_allclose(nll, expected[..., 0], rtol=1e-5)
+    lone_gp, lone_likelihood = SparseGaussianProcess(1, num_inducing=4), GaussianLikelihood(0.3)
+    lone = lone_likelihood(lone_gp(x[0]))
+    expected = -lone_likelihood.variational_expectation(lone.function, y[0])
+    np.testing.assert_allclose(
+        Regression().negative_log_likelihood(lone, y[0]), expected[:, 0], rtol=1e-5
     )
-    noise = float(likelihood.noise_variance)
-    outputs = np.concatenate([mean, np.full_like(mean, np.log(noise)), variance], -1)
-    np.testing.assert_allclose(_gaussian_nll(tf.constant(outputs), y), expected, rtol=1e-6)

@@ -1,0 +1,187 @@
+"""Many models' data as one: the data adapter of replicated training (`blayers.replicas`).
+
+`Replicas` holds `R` `Replica`s (a split, a grid point, a seed, an ensemble member: each its own
+data, seed and hyperparameters) as one data set for `SupervisedLearner`: every replica's
+training rows resident as `[R, N, d]` arrays, and each epoch's batches gathered replica by
+replica from its own permutation, `[R, B, d]`, so replica `r` reads its rows in the order it
+reads them alone. The model builder receives the replicas (`replicas=`) and returns a model of
+`replicas=R` layers; the task scores each replica on its own test rows.
+"""
+
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from blayers import metrics as metrics_lib
+from blayers.lab.data.base import Replica
+from blayers.lab.tasks.base import features, targets
+from blayers.layers.base import BayesianLayer
+from blayers.layers.estimators import LocalReparameterizationEstimator
+
+__all__ = ["Replicas", "as_replicas", "independent_rows"]
+
+
+def as_replicas(data):
+    """`data` as `Replicas` when it is replicas (a list of `Replica`), else as it is."""
+    if isinstance(data, Replicas):
+        return data
+    if isinstance(data, (list, tuple)) and data and all(isinstance(r, Replica) for r in data):
+        return Replicas(list(data))
+    if isinstance(data, (list, tuple)):
+        raise ValueError(  # noqa: TRY004 - a configuration error (the CLI exits 2)
+            f"SupervisedLearner.data: a list must hold blayers.lab.data.Replica records (many "
+            f"models as one), got {[type(r).__name__ for r in data][:3]} (empty: {not data})."
+        )
+    return data
+
+
+class Replicas:
+    """`R` replicas' data as one (module docstring). Every replica needs the same number of
+    training rows and features (the splits of one data set).
+
+    Args:
+      members: the `Replica`s.
+    """
+
+    def __init__(self, members):
+        self.members = list(members)
+        if not self.members:
+            raise ValueError("SupervisedLearner.data: no replicas.")
+        sizes = {(r.data.num_train, tuple(r.data.input_shape)) for r in self.members}
+        if len(sizes) > 1:
+            raise ValueError(
+                "Replicas: every replica needs the same number of training rows and features "
+                f"(one data set, splits of one size); got {sorted(sizes)}."
+            )
+        ((self.num_train, self.input_shape),) = sizes
+        if len(self.input_shape) != 1:
+            raise ValueError(f"Replicas: features must be a vector, got {self.input_shape}.")
+        first = self.members[0].data
+        self.task, self.target_dim = first.task, first.target_dim
+        if any(r.data.task != self.task for r in self.members):
+            raise ValueError("Replicas: every replica's data needs the same task.")
+        self.name = first.name if len(self.members) == 1 else f"{first.name} (+{len(self) - 1})"
+        self.x_train = self.y_train = self.tests = None
+
+    def __len__(self):
+        return len(self.members)
+
+    @property
+    def num_outputs(self):
+        return self.task.output_size(self.members[0].data)
+
+    def with_run_seed(self, seed, fold):
+        """A copy whose replicas' seeds are `fold(seed, replica seed)`: a sweep's run seed joins
+        each replica's, which still depends on no other replica of the group."""
+        folded = [dataclasses.replace(r, seed=fold(seed, r.seed)) for r in self.members]
+        copy = Replicas(folded)
+        copy.x_train, copy.y_train, copy.tests = self.x_train, self.y_train, self.tests
+        return copy
+
+    def load(self):
+        """Reads every replica's rows once: `x_train [R, N, d]`, `y_train [R, N, t]` and each
+        replica's test `(x, y)`."""
+        if self.x_train is None:
+            arrays = {}
+            for replica in self.members:  # a split shared by grid points is read once
+                key = id(replica.data)
+                if key not in arrays:
+                    train, test = replica.data.train, replica.data.test
+                    arrays[key] = (
+                        features(train).astype(np.float32),
+                        targets(train).astype(np.float32),
+                        (features(test).astype(np.float32), targets(test).astype(np.float32)),
+                    )
+            rows = [arrays[id(r.data)] for r in self.members]
+            self.x_train = np.stack([x for x, _, _ in rows])
+            self.y_train = np.stack([y for _, y, _ in rows]).reshape(len(self), self.num_train, -1)
+            self.tests = [test for _, _, test in rows]
+        return self
+
+    def epoch_order(self, epoch):
+        """`[R, N]`: each replica's order of its training rows in `epoch` (from its seed)."""
+        return np.stack(
+            [
+                np.random.default_rng([replica.seed, epoch]).permutation(self.num_train)
+                for replica in self.members
+            ]
+        )
+
+    def batch(self, order, index, batch_size):
+        """Batch `index` of an epoch's `order`: each replica's own rows, `([R, B, d], [R, B, t])`."""
+        rows = order[:, index * batch_size : (index + 1) * batch_size, None]
+        return (
+            np.take_along_axis(self.x_train, rows, axis=1),
+            np.take_along_axis(self.y_train, rows, axis=1),
+        )
+
+    # -- evaluation ------------------------------------------------------------------------------
+    def evaluate(self, model, num_samples, eval_rows):
+        """Each replica's metrics on its own test rows (`task.predictive_moments` of
+        `num_samples` forward passes: RMSE, NLPD, test log-likelihood, coverage, the noise's
+        and the function's spread, in original units) and their means over replicas:
+        `(means, {'replicas': [each replica's]})`."""
+        self.load()
+        draws = self.predictive(model, num_samples, eval_rows)
+        per_replica = []
+        for replica, (_, y), (means, stddevs, function) in zip(self.members, self.tests, draws):
+            scores = metrics_lib.regression_metrics(
+                means, stddevs, y, replica.data.target_scale, function_variances=function
+            )
+            per_replica.append({k: float(v) for k, v in scores.items()})
+        metrics = {key: float(np.mean([m[key] for m in per_replica])) for key in per_replica[0]}
+        return metrics, {"replicas": per_replica}
+
+    def predictive(self, model, num_samples, eval_rows):
+        """Per replica, `(means, stddevs, function_variances)`: `[S, n_r, t]` draws of the
+        predictive's parts in standardized units on its test rows (padded to one size in the
+        calls); `stddevs^2` holds a GP's closed-form function variance besides the noise."""
+        moments = tf.function(
+            lambda x: self.task.predictive_moments(model(x, training=False)),
+            reduce_retracing=True,
+        )
+        x_tests = [x for x, _ in self.tests]
+        n = max(len(x) for x in x_tests)
+        padded = np.stack([np.pad(x, ((0, n - len(x)), (0, 0))) for x in x_tests])
+        # Draws stack as rows of one call where every row has its own noise (dropout masks, a
+        # GP's draws, local reparameterization); rows of a call share a weight draw otherwise,
+        # so each such draw is a call.
+        chunk = max(1, eval_rows // (len(self) * n)) if independent_rows(model) else 1
+        # One array a part, filled chunk by chunk: a grid stage's draws (240 replicas x 1,000
+        # draws x 1,500 rows) are gigabytes, so no copy of them is made.
+        parts = None
+        for start in range(0, num_samples, chunk):
+            draws = min(chunk, num_samples - start)
+            inputs = tf.constant(np.tile(padded, (1, draws, 1)))  # [R, draws * n, d]
+            outputs = moments(inputs)
+            if parts is None:
+                parts = [
+                    None
+                    if o is None
+                    else np.empty((len(self), num_samples, n, o.shape[-1]), o.dtype.as_numpy_dtype)
+                    for o in outputs
+                ]
+            for part, value in zip(parts, outputs):
+                if part is not None:
+                    value = value.numpy().reshape(len(self), draws, n, -1)
+                    part[:, start : start + draws] = value
+        mean, variance, function = parts
+        result = []
+        for r, x in enumerate(x_tests):
+            own_function = None if function is None else function[r, :, : len(x)].astype(np.float64)
+            total = variance[r, :, : len(x)].astype(np.float64)
+            if own_function is not None:  # a GP's function variance adds to the noise's
+                total = total + own_function
+            result.append((mean[r, :, : len(x)], np.sqrt(total).astype(mean.dtype), own_function))
+        return result
+
+
+def independent_rows(model):
+    """Whether every row of a forward pass draws its own noise: no layer draws random weights
+    once for the whole call (Flipout's and reparameterization's kernels are shared by rows)."""
+    for layer in model._flatten_layers(include_self=False, recursive=True):
+        shared = isinstance(layer, BayesianLayer) and layer.random_weight_names()
+        if shared and not isinstance(layer, LocalReparameterizationEstimator):
+            return False
+    return True
