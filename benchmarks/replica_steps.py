@@ -1,5 +1,5 @@
 """Replicated training against its bare maths: steps per second of the UCI experiment's learner
-(`ReplicatedLearner` under the Loop, as `experiments.uci_regression` runs it) beside a reference
+(`SupervisedLearner` on replicas under the Loop, as `experiments.uci_regression` runs it) beside a reference
 written here as one bare `tf.function` of the same maths on resident tensors (no Keras layers, no
 Loop: variables, a per-replica gather, dropout, the Gaussian NLL, the weight decay or KL, and
 Adam written out, 50 steps a call). Runs alternate between the two in one process
@@ -37,8 +37,8 @@ from common import machine, write_json
 
 from blayers.lab import loop, runs
 from blayers.lab.data.base import Replica, standardized_regression
-from blayers.lab.learners.replicated import ReplicatedLearner
-from blayers.lab.models import mc_dropout_decay, replicated_deep_gp, replicated_mc_dropout_regressor
+from blayers.lab.learners.supervised import SupervisedLearner
+from blayers.lab.models import deep_gp, mc_dropout_decay, mc_dropout_regressor
 from blayers.lab.tasks.base import features, targets
 
 FEATURES, HIDDEN, BATCH, EPOCHS = 8, 50, 128, 4000
@@ -89,9 +89,11 @@ def learner_rate(learner, steps, log_every, steps_per_execution):
 
 
 def mc_dropout_learner(replicas, rows):
-    return ReplicatedLearner(
-        replicas=mc_dropout_replicas(replicas, rows),
-        model=lambda dim, reps: replicated_mc_dropout_regressor(dim, reps, hidden_units=(HIDDEN,)),
+    return SupervisedLearner(
+        data=mc_dropout_replicas(replicas, rows),
+        model=lambda shape, outputs, replicas: mc_dropout_regressor(
+            shape, outputs, hidden_units=(HIDDEN,), replicas=replicas
+        ),
         optimizer=lambda: keras.optimizers.Adam(1e-3),
         batch_size=BATCH,
         num_eval_samples=1,
@@ -99,9 +101,18 @@ def mc_dropout_learner(replicas, rows):
 
 
 def svgp_learner():
-    return ReplicatedLearner(
-        replicas=[Replica(f"split{i}", _data(i, GP_ROWS), seed=i) for i in range(GP_REPLICAS)],
-        model=lambda dim, reps: replicated_deep_gp(dim, reps, depth=1, num_inducing=INDUCING),
+    return SupervisedLearner(
+        data=[Replica(f"split{i}", _data(i, GP_ROWS), seed=i) for i in range(GP_REPLICAS)],
+        model=lambda shape, outputs, replicas: deep_gp(
+            shape,
+            outputs,
+            depth=1,
+            num_inducing=INDUCING,
+            inducing_inputs_initializer="kmeans",
+            noise_variance=0.05,
+            cholesky_dtype="float64",
+            replicas=replicas,
+        ),
         optimizer=lambda: keras.optimizers.Adam(1e-2),
         batch_size=GP_ROWS,
         num_eval_samples=1,

@@ -3,7 +3,7 @@ against one model per run, on the same work.
 
 Both go through the ordinary Loop (`blayers.lab.loop.train`), on data shaped like concrete's
 validation stage (741 training rows of 8 features, batches of 128, one hidden layer of 50
-units): `ReplicatedLearner` with `R` replicas (each its own rows, seed, dropout rate and tau),
+units): `SupervisedLearner` on `R` replicas (each its own rows, seed, dropout rate and tau),
 and `SupervisedLearner` on `mc_dropout_regressor`, which is what one run per split and grid
 point does (process start-up and data loading, which separate runs also pay, are not counted).
 Rates are medians over the logging intervals after the first (which includes tracing).
@@ -12,7 +12,7 @@ Rates are medians over the logging intervals after the first (which includes tra
 
 With `--gp_depths=1,2,3` it also times the deep GPs (SVGP, DGP-2, DGP-3) at concrete's final
 shape (927 rows of 8 features, full batches, 100 inducing points a layer): 20 splits as
-replicas of `replicated_deep_gp` against one `deep_gp` run, and projects the 20,000 steps of
+replicas of `deep_gp` against one `deep_gp` run, and projects the 20,000 steps of
 the published protocol for the 20 splits both ways.
 
 The JSON also projects the full MC dropout protocol on concrete (20 splits x 12 grid points at
@@ -33,14 +33,8 @@ from common import machine, write_json
 
 from blayers.lab import loop, runs
 from blayers.lab.data.base import Replica, standardized_regression
-from blayers.lab.learners.replicated import ReplicatedLearner
 from blayers.lab.learners.supervised import SupervisedLearner
-from blayers.lab.models import (
-    deep_gp,
-    mc_dropout_regressor,
-    replicated_deep_gp,
-    replicated_mc_dropout_regressor,
-)
+from blayers.lab.models import deep_gp, mc_dropout_regressor
 
 ROWS, FEATURES, BATCH, EPOCHS = 741, 8, 128, 4000
 FINAL_ROWS = 927
@@ -83,9 +77,9 @@ def replicated_rate(replicas, steps, log_every, rows=ROWS):
         )
         for i in range(replicas)
     ]
-    learner = ReplicatedLearner(
-        replicas=members,
-        model=replicated_mc_dropout_regressor,
+    learner = SupervisedLearner(
+        data=members,
+        model=mc_dropout_regressor,
         optimizer=lambda: keras.optimizers.Adam(1e-3),
         batch_size=BATCH,
         num_eval_samples=1,
@@ -111,12 +105,20 @@ GP_STEPS = 20_000
 
 
 def replicated_gp_learner(depth, replicas):
-    """`replicated_deep_gp` of `depth` layers on `replicas` synthetic splits of concrete's
-    final shape, full batches, float32 Adam 0.01 (as `configs/deep_gp_uci_replicated.gin`)."""
+    """`deep_gp` of `depth` layers on `replicas` synthetic splits of concrete's final shape,
+    full batches, float32 Adam 0.01 (as `configs/deep_gp_uci.gin`)."""
     members = [Replica(f"split{i}", _data(i, FINAL_ROWS), seed=0) for i in range(replicas)]
-    return ReplicatedLearner(
-        replicas=members,
-        model=lambda dim, reps: replicated_deep_gp(dim, reps, depth=depth),
+    return SupervisedLearner(
+        data=members,
+        model=lambda shape, outputs, replicas: deep_gp(
+            shape,
+            outputs,
+            depth=depth,
+            inducing_inputs_initializer="kmeans",
+            noise_variance=0.05,
+            cholesky_dtype="float64",
+            replicas=replicas,
+        ),
         optimizer=lambda: keras.optimizers.Adam(1e-2),
         batch_size=FINAL_ROWS,
         num_eval_samples=1,
@@ -152,7 +154,7 @@ def mc_dropout_part(args):
                 "steps_per_second": rate,
                 "replica_steps_per_second": r * rate,
                 "x_one_model_per_run": r * rate / single,
-                "learner": "ReplicatedLearner",
+                "learner": "SupervisedLearner (replicas)",
             }
         )
         print(f"{r} replicas: {rate:.0f} steps/s, x{r * rate / single:.1f}", flush=True)

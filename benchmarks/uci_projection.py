@@ -48,20 +48,18 @@ def stages(method, uci_dir, dataset):
     """`[(name, bindings, planned steps)]`: the stages of `method` on `dataset`, as the
     experiment plans them (the final fits at the grid's first pair: the shape is the same)."""
     spec = uci.METHODS[method]
-    planned = uci.plan_replicated(method, uci_dir, [dataset])
+    planned = uci.plan(method, uci_dir, [dataset])
     if spec.grid_search:
         pair = uci.grid_pairs(method, dataset)[0]
         splits = range(uci_num_splits(dataset, uci_dir))
-        planned += uci.plan_replicated(
+        planned += uci.plan(
             method, uci_dir, [dataset], selected={(dataset, s): pair for s in splits}
         )
     return [
         (
             name,
             b,
-            int(b["train.train_steps"])
-            if "train.train_steps" in b
-            else _gin_steps(spec.replicated),
+            int(b["train.train_steps"]) if "train.train_steps" in b else _gin_steps(spec.gin_file),
         )
         for name, b in planned
     ]
@@ -76,9 +74,9 @@ def step_rate(method, name, bindings, log_every, root):
         "train.train_steps": str(WINDOWS * log_every),
         "train.log_every": str(log_every),
         "train.eval_every": "None",
-        "ReplicatedLearner.num_eval_samples": "1",
+        "SupervisedLearner.num_eval_samples": "1",
     }
-    results, stopped = sweep.run_experiment_grid([(run, measured)], root, spec.replicated)
+    results, stopped = sweep.run_experiment_grid([(run, measured)], root, spec.gin_file)
     if stopped or not results[0][2].startswith("finished"):
         raise SystemExit(f"{method} {name}: {results[0][2]}")
     records = runs.RunDir(os.path.join(root, run)).records("train")
