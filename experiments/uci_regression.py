@@ -1,5 +1,6 @@
-"""UCI regression at the published settings: MC dropout, a mean-field Flipout BNN, SVGP and
-deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside published numbers.
+"""UCI regression at the published settings: MC dropout, a mean-field Flipout BNN, deep
+ensembles, SVGP and deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside
+published numbers.
 
 Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
 setting (`METHODS`). Every stage of a data set trains as one run whose replicas
@@ -14,6 +15,10 @@ its splits in one run; each replica follows the trajectory it has alone:
   the published numbers come from 100 x the base 40 epochs).
 * `flipout` (`configs/uci_flipout.gin`): mean-field variational inference with Flipout and a
   learned homoscedastic noise, in the setting of Hernandez-Lobato & Adams' VI baseline.
+* `deep_ensemble` (`configs/uci_deep_ensemble.gin`): Lakshminarayanan et al. (2017) without
+  adversarial training: 5 networks with a Gaussian output trained by the negative
+  log-likelihood, 40 epochs of batch 100, scored as the mixture of their predictives; the 5
+  members of all splits are replicas of one run.
 * `svgp`, `dgp2`, `dgp3` (`configs/deep_gp_uci.gin`): Salimbeni & Deisenroth (2017), 100
   k-means inducing points per layer, 20,000 full-batch Adam steps; `dgp3` from their start
   (`SALIMBENI_START`: fixed identity inner means, length scales sqrt(width)).
@@ -83,11 +88,14 @@ GRID_EVAL_SAMPLES = 1000  # validation runs only rank the grid; the test runs us
 #   Search (new)" columns), on THESE 20 splits; mean +- standard error over the splits.
 # * flipout: the VI baseline (Graves, 2011) of Hernandez-Lobato & Adams (2015), Tables 1-2,
 #   on THESE 20 splits (one hidden layer of 50 units, 100 for protein); mean +- standard error.
+# * deep_ensemble: Lakshminarayanan, Pritzel & Blundell (2017), Table 1 (test NLL, negated
+#   here), Hernandez-Lobato & Adams' protocol of 20 random 90/10 splits (5 for protein).
 # * svgp, dgp2, dgp3: Salimbeni & Deisenroth (2017) as re-run by bayesian_benchmarks, on that
 #   package's OWN random 90/10 splits, NOT these; it reports a standard deviation, so no error
 #   is given here. Read them as a rough level, not a same-split comparison.
 PUBLISHED = {
     "bostonHousing": {
+        "deep_ensemble_ll": -2.41, "deep_ensemble_ll_se": 0.25,
         "mc_dropout_ll": -2.40, "mc_dropout_ll_se": 0.04,
         "mc_dropout_rmse": 2.90, "mc_dropout_rmse_se": 0.18,
         "flipout_ll": -2.90, "flipout_ll_se": 0.07,
@@ -95,6 +103,7 @@ PUBLISHED = {
         "svgp_ll": -2.40, "dgp2_ll": -2.41,
     },
     "concrete": {
+        "deep_ensemble_ll": -3.06, "deep_ensemble_ll_se": 0.18,
         "mc_dropout_ll": -2.93, "mc_dropout_ll_se": 0.02,
         "mc_dropout_rmse": 4.82, "mc_dropout_rmse_se": 0.16,
         "flipout_ll": -3.39, "flipout_ll_se": 0.02,
@@ -102,6 +111,7 @@ PUBLISHED = {
         "svgp_ll": -3.17, "dgp2_ll": -3.18,
     },
     "energy": {
+        "deep_ensemble_ll": -1.38, "deep_ensemble_ll_se": 0.22,
         "mc_dropout_ll": -1.21, "mc_dropout_ll_se": 0.01,
         "mc_dropout_rmse": 0.54, "mc_dropout_rmse_se": 0.06,
         "flipout_ll": -2.39, "flipout_ll_se": 0.03,
@@ -109,18 +119,21 @@ PUBLISHED = {
         "svgp_ll": -1.08, "dgp2_ll": -0.72,
     },
     "kin8nm": {
+        "deep_ensemble_ll": 1.20, "deep_ensemble_ll_se": 0.02,
         "mc_dropout_ll": 1.14, "mc_dropout_ll_se": 0.01,
         "mc_dropout_rmse": 0.08, "mc_dropout_rmse_se": 0.00,
         "flipout_ll": 0.90, "flipout_ll_se": 0.01,
         "flipout_rmse": 0.10, "flipout_rmse_se": 0.00,
     },
     "naval-propulsion-plant": {
+        "deep_ensemble_ll": 5.63, "deep_ensemble_ll_se": 0.05,
         "mc_dropout_ll": 4.45, "mc_dropout_ll_se": 0.00,
         "mc_dropout_rmse": 0.00, "mc_dropout_rmse_se": 0.00,
         "flipout_ll": 3.73, "flipout_ll_se": 0.12,
         "flipout_rmse": 0.01, "flipout_rmse_se": 0.00,
     },
     "power-plant": {
+        "deep_ensemble_ll": -2.79, "deep_ensemble_ll_se": 0.04,
         "mc_dropout_ll": -2.80, "mc_dropout_ll_se": 0.01,
         "mc_dropout_rmse": 4.01, "mc_dropout_rmse_se": 0.04,
         "flipout_ll": -2.89, "flipout_ll_se": 0.01,
@@ -128,6 +141,7 @@ PUBLISHED = {
         "svgp_ll": -2.80, "dgp2_ll": -2.79,
     },
     "protein-tertiary-structure": {
+        "deep_ensemble_ll": -2.83, "deep_ensemble_ll_se": 0.02,
         "mc_dropout_ll": -2.87, "mc_dropout_ll_se": 0.00,
         "mc_dropout_rmse": 4.27, "mc_dropout_rmse_se": 0.02,
         "flipout_ll": -2.99, "flipout_ll_se": 0.01,
@@ -135,6 +149,7 @@ PUBLISHED = {
         "svgp_ll": -2.90, "dgp2_ll": -2.85,
     },
     "wine-quality-red": {
+        "deep_ensemble_ll": -0.94, "deep_ensemble_ll_se": 0.12,
         "mc_dropout_ll": -0.93, "mc_dropout_ll_se": 0.01,
         "mc_dropout_rmse": 0.62, "mc_dropout_rmse_se": 0.01,
         "flipout_ll": -0.98, "flipout_ll_se": 0.01,
@@ -142,6 +157,7 @@ PUBLISHED = {
         "svgp_ll": -0.95, "dgp2_ll": -0.95,
     },
     "yacht": {
+        "deep_ensemble_ll": -1.18, "deep_ensemble_ll_se": 0.21,
         "mc_dropout_ll": -1.25, "mc_dropout_ll_se": 0.01,
         "mc_dropout_rmse": 0.67, "mc_dropout_rmse_se": 0.05,
         "flipout_ll": -3.44, "flipout_ll_se": 0.16,
@@ -151,7 +167,9 @@ PUBLISHED = {
 SOURCES = (
     "MC dropout: Gal & Ghahramani (2016), DropoutUncertaintyExps 2018 re-run, grid search, the "
     "same 20 splits, mean +- standard error. Flipout: the VI baseline (Graves, 2011) of "
-    "Hernandez-Lobato & Adams (2015), the same 20 splits, mean +- standard error. SVGP and DGP-2: "
+    "Hernandez-Lobato & Adams (2015), the same 20 splits, mean +- standard error. Deep ensemble: "
+    "Lakshminarayanan et al. (2017), Table 1 (ours without adversarial training), "
+    "Hernandez-Lobato & Adams' protocol. SVGP and DGP-2: "
     "Salimbeni & Deisenroth (2017) via bayesian_benchmarks, on its own random splits (not these), "
     "no error given."
 )
@@ -209,6 +227,13 @@ METHODS = {
         "uci_flipout",
         epochs=500,
         batch_size=32,
+        model="mlp",
+    ),
+    "deep_ensemble": Method(
+        "Deep ensemble (5)",
+        "uci_deep_ensemble",
+        epochs=40,
+        batch_size=100,
         model="mlp",
     ),
     **{

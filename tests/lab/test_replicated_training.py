@@ -357,3 +357,65 @@ def test_a_gp_s_loss_is_the_closed_form_variational_expectation():
     np.testing.assert_allclose(
         Regression().negative_log_likelihood(lone, y[0]), expected[:, 0], rtol=1e-5
     )
+
+
+def test_an_ensemble_s_members_are_scored_as_their_mixture(tmp_path):
+    """A deep ensemble as replicas (`uci_replicas.ensemble_size`): every member of every split
+    in one run, each its own seed and trajectory; each split's members are scored together, the
+    uniform mixture of their Gaussian predictives (Lakshminarayanan et al., 2017), under the
+    ensemble's name, and the mixture beats its average member."""
+    from scipy.special import logsumexp
+
+    from blayers.lab.data.uci import uci_replicas
+    from tests.conftest import write_uci_folder
+
+    write_uci_folder(tmp_path / "uci", rows=120, splits=2)
+    members = uci_replicas("toy", root=str(tmp_path / "uci"), ensemble_size=3)
+    assert [m.name for m in members[:3]] == [f"split0[]seed0member{k}" for k in range(3)]
+    assert {m.ensemble for m in members} == {"split0[]seed0", "split1[]seed0"}
+    assert [m.seed for m in members[:3]] == [0, 1, 2]
+
+    def network(shape, outputs, replicas):
+        return mlp(shape, outputs, hidden_units=(16,), dense_layer="Dense", replicas=replicas)
+
+    learner = SupervisedLearner(
+        data=members,
+        model=network,
+        optimizer=lambda: keras.optimizers.Adam(1e-2),
+        batch_size=16,
+        num_eval_samples=1,
+    )
+    metrics = loop.train(str(tmp_path / "run"), learner=learner, train_steps=120, progress=False)
+    summary = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert summary["num_replicas"] == 6
+    assert [u["name"] for u in summary["replicas"]] == ["split0[]seed0", "split1[]seed0"]
+    assert summary["replicas"][0]["seed"] == [
+        learner.replica_seeds[k] for k in range(3)
+    ]  # the members' seeds
+    data = learner.data
+    x = np.stack([x for x, _ in data.tests])
+    outputs = learner.model(x)
+    likelihood = Regression().likelihood(outputs)
+    mean, stddev = likelihood.mean().numpy(), likelihood.stddev().numpy()
+    for unit, split in zip(summary["replicas"], (0, 1)):
+        rows = range(3 * split, 3 * split + 3)
+        y = data.tests[rows[0]][1]
+        scale = data.members[rows[0]].data.target_scale
+        log_density = [
+            -0.5 * np.square((y - mean[r]) / stddev[r])
+            - np.log(stddev[r])
+            - 0.5 * np.log(2 * np.pi)
+            for r in rows
+        ]
+        mixture = logsumexp(np.stack(log_density), axis=0) - np.log(3)
+        expected = float(np.mean(mixture)) - np.log(scale)
+        assert unit["final"]["test_log_likelihood"] == pytest.approx(expected, rel=1e-4)
+        average_member = float(np.mean([np.mean(d) for d in log_density])) - np.log(scale)
+        assert unit["final"]["test_log_likelihood"] >= average_member  # Jensen
+    assert metrics["test_log_likelihood"] == pytest.approx(
+        np.mean([u["final"]["test_log_likelihood"] for u in summary["replicas"]])
+    )
+    # The members learned, each its own: their means differ, and the ensemble's RMSE is well
+    # under the targets' spread.
+    assert not np.allclose(mean[0], mean[1])
+    assert metrics["rmse"] < 0.5 * data.members[0].data.target_scale

@@ -21,12 +21,15 @@ class Replica:
     """One of the independent models `SupervisedLearner` trains as one (replicated data,
     `blayers.lab.data.Replicas`): its data (a split, or a split's validation part), its own seed,
     and its hyperparameters (`{'dropout_rate': 0.05, 'tau': 0.1}`), read by the model builder
-    (`replicas=`); `name` labels its metrics."""
+    (`replicas=`); `name` labels its metrics. Replicas that name the same `ensemble` are its
+    members: evaluated together, their predictives a uniform mixture (a deep ensemble,
+    Lakshminarayanan et al., 2017), scored under the ensemble's name."""
 
     name: str
     data: "Data"
     seed: int = 0
     hparams: dict = dataclasses.field(default_factory=dict)
+    ensemble: str | None = None
 
 
 @dataclasses.dataclass

@@ -117,21 +117,39 @@ class Replicas:
         )
 
     # -- evaluation ------------------------------------------------------------------------------
+    def units(self):
+        """What the evaluation scores: each replica, or each ensemble (the replicas naming it,
+        `Replica.ensemble`), as `[(name, [member indices])]` in order of appearance."""
+        units = {}
+        for r, replica in enumerate(self.members):
+            units.setdefault(replica.ensemble or replica.name, []).append(r)
+        for name, members in units.items():
+            if len({id(self.members[r].data) for r in members}) > 1:
+                raise ValueError(f"Replicas: the members of ensemble {name!r} hold other data.")
+        return list(units.items())
+
     def evaluate(self, model, num_samples, eval_rows):
-        """Each replica's metrics on its own test rows (`task.predictive_moments` of
-        `num_samples` forward passes: RMSE, NLPD, test log-likelihood, coverage, the noise's
-        and the function's spread, in original units) and their means over replicas:
-        `(means, {'replicas': [each replica's]})`."""
+        """Each replica's (or ensemble's: its members' draws pooled, a uniform mixture) metrics
+        on its own test rows (`task.predictive_moments` of `num_samples` forward passes: RMSE,
+        NLPD, test log-likelihood, coverage, the noise's and the function's spread, in original
+        units) and their means: `(means, {'replicas': [each unit's]})` (`units`)."""
         self.load()
         draws = self.predictive(model, num_samples, eval_rows)
-        per_replica = []
-        for replica, (_, y), (means, stddevs, function) in zip(self.members, self.tests, draws):
-            scores = metrics_lib.regression_metrics(
-                means, stddevs, y, replica.data.target_scale, function_variances=function
+        per_unit = []
+        for _, members in self.units():
+            replica, (_, y) = self.members[members[0]], self.tests[members[0]]
+            means, stddevs, functions = (
+                np.concatenate([draws[r][part] for r in members])
+                if draws[members[0]][part] is not None
+                else None
+                for part in range(3)
             )
-            per_replica.append({k: float(v) for k, v in scores.items()})
-        metrics = {key: float(np.mean([m[key] for m in per_replica])) for key in per_replica[0]}
-        return metrics, {"replicas": per_replica}
+            scores = metrics_lib.regression_metrics(
+                means, stddevs, y, replica.data.target_scale, function_variances=functions
+            )
+            per_unit.append({k: float(v) for k, v in scores.items()})
+        metrics = {key: float(np.mean([m[key] for m in per_unit])) for key in per_unit[0]}
+        return metrics, {"replicas": per_unit}
 
     def predictive(self, model, num_samples, eval_rows):
         """Per replica, `(means, stddevs, function_variances)`: `[S, n_r, t]` draws of the

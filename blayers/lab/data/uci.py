@@ -112,7 +112,14 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
 
 @gin.configurable(module="blayers.lab.data")
 def uci_replicas(
-    name=gin.REQUIRED, splits=None, root=None, validation=False, grid=({},), seeds=(0,), chosen=None
+    name=gin.REQUIRED,
+    splits=None,
+    root=None,
+    validation=False,
+    grid=({},),
+    seeds=(0,),
+    chosen=None,
+    ensemble_size=None,
 ):
     """One `Replica` per (split, grid point, seed) of UCI data set `name`, replicated data for
     `SupervisedLearner.data`: every split's rows are read once and shared by its grid points.
@@ -125,9 +132,18 @@ def uci_replicas(
         others in its group.
       chosen: `{split: hyperparameter dict}`, one grid point per split instead of `grid` (the
         test runs after a per-split grid search).
+      ensemble_size: None, or `M`: each (split, grid point, seed) is a deep ensemble of `M`
+        members (replicas of member seeds `M seed + 0..M-1`), scored as one (their predictives'
+        uniform mixture).
     """
     if splits is None:
         splits = sorted(chosen) if chosen is not None else range(uci_num_splits(name, root))
+    if ensemble_size is not None and (
+        isinstance(ensemble_size, bool) or not isinstance(ensemble_size, int) or ensemble_size < 1
+    ):
+        raise ValueError(
+            f"uci_replicas.ensemble_size must be a positive integer, got {ensemble_size!r}."
+        )
     replicas = []
     for split in splits:
         data = uci(name, split, root, validation)
@@ -135,7 +151,18 @@ def uci_replicas(
         for hparams in points:
             for seed in seeds:
                 label = ",".join(f"{k}={v}" for k, v in sorted(dict(hparams).items()))
-                replicas.append(
-                    Replica(f"split{split}[{label}]seed{seed}", data, int(seed), dict(hparams))
-                )
+                unit = f"split{split}[{label}]seed{seed}"
+                if ensemble_size is None:
+                    replicas.append(Replica(unit, data, int(seed), dict(hparams)))
+                    continue
+                for member in range(ensemble_size):
+                    replicas.append(
+                        Replica(
+                            f"{unit}member{member}",
+                            data,
+                            int(seed) * ensemble_size + member,
+                            dict(hparams),
+                            ensemble=unit,
+                        )
+                    )
     return replicas

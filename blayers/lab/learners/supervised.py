@@ -368,18 +368,19 @@ class SupervisedLearner(KerasLearner):
         }
         if self.replicated:
             summary["num_replicas"] = len(self.data)
-            summary["replicas"] = [
-                {
-                    "name": replica.name,
-                    "data": replica.data.name,
-                    "seed": seed,
-                    "hparams": json.loads(json.dumps(replica.hparams, default=str)),
-                    "final": scores,
-                }
-                for replica, seed, scores in zip(
-                    self.data.members, self.replica_seeds, arrays["replicas"]
+            summary["replicas"] = []
+            for (name, members), scores in zip(self.data.units(), arrays["replicas"]):
+                replica = self.data.members[members[0]]
+                seeds = [self.replica_seeds[r] for r in members]
+                summary["replicas"].append(
+                    {
+                        "name": name,
+                        "data": replica.data.name,
+                        "seed": seeds[0] if len(seeds) == 1 else seeds,
+                        "hparams": json.loads(json.dumps(replica.hparams, default=str)),
+                        "final": scores,
+                    }
                 )
-            ]
             return summary, [curves]
         images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
         return summary, images
