@@ -25,7 +25,6 @@ Loop's setting) by the same alternation.
 import argparse
 import math
 import os
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -34,11 +33,11 @@ import keras
 import numpy as np
 import tensorflow as tf
 from common import machine, write_json
+from replicated_uci import _data, _rate, grid_replicas, replicated_gp_learner
 
-from blayers.lab import loop, runs
-from blayers.lab.data.base import Replica, standardized_regression
+from blayers.lab import loop
 from blayers.lab.learners.supervised import SupervisedLearner
-from blayers.lab.models import deep_gp, mc_dropout_decay, mc_dropout_regressor
+from blayers.lab.models import mc_dropout_decay, mc_dropout_regressor
 from blayers.lab.tasks.base import features, targets
 
 FEATURES, HIDDEN, BATCH, EPOCHS = 8, 50, 128, 4000
@@ -50,42 +49,9 @@ GP_ROWS, GP_REPLICAS, INDUCING = 927, 20, 100
 LOG_2PI = float(np.log(2 * np.pi))
 
 
-def _data(seed, rows):
-    rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows + 100, FEATURES))
-    y = np.sin(x @ rng.normal(size=(FEATURES, 1))) + 0.1 * rng.normal(size=(rows + 100, 1))
-    return standardized_regression(f"synthetic_{seed}", x[:rows], y[:rows], x[rows:], y[rows:])
-
-
 def mc_dropout_replicas(replicas, rows):
     """`replicas` replicas of the kin8nm-shaped grid: 20 splits x (rate, tau)."""
-    datasets = [_data(i, rows) for i in range(min(replicas, 20))]
-    grid = [(p, t) for p in RATES for t in TAUS]
-    return [
-        Replica(
-            f"r{i}",
-            datasets[i % len(datasets)],
-            seed=i,
-            hparams={"dropout_rate": grid[i % len(grid)][0], "tau": grid[i % len(grid)][1]},
-        )
-        for i in range(replicas)
-    ]
-
-
-def learner_rate(learner, steps, log_every, steps_per_execution):
-    """Median steps/s of `learner` under the Loop, after the first logging interval."""
-    with tempfile.TemporaryDirectory() as model_dir:
-        loop.train(
-            model_dir,
-            learner=learner,
-            train_steps=steps,
-            log_every=log_every,
-            checkpoint_every=10 * steps,
-            progress=False,
-            steps_per_execution=steps_per_execution,
-        )
-        records = runs.RunDir(model_dir).records("train")
-    return float(np.median([r["steps_per_second"] for r in records][1:]))
+    return grid_replicas(replicas, rows, RATES, TAUS)
 
 
 def mc_dropout_learner(replicas, rows):
@@ -101,22 +67,8 @@ def mc_dropout_learner(replicas, rows):
 
 
 def svgp_learner():
-    return SupervisedLearner(
-        data=[Replica(f"split{i}", _data(i, GP_ROWS), seed=i) for i in range(GP_REPLICAS)],
-        model=lambda shape, outputs, replicas: deep_gp(
-            shape,
-            outputs,
-            depth=1,
-            num_inducing=INDUCING,
-            inducing_inputs_initializer="kmeans",
-            noise_variance=0.05,
-            cholesky_dtype="float64",
-            replicas=replicas,
-        ),
-        optimizer=lambda: keras.optimizers.Adam(1e-2),
-        batch_size=GP_ROWS,
-        num_eval_samples=1,
-    )
+    """SVGP (`deep_gp(depth=1)`) on 20 splits of concrete's final shape, as the UCI table."""
+    return replicated_gp_learner(1, GP_REPLICAS)
 
 
 class _Adam:
@@ -299,7 +251,7 @@ def compare(name, make_learner, make_bare, steps, rounds, log_every, spe):
     ours, bare = [], []
     reference = make_bare()
     for _ in range(rounds):
-        ours.append(learner_rate(make_learner(), steps, log_every, spe))
+        ours.append(_rate(make_learner(), steps, log_every, spe))
         bare.append(bare_rate(reference, steps))
         print(f"{name}: learner {ours[-1]:.1f} steps/s, bare {bare[-1]:.1f}", flush=True)
     return {
@@ -324,9 +276,7 @@ def main():
     by_setting = {s: [] for s in settings}
     for _ in range(args.rounds if len(settings) > 1 else 0):
         for s in settings:
-            by_setting[s].append(
-                learner_rate(mc_dropout_learner(240, GRID_ROWS), args.steps, 50, s)
-            )
+            by_setting[s].append(_rate(mc_dropout_learner(240, GRID_ROWS), args.steps, 50, s))
             print(f"steps_per_execution={s}: {by_setting[s][-1]:.1f} steps/s", flush=True)
     result["steps_per_execution"] = {
         str(s): float(np.median(v)) for s, v in by_setting.items() if v
@@ -374,6 +324,41 @@ def main():
     )
     print(result, flush=True)
     write_json(result, args.out)
+    write_markdown(result, os.path.splitext(args.out)[0] + ".md")
+
+
+def write_markdown(result, path):
+    """The docs' table of `result` (this script's JSON)."""
+    rows = [
+        ("MC dropout, kin8nm shape, 240 replicas (grid stage)", result["mc_dropout"]),
+        ("MC dropout, kin8nm shape, 20 replicas (final fits)", result["mc_dropout_final"]),
+        ("SVGP, concrete shape, 20 replicas", result["svgp"]),
+    ]
+    lines = [
+        "| shape | learner steps/s | bare `tf.function` steps/s | bare / learner |",
+        "|---|---|---|---|",
+    ]
+    for name, row in rows:
+        lines.append(
+            f"| {name} | {row['learner_steps_per_second']:.1f} "
+            f"| {row['bare_steps_per_second']:.1f} | {row['bare_over_learner']:.2f} |"
+        )
+    protocol = result["kin8nm_protocol"]
+    lines.append("")
+    lines.append(
+        f"MC dropout's published protocol on a kin8nm-sized set: {protocol['grid_steps']:,} "
+        f"steps of the grid stage and {protocol['final_steps']:,} of the final fits, "
+        f"{protocol['training_minutes']:.1f} minutes of training steps at these rates."
+    )
+    if result.get("steps_per_execution"):
+        settings = ", ".join(
+            f"{k}: {v:.0f}"
+            for k, v in sorted(result["steps_per_execution"].items(), key=lambda kv: int(kv[0]))
+        )
+        lines.append("")
+        lines.append(f"The grid stage's steps/s by `train.steps_per_execution`: {settings}.")
+    with open(path, "w") as f:
+        f.write("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -49,7 +49,7 @@ def _data(seed, rows=ROWS):
     return standardized_regression(f"synthetic_{seed}", x[:rows], y[:rows], x[rows:], y[rows:])
 
 
-def _rate(learner, steps, log_every):
+def _rate(learner, steps, log_every, steps_per_execution=loop.STEPS_PER_EXECUTION):
     """Median steps/s of `learner` under the Loop, after the first logging interval."""
     with tempfile.TemporaryDirectory() as model_dir:
         loop.train(
@@ -60,15 +60,17 @@ def _rate(learner, steps, log_every):
             log_every=log_every,
             checkpoint_every=10 * steps,
             progress=False,
+            steps_per_execution=steps_per_execution,
         )
         records = runs.RunDir(model_dir).records("train")
     return float(np.median([r["steps_per_second"] for r in records][1:]))
 
 
-def replicated_rate(replicas, steps, log_every, rows=ROWS):
-    datasets = [_data(i % 20, rows) for i in range(min(replicas, 20))]
-    grid = [(p, t) for p in RATES for t in TAUS]
-    members = [
+def grid_replicas(replicas, rows, rates=RATES, taus=TAUS):
+    """`replicas` replicas of a grid search: 20 splits (synthetic) x the (rate, tau) grid."""
+    datasets = [_data(i, rows) for i in range(min(replicas, 20))]
+    grid = [(p, t) for p in rates for t in taus]
+    return [
         Replica(
             f"r{i}",
             datasets[i % len(datasets)],
@@ -77,6 +79,10 @@ def replicated_rate(replicas, steps, log_every, rows=ROWS):
         )
         for i in range(replicas)
     ]
+
+
+def replicated_rate(replicas, steps, log_every, rows=ROWS):
+    members = grid_replicas(replicas, rows)
     learner = SupervisedLearner(
         data=members,
         model=mc_dropout_regressor,

@@ -79,13 +79,15 @@ def _dgp3(shape, outputs, replicas):
     )
 
 
-def _run(model_dir, replicas, steps=60, model=_mc_dropout, **kwargs):
+def _run(
+    model_dir, replicas, steps=60, model=_mc_dropout, batch_size=32, num_eval_samples=50, **kwargs
+):
     learner = SupervisedLearner(
         data=replicas,
         model=model,
         optimizer=lambda: keras.optimizers.Adam(1e-2),
-        batch_size=32,
-        num_eval_samples=50,
+        batch_size=batch_size,
+        num_eval_samples=num_eval_samples,
     )
     metrics = loop.train(
         str(model_dir), learner=learner, train_steps=steps, progress=False, **kwargs
@@ -378,14 +380,9 @@ def test_an_ensemble_s_members_are_scored_as_their_mixture(tmp_path):
     def network(shape, outputs, replicas):
         return mlp(shape, outputs, hidden_units=(16,), dense_layer="Dense", replicas=replicas)
 
-    learner = SupervisedLearner(
-        data=members,
-        model=network,
-        optimizer=lambda: keras.optimizers.Adam(1e-2),
-        batch_size=16,
-        num_eval_samples=1,
+    learner, metrics = _run(
+        tmp_path / "run", members, 120, network, batch_size=16, num_eval_samples=1
     )
-    metrics = loop.train(str(tmp_path / "run"), learner=learner, train_steps=120, progress=False)
     summary = json.loads((tmp_path / "run" / "metrics.json").read_text())
     assert summary["num_replicas"] == 6
     assert [u["name"] for u in summary["replicas"]] == ["split0[]seed0", "split1[]seed0"]
