@@ -23,8 +23,10 @@ Loop's setting) by the same alternation.
 """
 
 import argparse
+import json
 import math
 import os
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -44,26 +46,39 @@ FEATURES, HIDDEN, BATCH, EPOCHS = 8, 50, 128, 4000
 KIN8NM_ROWS = 8192
 GRID_ROWS = int(KIN8NM_ROWS * 0.9 * 0.8)  # a split's training rows less the validation fifth
 FINAL_ROWS = int(KIN8NM_ROWS * 0.9)
+VALIDATION_ROWS = FINAL_ROWS - GRID_ROWS  # the validation fifth the grid is ranked on
+TEST_ROWS = KIN8NM_ROWS - FINAL_ROWS
 RATES, TAUS = (0.005, 0.01, 0.05, 0.1), (150.0, 200.0, 250.0)  # kin8nm's grid
 GP_ROWS, GP_REPLICAS, INDUCING = 927, 20, 100
 LOG_2PI = float(np.log(2 * np.pi))
 
 
-def mc_dropout_replicas(replicas, rows):
+def mc_dropout_replicas(replicas, rows, test_rows=100):
     """`replicas` replicas of the kin8nm-shaped grid: 20 splits x (rate, tau)."""
-    return grid_replicas(replicas, rows, RATES, TAUS)
+    return grid_replicas(replicas, rows, RATES, TAUS, test_rows)
 
 
-def mc_dropout_learner(replicas, rows):
+def mc_dropout_learner(replicas, rows, test_rows=100, num_eval_samples=1):
     return SupervisedLearner(
-        data=mc_dropout_replicas(replicas, rows),
+        data=mc_dropout_replicas(replicas, rows, test_rows),
         model=lambda shape, outputs, replicas: mc_dropout_regressor(
             shape, outputs, hidden_units=(HIDDEN,), replicas=replicas
         ),
         optimizer=lambda: keras.optimizers.Adam(1e-3),
         batch_size=BATCH,
-        num_eval_samples=1,
+        num_eval_samples=num_eval_samples,
     )
+
+
+def evaluation_seconds(replicas, rows, test_rows, draws):
+    """Seconds of the learner's evaluation at a stage's shape: `draws` Monte Carlo passes over
+    each replica's `test_rows` (the grid's validation fifth, the final fits' test tenth)."""
+    learner = mc_dropout_learner(replicas, rows, test_rows, draws)
+    with tempfile.TemporaryDirectory() as model_dir:
+        loop.train(model_dir, learner=learner, train_steps=1, progress=False)
+    began = time.perf_counter()
+    learner.evaluate()
+    return time.perf_counter() - began
 
 
 def svgp_learner():
@@ -269,7 +284,27 @@ def main():
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps_per_execution", default="1,10,50")
     parser.add_argument("--out", default="benchmarks/results/replica_steps.json")
+    parser.add_argument(
+        "--evaluation_only",
+        action="store_true",
+        help="time the protocol's evaluations and add them to --out's existing JSON",
+    )
     args = parser.parse_args()
+    if args.evaluation_only:
+        with open(args.out) as f:
+            result = json.load(f)
+        protocol = result["kin8nm_protocol"]
+        protocol["grid_evaluation_seconds"] = evaluation_seconds(
+            240, GRID_ROWS, VALIDATION_ROWS, 1000
+        )
+        protocol["final_evaluation_seconds"] = evaluation_seconds(20, FINAL_ROWS, TEST_ROWS, 10000)
+        protocol["total_minutes"] = (
+            protocol["training_minutes"]
+            + (protocol["grid_evaluation_seconds"] + protocol["final_evaluation_seconds"]) / 60
+        )
+        write_json(result, args.out)
+        write_markdown(result, os.path.splitext(args.out)[0] + ".md")
+        return
     result = {"machine": machine()}
     # The Loop's steps a call: the validation-stage learner at each setting, alternated.
     settings = [int(v) for v in args.steps_per_execution.split(",") if v]
@@ -311,8 +346,17 @@ def main():
             + final_steps / final["learner_steps_per_second"]
         )
         / 60,
-        "note": "training steps of both stages; evaluation and start-up not included",
+        # The experiment's evaluations: 1,000 draws on each grid replica's validation fifth,
+        # 10,000 on each final fit's test tenth.
+        "grid_evaluation_seconds": evaluation_seconds(240, GRID_ROWS, VALIDATION_ROWS, 1000),
+        "final_evaluation_seconds": evaluation_seconds(20, FINAL_ROWS, TEST_ROWS, 10000),
+        "note": "training steps of both stages, and each stage's evaluation; start-up not included",
     }
+    protocol = result["kin8nm_protocol"]
+    protocol["total_minutes"] = (
+        protocol["training_minutes"]
+        + (protocol["grid_evaluation_seconds"] + protocol["final_evaluation_seconds"]) / 60
+    )
     result["svgp"] = compare(
         "svgp 20 replicas",
         svgp_learner,
@@ -348,7 +392,15 @@ def write_markdown(result, path):
     lines.append(
         f"MC dropout's published protocol on a kin8nm-sized set: {protocol['grid_steps']:,} "
         f"steps of the grid stage and {protocol['final_steps']:,} of the final fits, "
-        f"{protocol['training_minutes']:.1f} minutes of training steps at these rates."
+        f"{protocol['training_minutes']:.1f} minutes of training steps at these rates"
+        + (
+            f", and {protocol['grid_evaluation_seconds'] / 60:.1f} + "
+            f"{protocol['final_evaluation_seconds'] / 60:.1f} minutes of evaluation (1,000 draws "
+            f"on the grid's validation rows, 10,000 on the final fits' test rows): "
+            f"{protocol['total_minutes']:.1f} minutes in all."
+            if "total_minutes" in protocol
+            else "."
+        )
     )
     if result.get("steps_per_execution"):
         settings = ", ".join(

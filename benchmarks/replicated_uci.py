@@ -42,10 +42,10 @@ RATES = (0.005, 0.01, 0.05, 0.1)
 TAUS = (0.025, 0.05, 0.075)
 
 
-def _data(seed, rows=ROWS):
+def _data(seed, rows=ROWS, test_rows=100):
     rng = np.random.default_rng(seed)
-    x = rng.normal(size=(rows + 100, FEATURES))
-    y = x @ rng.normal(size=(FEATURES, 1)) + rng.normal(size=(rows + 100, 1))
+    x = rng.normal(size=(rows + test_rows, FEATURES))
+    y = x @ rng.normal(size=(FEATURES, 1)) + rng.normal(size=(rows + test_rows, 1))
     return standardized_regression(f"synthetic_{seed}", x[:rows], y[:rows], x[rows:], y[rows:])
 
 
@@ -66,9 +66,9 @@ def _rate(learner, steps, log_every, steps_per_execution=loop.STEPS_PER_EXECUTIO
     return float(np.median([r["steps_per_second"] for r in records][1:]))
 
 
-def grid_replicas(replicas, rows, rates=RATES, taus=TAUS):
+def grid_replicas(replicas, rows, rates=RATES, taus=TAUS, test_rows=100):
     """`replicas` replicas of a grid search: 20 splits (synthetic) x the (rate, tau) grid."""
-    datasets = [_data(i, rows) for i in range(min(replicas, 20))]
+    datasets = [_data(i, rows, test_rows) for i in range(min(replicas, 20))]
     grid = [(p, t) for p in rates for t in taus]
     return [
         Replica(

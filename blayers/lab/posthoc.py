@@ -317,6 +317,11 @@ def restore(model_dir):
             "SupervisedLearner run."
         )
     learner = SupervisedLearner()
+    if learner.replicated:
+        raise ValueError(
+            f"posthoc: {model_dir} trained {len(learner.data)} replicas as one model (its data "
+            "are replicas, SupervisedLearner.data); post-hoc methods take a run of one model."
+        )
     learner.check_bindings = False  # checked when the run trained; see the class attribute
     seed, steps = _query("train.seed", 0), _query("train.train_steps", 1)
     learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))

@@ -247,7 +247,7 @@ def test_uci_experiments_name_a_missing_folder_and_the_data_source(tmp_path, toy
 def test_uci_regression_flags_parse():
     from experiments.uci_regression import method_gin_params, parse_epochs, select
 
-    assert parse_epochs("300") == {"mc_dropout": 300, "flipout": 300}
+    assert parse_epochs("300") == {"mc_dropout": 300, "flipout": 300, "deep_ensemble": 300}
     assert parse_epochs("flipout:20") == {"flipout": 20} and parse_epochs(None) == {}
     with pytest.raises(ValueError, match="svgp:3"):
         parse_epochs("svgp:3")

@@ -329,6 +329,22 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
     assert len(names) == 6 and names[0] == "split0[dropout_rate=0.05,tau=1.0]seed0"
     assert {r["hparams"]["tau"] for r in summary["replicas"]} == {1.0, 0.5}
     assert all(np.isfinite(r["final"]["test_log_likelihood"]) for r in summary["replicas"])
+    # Post-hoc methods take a run of one model: a run of replicas is refused, in one line.
+    posthoc = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [
+            sys.executable,
+            "-m",
+            "blayers.posthoc",
+            f"--model_dir={model_dir}",
+            "--method=temperature",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert posthoc.returncode == 2, posthoc.stderr[-2000:]
+    assert "trained 6 replicas as one model" in posthoc.stderr
+    assert "Traceback" not in posthoc.stderr
     # The test runs' form: one chosen pair per split.
     from blayers.lab.data.uci import uci_replicas
 
@@ -416,3 +432,30 @@ def test_an_ensemble_s_members_are_scored_as_their_mixture(tmp_path):
     # under the targets' spread.
     assert not np.allclose(mean[0], mean[1])
     assert metrics["rmse"] < 0.5 * data.members[0].data.target_scale
+
+
+def test_a_non_finite_replica_stops_the_run_at_its_step_and_is_named(tmp_path):
+    """One replica's weights poisoned after the restore: the first step of a call of several
+    is non-finite, the call ends there and the run stops naming the step and the replica; the
+    other replicas' weights did not move on that step."""
+
+    class Poisoned(SupervisedLearner):
+        def restored(self):
+            kernel = self.model.layers[1].kernel  # the first dense layer's [R, in, out]
+            poisoned = kernel.numpy()
+            poisoned[1, 0, 0] = np.nan
+            kernel.assign(poisoned)
+            self.before = [v.numpy() for v in self.model.trainable_variables]
+
+    learner = Poisoned(
+        data=REPLICAS,
+        model=_mc_dropout,
+        optimizer=lambda: keras.optimizers.Adam(1e-2),
+        batch_size=32,
+        num_eval_samples=5,
+    )
+    with pytest.raises(loop.NonFiniteLossError, match=r"at step 1 .*replica b \(the first of 3\)"):
+        loop.train(str(tmp_path), learner=learner, train_steps=20, log_every=10, progress=False)
+    assert learner.step == 1
+    for before, after in zip(learner.before, learner.model.trainable_variables):
+        np.testing.assert_array_equal(before[[0, 2]], after.numpy()[[0, 2]])
