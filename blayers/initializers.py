@@ -164,10 +164,12 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
 
     @property
     def replica_keys(self):
-        """The replicas' keys of the weight's draws (None: not replicated)."""
+        """The replicas' keys of the weight's draws (None: not replicated); computed once."""
         if self.replica_seeds is None:
             return None
-        return sampling.replica_keys(self.replica_seeds)
+        if getattr(self, "_replica_keys", None) is None:
+            self._replica_keys = sampling.replica_keys(self.replica_seeds)
+        return self._replica_keys
 
     def random_variable(self):
         """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""

@@ -63,6 +63,13 @@ class Replicas:
             raise ValueError("Replicas: every replica's data needs the same task.")
         self.name = first.name if len(self.members) == 1 else f"{first.name} (+{len(self) - 1})"
         self.x_train = self.y_train = self.tests = None
+        self._moments = None  # (model, its traced predictive moments), made once
+
+    def _moments_fn(self, model):
+        """The traced `task.predictive_moments` of `model`, reused by every evaluation."""
+        if self._moments is None or self._moments[0] is not model:
+            self._moments = (model, _traced_moments(self.task, model))
+        return self._moments[1]
 
     def __len__(self):
         return len(self.members)
@@ -155,10 +162,7 @@ class Replicas:
         """Per replica, `(means, stddevs, function_variances)`: `[S, n_r, t]` draws of the
         predictive's parts in standardized units on its test rows (padded to one size in the
         calls); `stddevs^2` holds a GP's closed-form function variance besides the noise."""
-        moments = tf.function(
-            lambda x: self.task.predictive_moments(model(x, training=False)),
-            reduce_retracing=True,
-        )
+        moments = self._moments_fn(model)
         x_tests = [x for x, _ in self.tests]
         n = max(len(x) for x in x_tests)
         padded = np.stack([np.pad(x, ((0, n - len(x)), (0, 0))) for x in x_tests])
@@ -193,6 +197,12 @@ class Replicas:
                 total = total + own_function
             result.append((mean[r, :, : len(x)], np.sqrt(total).astype(mean.dtype), own_function))
         return result
+
+
+def _traced_moments(task, model):
+    return tf.function(
+        lambda x: task.predictive_moments(model(x, training=False)), reduce_retracing=True
+    )
 
 
 def independent_rows(model):

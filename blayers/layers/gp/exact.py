@@ -186,6 +186,9 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
         self.replicas, self.replica_seeds = replicas_lib.check_replicas(
             self, replicas, replica_seeds, supported=True
         )
+        self.replica_keys = (
+            None if self.replicas is None else sampling.replica_keys(self.replica_seeds)
+        )
         self.noise_variance_init = replicas_lib.per_replica(
             self, "noise_variance", noise_variance, self.replicas
         )
@@ -240,9 +243,7 @@ class GaussianLikelihood(NamedOutput, keras.layers.Layer):
             loc=f,
             scale=tf.sqrt(self._noise_variance_like(f)) + tf.zeros_like(f),
             name=self.output_name,
-            replica_keys=(
-                None if self.replicas is None else sampling.replica_keys(self.replica_seeds)
-            ),
+            replica_keys=self.replica_keys,
         )
         if isinstance(inputs, RandomVariable) and normal_parameters(inputs.distribution):
             y.function = inputs
