@@ -8,9 +8,11 @@ pair `configs/<name>.gin` / `configs/<name>_smoke.gin`. The report finds it by i
 """
 
 import dataclasses
+import sys
 
 from absl import app, flags
 
+from blayers.lab import cli_env
 from launch import sweep
 
 __all__ = ["Experiment", "ReportEntry", "main"]
@@ -97,6 +99,12 @@ class Experiment:
             flags.DEFINE_string("gin_file", self.gin_file, "Gin file of every run.")
         flags.DEFINE_multi_string("gin_param", [], "Gin bindings of every run.")
         flags.DEFINE_integer("parallel", 1, "Runs at a time.")
+        flags.DEFINE_bool(
+            "refuse_gin_imports",
+            False,
+            "Refuse gin files or bindings that import Python modules (checked before any run "
+            "starts, and passed to every trainer): gin files are code.",
+        )
         before = set(FLAGS)
         self.define_options()
         self._options = sorted(set(FLAGS) - before)
@@ -107,10 +115,16 @@ class Experiment:
 
         def run(argv):
             del argv
-            gin_file = FLAGS.gin_file if self.gin_file is not None else None
-            self.run(FLAGS.root, gin_file, FLAGS.gin_param, FLAGS.parallel, **self.options())
+            from blayers.lab.gin_files import GinImportsRefused
 
-        app.run(run)
+            gin_file = FLAGS.gin_file if self.gin_file is not None else None
+            sweep.REFUSE_GIN_IMPORTS = FLAGS.refuse_gin_imports
+            try:
+                self.run(FLAGS.root, gin_file, FLAGS.gin_param, FLAGS.parallel, **self.options())
+            except GinImportsRefused as error:
+                raise app.UsageError(str(error)) from None
+
+        cli_env.run_app(run, sys.modules[type(self).__module__].__doc__)
 
 
 def main(experiment):

@@ -19,8 +19,9 @@ import pkgutil
 import re
 import shutil
 
-from absl import app, flags
+from absl import flags
 
+from blayers.lab import cli_env
 from blayers.lab.runs import RunDir
 
 FLAGS = flags.FLAGS
@@ -326,4 +327,4 @@ def main(argv):
 
 if __name__ == "__main__":
     define_flags()
-    app.run(main)
+    cli_env.run_app(main, __doc__)

@@ -87,6 +87,8 @@ def trainer_command(model_dir, bindings, args):
         command.append(f"--strategy={args.strategy}")
     if args.tpu:
         command.append(f"--tpu={args.tpu}")
+    if getattr(args, "refuse_gin_imports", False):
+        command.append("--refuse_gin_imports")
     command += [f"--gin_file={f}" for f in args.gin_file]
     command += [f"--gin_param={p}" for p in args.gin_param]
     command += [f"--gin_param={name} = {value}" for name, value in bindings.items()]

@@ -80,13 +80,35 @@ def run_sweep(args):
     return rows
 
 
-def run_experiment_grid(planned, root, gin_file, gin_params=(), parallel=1, quiet=True):
+# `--refuse_gin_imports` of an experiment's command line: every grid it runs checks its gin
+# files and bindings first and passes the flag to its trainers.
+REFUSE_GIN_IMPORTS = False
+
+
+def check_gin_imports(gin_files, gin_params, planned=()):
+    """`--refuse_gin_imports` before any trainer starts: the files, the bindings of every run
+    and of the planned grid (`GinImportsRefused` names each import)."""
+    from blayers.lab import gin_files as gin_files_lib
+
+    paths = [gin_files_lib.find_config_file(name) for name in gin_files]
+    bindings = [f"{name} = {value}" for _, row in planned for name, value in row.items()]
+    gin_files_lib.refuse_imports(paths, [*gin_params, *bindings])
+
+
+def run_experiment_grid(
+    planned, root, gin_file, gin_params=(), parallel=1, quiet=True, refuse_imports=None
+):
     """`run_grid` of `planned` on each learner's own devices, each run with `gin_file` and
     `gin_params` (`quiet`: and `train.progress = False`, no progress bar), then the runs'
     status table (`runs.md`, `runs.csv` in `root`) and each unfinished run named on stderr:
-    what an experiment script does before its own tables. Returns `(results, stopped)` as
-    `run_grid`."""
+    what an experiment script does before its own tables. `refuse_imports` (default: the
+    command line's `REFUSE_GIN_IMPORTS`) checks the gin before anything starts and passes
+    `--refuse_gin_imports` to the trainers. Returns `(results, stopped)` as `run_grid`."""
+    refuse = REFUSE_GIN_IMPORTS if refuse_imports is None else refuse_imports
+    if refuse:
+        check_gin_imports([gin_file], gin_params, planned)
     args = argparse.Namespace(
+        refuse_gin_imports=refuse,
         gin_file=[gin_file],
         gin_param=[*(["train.progress = False"] if quiet else []), *gin_params],
         root=root,
@@ -182,13 +204,21 @@ def main(argv=None):
         "--strategy", default=None, help="passed to the trainer (default: the learner's own)"
     )
     parser.add_argument("--tpu", default=None, help="passed to the trainer (--strategy=tpu)")
+    parser.add_argument(
+        "--refuse_gin_imports",
+        action="store_true",
+        help="refuse gin files or bindings that import Python modules (checked before any run "
+        "starts, and passed to every trainer): gin files are code",
+    )
     args = parser.parse_args(argv)
     if args.backend == "local" and args.scheduler != "none":
         parser.error("--scheduler=asha needs --backend=ray.")
     if args.search == "random" and args.num_samples < 1:
         parser.error("--num_samples must be at least 1.")
     try:
-        plan_sweep(args)
+        planned, _ = plan_sweep(args)
+        if args.refuse_gin_imports:
+            check_gin_imports(args.gin_file, args.gin_param, planned)
     except ValueError as error:
         parser.error(str(error))
     try:

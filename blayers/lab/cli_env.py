@@ -25,7 +25,15 @@ import shutil
 import sys
 import tempfile
 
-__all__ = ["is_cli", "pid_alive", "prepare", "prepare_if_cli", "private_tempdir"]
+__all__ = [
+    "help_text",
+    "is_cli",
+    "pid_alive",
+    "prepare",
+    "prepare_if_cli",
+    "private_tempdir",
+    "run_app",
+]
 
 _CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
 _CLI_SCRIPTS = ("blayers-train",)
@@ -96,3 +104,36 @@ def _import_tensorflow_quietly():
         os.dup2(saved, 2)
         os.close(saved)
         os.close(devnull)
+
+
+_HELP = ("--help", "-h", "-?", "--helpshort")
+_OWN_FLAG_MODULES = ("blayers", "experiments", "launch")
+
+
+def help_text(doc, argv0=None):
+    """`doc`, then every flag the command itself defines (blayers', the experiment's, the
+    script's), each with its help and default; absl's and TensorFlow's own are left to
+    `--helpfull`."""
+    from absl import flags
+
+    argv0 = argv0 or sys.argv[0]
+    parts = [(doc or "").strip(), ""]
+    for module, module_flags in sorted(flags.FLAGS.flags_by_module_dict().items()):
+        own = module in ("__main__", argv0) or module.split(".")[0] in _OWN_FLAG_MODULES
+        if own and module_flags:
+            parts.append(flags.FLAGS.module_help(module))
+            parts.append("")
+    parts.append("--helpfull lists every flag, absl's and TensorFlow's included.")
+    return "\n".join(parts)
+
+
+def run_app(main, doc):
+    """absl's `app.run(main)`, with a `--help` (`-h`, `--helpshort`) that prints `doc` and the
+    command's own flags with their defaults on stdout and exits 0 (absl's lists only the
+    main module's flags, which are defined elsewhere here, and exits 1)."""
+    from absl import app
+
+    if any(arg in _HELP for arg in sys.argv[1:]):
+        print(help_text(doc))
+        sys.exit(0)
+    app.run(main)

@@ -25,7 +25,14 @@ from blayers.lab import (  # noqa: F401 - registers configurables
     models,
     tasks,
 )
+from blayers.lab import gin_files as gin_files_lib
 from blayers.lab.control import env, planner  # noqa: F401 - PlaNet's configurables
+from blayers.lab.gin_files import (
+    config_search_path,
+    find_config_file,
+    gin_imports,
+    shipped_configs,
+)
 from blayers.lab.learners import mesh, planet, supervised  # noqa: F401 - the learners
 
 __all__ = [
@@ -37,13 +44,6 @@ __all__ = [
     "validate_bindings",
 ]
 
-
-# An installed package carries the configs as `blayers/lab/configs` (setup.py maps the
-# repository's top-level `configs/` there); a checkout has them at the top.
-_INSTALLED_CONFIGS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "configs")
-_CHECKOUT_CONFIGS = os.path.join(
-    os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "configs"
-)
 _KERAS_LAYER_KWARGS = {
     "name",
     "dtype",
@@ -56,33 +56,6 @@ _KERAS_LAYER_KWARGS = {
     "activity_regularizer",
     "seed",
 }
-
-
-def shipped_configs():
-    """The folder of the configs that ship with blayers (`base.gin`, `digits_mlp.gin`, ...)."""
-    return _INSTALLED_CONFIGS if os.path.isdir(_INSTALLED_CONFIGS) else _CHECKOUT_CONFIGS
-
-
-def config_search_path():
-    """Folders searched for gin files, in order: the working directory, `$BLAYERS_CONFIG_PATH`
-    (colon-separated), and the configs that ship with blayers (`shipped_configs()`)."""
-    extra = [p for p in os.environ.get("BLAYERS_CONFIG_PATH", "").split(os.pathsep) if p]
-    return [os.getcwd(), *extra, shipped_configs()]
-
-
-def find_config_file(name):
-    """Path of gin file `name` (a path, or a name like `digits_mlp` or `priors/normal`)."""
-    candidates = [name] if name.endswith(".gin") else [name, name + ".gin"]
-    if os.path.isabs(name):
-        for candidate in candidates:
-            if os.path.isfile(candidate):
-                return candidate
-    for folder in config_search_path():
-        for candidate in candidates:
-            path = os.path.join(folder, candidate)
-            if os.path.isfile(path):
-                return path
-    raise ValueError(f"No gin file {name!r} in the search path {config_search_path()}.")
 
 
 def _binding_location(files, selector, param):
@@ -179,51 +152,6 @@ def _first_unparsable(paths):
     return "none (a --gin_param binding)"
 
 
-def _statements(text, where):
-    from gin import config_parser
-
-    try:
-        return list(config_parser.ConfigParser(text, gin.config.ParserDelegate(skip_unknown=True)))
-    except (SyntaxError, tokenize.TokenError):
-        return []  # gin reports it, with its file and line, when it parses for real
-    except Exception as error:  # noqa: BLE001 - the real parse names the problem
-        logging.getLogger(__name__).debug("Could not pre-scan %s: %s", where, error)
-        return []
-
-
-def gin_imports(paths, gin_params=()):
-    """Every `import` (Python modules gin runs at parse time, and `from __gin__ import
-    dynamic_registration`, which lets a binding call any Python function) in the gin files,
-    their includes, and the bindings: `['file:line: statement', ...]`. Gin files are code; this
-    is what `--refuse_gin_imports` refuses."""
-    found, seen = [], set()
-
-    def scan(path):
-        if path in seen:
-            return
-        seen.add(path)
-        with open(path) as f:
-            statements = _statements(f.read(), path)
-        for statement in statements:
-            line = statement.location.line_num
-            if type(statement).__name__ == "ImportStatement":
-                found.append(f"{path}:{line}: {statement.location.line_content.strip()}")
-            elif type(statement).__name__ == "IncludeStatement":
-                beside = os.path.join(os.path.dirname(path), statement.filename)
-                try:
-                    scan(beside if os.path.exists(beside) else find_config_file(statement.filename))
-                except ValueError:
-                    pass  # gin names the missing include when it parses
-
-    for path in paths:
-        scan(path)
-    for number, binding in enumerate(gin_params, 1):
-        for statement in _statements(binding, "--gin_param"):
-            if type(statement).__name__ == "ImportStatement":
-                found.append(f"--gin_param #{number}: {statement.location.line_content.strip()}")
-    return found
-
-
 def parse(gin_files=(), gin_params=(), refuse_imports=False):
     """Parses gin files (names found on the search path, later files override earlier ones)
     and then `gin_params` bindings, and validates every binding before anything runs.
@@ -236,12 +164,7 @@ def parse(gin_files=(), gin_params=(), refuse_imports=False):
         gin.add_config_file_search_path(folder)
     paths = [find_config_file(name) for name in gin_files]
     if refuse_imports:
-        imports = gin_imports(paths, gin_params)
-        if imports:
-            raise ValueError(
-                "--refuse_gin_imports: these gin imports would run Python code at parse time "
-                "(gin files are code: run only configs you trust):\n  " + "\n  ".join(imports)
-            )
+        gin_files_lib.refuse_imports(paths, gin_params)
     with _quiet_gin_search():
         try:
             gin.parse_config_files_and_bindings(paths, list(gin_params))

@@ -189,16 +189,18 @@ class Loop:
                     Context(run, self.strategy, self.strategy_name, self.seed, self.train_steps)
                 )
                 self.checkpointer = run.checkpointer(learner.state(), self.keep_checkpoints)
-                restored = self.checkpointer.restore()
+                restored = self.checkpointer.restore(max_step=self.train_steps)
                 learner.restored()
                 self.start_step = learner.step
+                # A longer run's checkpoints past this length stay, and so do their records.
+                newest = self.checkpointer.latest_step() or 0
                 if restored:
                     print(f"Resumed from {restored} at step {self.start_step}.")
                 run.accept()
                 # From here on a SIGTERM or Ctrl-C saves a checkpoint (even before a step).
                 with StopRequest() as self.stop:
                     run.write_operative_config()
-                    self.history = run.open_history(self.start_step)
+                    self.history = run.open_history(max(self.start_step, newest))
                     self._open_window(self.start_step)
                     while learner.step < self.train_steps and not self.stop.requested:
                         learner.collect()

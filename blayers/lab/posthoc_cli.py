@@ -8,6 +8,8 @@ import sys
 
 from absl import app, flags, logging
 
+from blayers.lab import cli_env
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A finished run's folder.")
 flags.DEFINE_enum(
@@ -18,6 +20,12 @@ flags.DEFINE_enum(
 )
 flags.DEFINE_multi_string("gin_file", [], "Extra gin files (after the run's operative config).")
 flags.DEFINE_multi_string("gin_param", [], "Extra gin bindings, e.g. 'posthoc.alpha = 0.05'.")
+flags.DEFINE_bool(
+    "refuse_gin_imports",
+    False,
+    "Refuse a run whose operative_config.gin (or an extra gin file or binding) imports Python "
+    "modules: gin runs them while it parses (a run folder from elsewhere is code).",
+)
 
 
 def main(argv):
@@ -34,7 +42,11 @@ def main(argv):
     if not os.path.exists(operative):
         raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
     try:
-        config.parse([operative, *FLAGS.gin_file], FLAGS.gin_param)
+        config.parse(
+            [operative, *FLAGS.gin_file],
+            FLAGS.gin_param,
+            refuse_imports=FLAGS.refuse_gin_imports,
+        )
         learner, run = posthoc_lib.restore(FLAGS.model_dir)
         summary, arrays = posthoc_lib.posthoc(learner, run, FLAGS.method)
     except ValueError as error:
@@ -55,4 +67,4 @@ def main(argv):
 
 def run():
     """Entry point of `python -m blayers.posthoc`."""
-    app.run(main)
+    cli_env.run_app(main, __doc__)

@@ -1,4 +1,4 @@
-"""Train a model from gin files: `python -m blayers.train` (or `blayers-train`).
+r"""Train a model from gin files: `python -m blayers.train` (or `blayers-train`).
 
     python -m blayers.train --gin_file=digits_mlp --model_dir=runs/digits \
         --gin_param="mlp.dense_layer = 'DenseReparameterization'"
@@ -131,7 +131,7 @@ def _train_and_report(train_fn):
 
 def run():
     """Console-script entry point (`blayers-train`)."""
-    app.run(main)
+    cli_env.run_app(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -120,6 +120,63 @@ def test_gin_imports_are_listed_refused_on_request_and_recorded(tmp_path):
     gin.clear_config()
 
 
+def test_refuse_gin_imports_refuses_what_it_cannot_scan_on_every_command(tmp_path):
+    """gin runs an import as it parses, before a later syntax error: a file the scan cannot
+    parse is refused, and the flag exists on the sweep, the experiments and post-hoc."""
+    (tmp_path / "marker_mod.py").write_text(
+        "import pathlib\npathlib.Path(__file__).with_name('ran').write_text('x')\n"
+    )
+    bad = tmp_path / "bad.gin"
+    bad.write_text("import marker_mod\ntrain.train_steps = (\n")
+    with pytest.raises(ValueError, match=r"bad.gin: does not parse"):
+        config.parse([str(bad)], refuse_imports=True)
+    with pytest.raises(ValueError, match=r"--gin_param #1 .*does not parse"):
+        config.parse(["digits_mlp_smoke"], ["import marker_mod\nx = ("], refuse_imports=True)
+    gin.clear_config()
+    from launch import sweep
+
+    with pytest.raises(SystemExit) as exited:  # refused before a trainer starts
+        sweep.main([f"--gin_file={bad}", f"--root={tmp_path / 'sweep'}", "--refuse_gin_imports"])
+    assert exited.value.code == 2 and not (tmp_path / "sweep").exists()
+    with pytest.raises(SystemExit) as exited:
+        sweep.main(
+            [
+                "--gin_file=digits_mlp_smoke",
+                f"--root={tmp_path / 'sweep'}",
+                "--refuse_gin_imports",
+                "--sweep=seed=[1, 2]",
+                "--gin_param=import marker_mod",
+            ]
+        )
+    assert exited.value.code == 2
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "operative_config.gin").write_text("import marker_mod\ntrain.train_steps = 3\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    commands = {
+        "posthoc": ["-m", "blayers.posthoc", f"--model_dir={run}", "--method=temperature"],
+        "experiment": [
+            "-m",
+            "experiments.cox_process",
+            f"--root={tmp_path / 'cox'}",
+            f"--gin_file={bad}",
+        ],
+    }
+    for name, command in commands.items():
+        done = subprocess.run(
+            [sys.executable, *command, "--refuse_gin_imports"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert done.returncode in (1, 2), (name, done.stderr[-2000:])
+        assert "--refuse_gin_imports" in done.stderr, (name, done.stderr[-2000:])
+    assert not (tmp_path / "ran").exists()  # the module never ran
+    assert not (tmp_path / "cox").exists()
+
+
 def test_bad_arrays_are_named_before_training():
     x, y = np.ones((10, 3), np.float32), np.arange(10) % 3
     make = lambda *a, **k: data_lib.from_arrays("toy", "classification", *a, **k)
@@ -138,6 +195,40 @@ def test_bad_arrays_are_named_before_training():
         t = np.zeros(10, np.float32)
         t[3] = np.nan
         data_lib.from_arrays("toy", "regression", x, t, x, np.zeros(10))
+
+
+def test_mismatched_shapes_are_refused_naming_both(tmp_path):
+    """Targets [100, 1] against [20, 2] would be scored against the wrong width; labels (N, 1)
+    or one-hot (N, 3) would fail inside TFP. Each fails in `from_arrays`, and a run refused
+    for its data leaves no model_dir behind."""
+    rng = np.random.default_rng(0)
+    x_train, x_test = rng.normal(size=(100, 4)), rng.normal(size=(20, 4))
+    regression = lambda *a, **k: data_lib.from_arrays("toy", "regression", *a, **k)
+    with pytest.raises(ValueError, match=r"train targets are \(1,\) .* test targets \(2,\)"):
+        regression(x_train, np.zeros((100, 1)), x_test, np.zeros((20, 2)))
+    with pytest.raises(ValueError, match=r"train features are \(4,\) .* test features \(5,\)"):
+        regression(x_train, np.zeros(100), rng.normal(size=(20, 5)), np.zeros(20))
+    labels = np.arange(100) % 3
+    classify = lambda *a, **k: data_lib.from_arrays("toy", "classification", *a, **k)
+    with pytest.raises(ValueError, match=r"train labels have shape \(100, 1\).*y.ravel"):
+        classify(x_train, labels[:, None], x_test, labels[:20], num_classes=3)
+    with pytest.raises(ValueError, match=r"test labels have shape \(20, 3\).*one-hot"):
+        classify(x_train, labels, x_test, np.eye(3)[labels[:20]], num_classes=3)
+    with pytest.raises(ValueError, match=r"ood features are \(2,\)"):
+        classify(x_train, labels, x_test, labels[:20], num_classes=3, ood=np.zeros((5, 2)))
+    from blayers.lab import models
+
+    model_dir = tmp_path / "run"  # a model that fails to build: no empty folder left
+    data = classify(x_train, labels, x_test, labels[:20], num_classes=3)
+    with pytest.raises((ValueError, TypeError)):
+        loop.fit(
+            str(model_dir),
+            data=data,
+            model=lambda shape, n: models.mlp(shape, n, hidden_units="abc"),
+            train_steps=2,
+            progress=False,
+        )
+    assert not model_dir.exists()
 
 
 def test_a_non_finite_input_is_blamed_on_the_data_not_a_layer(tmp_path):

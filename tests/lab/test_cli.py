@@ -334,3 +334,38 @@ def test_two_workers_on_localhost_match_one_worker(tmp_path):
         assert abs(a - b) < 1e-5 * max(1.0, abs(a))
     assert (tmp_path / "multi" / "metrics.json").exists()
     assert (tmp_path / "multi" / "workers" / "worker-1" / "checkpoints").is_dir()
+
+
+_COMMON = ["--root", "--gin_param", "--parallel", "--refuse_gin_imports"]
+_HELP = {
+    "blayers.train": ["--gin_file", "--gin_param", "--model_dir", "--strategy", "--mesh_shape"],
+    "blayers.posthoc": ["--model_dir", "--method", "--gin_param", "--refuse_gin_imports"],
+    "launch.sweep": ["--gin_file", "--sweep", "--root", "--parallel", "--refuse_gin_imports"],
+    "experiments.uci_regression": [*_COMMON, "--uci_dir", "--methods", "--splits"],
+    "experiments.deep_gp_uci": _COMMON,
+    "experiments.cox_process": [*_COMMON, "--gin_file"],
+    "experiments.uncertainty_baselines": [*_COMMON, "--gin_file"],
+    "experiments.bayesian_planet": [*_COMMON, "--gin_file"],
+    "experiments.report": ["--runs", "--out", "--html"],
+}
+
+
+@pytest.mark.parametrize("module", sorted(_HELP))
+def test_help_lists_every_flag_of_the_command_and_exits_0(module):
+    """`--help` lists the command's own flags with their defaults on stdout, not absl's
+    (`--helpfull` has those), and exits 0."""
+    done = _run([module, "--help"], timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    for flag in _HELP[module]:
+        assert flag in done.stdout or flag.replace("--", "--[no]") in done.stdout, (module, flag)
+    assert "--only_check_args" not in done.stdout  # absl's own, left to --helpfull
+
+
+def test_the_console_script_help_lists_the_trainer_flags():
+    script = pathlib.Path(sys.executable).with_name("blayers-train")
+    if not script.exists():
+        pytest.skip("blayers-train is not installed beside this Python")
+    done = subprocess.run(
+        [str(script), "--help"], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert done.returncode == 0 and "--model_dir" in done.stdout

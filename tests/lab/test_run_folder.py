@@ -55,6 +55,58 @@ def test_a_changed_model_binding_is_refused_before_anything_changes(tmp_path):
     assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_step"] == 4
 
 
+@pytest.mark.parametrize("damage", ["garbage", "missing"])
+def test_a_damaged_bindings_record_falls_back_to_the_operative_config(tmp_path, damage):
+    """A run whose `bindings.json` is unreadable (or gone) still refuses a changed learning
+    rate: the operative config's record is checked instead; with neither, it is refused."""
+    _digits()
+    loop.fit(str(tmp_path))
+    bindings = tmp_path / "bindings.json"
+    if damage == "garbage":
+        bindings.write_bytes(b"\x00\x13{not json")
+    else:
+        bindings.unlink()
+    before = _snapshot(tmp_path)
+    _digits("make_optimizer.learning_rate = 0.05")
+    with pytest.raises(runs.ChangedBindingsError, match=r"learning_rate: 0.005 -> 0.05"):
+        loop.fit(str(tmp_path))
+    assert _snapshot(tmp_path) == before
+    operative = (tmp_path / "operative_config.gin").read_text()
+    (tmp_path / "operative_config.gin").write_text("train.train_steps = (")
+    with pytest.raises(runs.ChangedBindingsError, match=r"both missing or unreadable"):
+        loop.fit(str(tmp_path))
+    (tmp_path / "operative_config.gin").write_text(operative)
+    _digits("train.train_steps = 6")  # the run's own bindings resume, and are recorded again
+    loop.fit(str(tmp_path))
+    assert json.loads(bindings.read_text())["train.train_steps"] == "6"
+
+
+def test_a_shorter_rerun_scores_its_own_checkpoint_not_a_longer_runs(tmp_path):
+    """A finished 4-step run, extended to 10 and stopped at 8, then the 4-step command again:
+    its metrics are the 4-step model's (that checkpoint is still kept), the longer run's
+    checkpoints and records stay, and a length with no checkpoint is refused."""
+    _digits("train.keep_checkpoints = 5")
+    first = loop.fit(str(tmp_path))
+    _digits("train.keep_checkpoints = 5", "train.train_steps = 8")  # the extension, cut short
+    loop.fit(str(tmp_path))
+    again = None
+    _digits("train.keep_checkpoints = 5")
+    again = loop.fit(str(tmp_path))
+    assert again == first  # the same model, scored the same (evaluation is seeded)
+    assert json.loads((tmp_path / "metrics.json").read_text())["step"] == 4
+    assert (tmp_path / "checkpoints" / "ckpt-8.index").exists()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "history.jsonl").open()]
+    assert max(steps) == 8  # the longer run's records are kept for its resume
+    before = _snapshot(tmp_path)
+    _digits("train.keep_checkpoints = 5", "train.train_steps = 5")
+    with pytest.raises(runs.LongerRunError, match=r"up to step 8\) and no checkpoint of step 5"):
+        loop.fit(str(tmp_path))
+    assert _snapshot(tmp_path) == before
+    _digits("train.keep_checkpoints = 5", "train.train_steps = 10")  # the longer run resumes
+    loop.fit(str(tmp_path))
+    assert json.loads((tmp_path / "metrics.json").read_text())["resumed_from_step"] == 8
+
+
 def test_a_checkpoint_of_another_model_is_refused_not_taken_for_damage(tmp_path):
     """Without gin (the Python API), the restore itself tells another model from damage."""
     from blayers.lab import data as data_lib

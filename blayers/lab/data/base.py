@@ -105,6 +105,31 @@ def standardize(train, *others):
 
 
 def _check_arrays(name, x_train, y_train, x_test, y_test, num_classes, integer_targets):
+    if x_train.shape[1:] != x_test.shape[1:]:
+        raise ValueError(
+            f"Data {name!r}: train features are {x_train.shape[1:]} an example but test "
+            f"features {x_test.shape[1:]} (shapes {x_train.shape} and {x_test.shape})."
+        )
+    if integer_targets:
+        for split, y in (("train", y_train), ("test", y_test)):
+            if y.ndim != 1:
+                hint = (
+                    " (one-hot rows? pass their argmax)"
+                    if y.ndim == 2 and y.shape[1] > 1
+                    else " (pass y.ravel())"
+                    if y.ndim == 2
+                    else ""
+                )
+                raise ValueError(
+                    f"Data {name!r}: {split} labels have shape {y.shape}; a classification "
+                    f"task takes one class index an example, shape (N,){hint}."
+                )
+    elif y_train.shape[1:] != y_test.shape[1:]:
+        raise ValueError(
+            f"Data {name!r}: train targets are {y_train.shape[1:]} an example but test targets "
+            f"{y_test.shape[1:]} (shapes {y_train.shape} and {y_test.shape}); metrics would "
+            "compare the predictions with targets of another width."
+        )
     for split, x, y in (("train", x_train, y_train), ("test", x_test, y_test)):
         if len(x) == 0:
             raise ValueError(f"Data {name!r}: the {split} split is empty.")
@@ -161,6 +186,18 @@ def from_arrays(
         y_test = np.asarray(y_test, np.float32).reshape(len(y_test), -1)
         target_dim = y_train.shape[1]
     _check_arrays(name, x_train, y_train, x_test, y_test, num_classes, task.integer_targets)
+    shifted = {"ood": ood, **{f"corrupted[{k!r}]": x for k, x in (corrupted or {}).items()}}
+    for what, x in shifted.items():
+        if x is not None and np.shape(x)[1:] != x_train.shape[1:]:
+            raise ValueError(
+                f"Data {name!r}: {what} features are {np.shape(x)[1:]} an example, the train "
+                f"features {x_train.shape[1:]}."
+            )
+        if what != "ood" and len(x) != len(x_test):
+            raise ValueError(
+                f"Data {name!r}: {what} has {len(x)} examples; it shifts the test split's "
+                f"{len(x_test)} (same rows, same labels)."
+            )
     ood_ds = None
     if ood is not None:
         ood_ds = tf.data.Dataset.from_tensor_slices(np.asarray(ood, np.float32))

@@ -116,11 +116,13 @@ def main(argv):
 
 
 if __name__ == "__main__":
-    from absl import app, flags
+    from absl import flags
+
+    from blayers.lab import cli_env
 
     flags.DEFINE_string("root", None, "Folder to fill with the data-set folders.", required=True)
     flags.DEFINE_string(
         "datasets", None, f"Comma-separated names (default: all of {UCI_DATASETS})."
     )
     flags.DEFINE_string("url", UCI_DATASETS_URL, "Where the `UCI_Datasets` folder is served.")
-    app.run(main)
+    cli_env.run_app(main, __doc__)

@@ -15,6 +15,7 @@ __all__ = [
     "CheckpointMismatchError",
     "Checkpointer",
     "History",
+    "LongerRunError",
     "RunDir",
     "RunLock",
     "RunLockedError",
@@ -24,7 +25,7 @@ __all__ = [
     "train_seconds",
 ]
 
-_CHECKPOINTER = ("CheckpointMismatchError", "Checkpointer", "SaverState")
+_CHECKPOINTER = ("CheckpointMismatchError", "Checkpointer", "LongerRunError", "SaverState")
 
 
 def __getattr__(name):

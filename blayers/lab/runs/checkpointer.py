@@ -43,6 +43,10 @@ class CheckpointMismatchError(ValueError):
     """The folder's checkpoint is intact but belongs to another model."""
 
 
+class LongerRunError(CheckpointMismatchError):
+    """The folder's checkpoints are past the requested length, and none is of that step."""
+
+
 def _quarantine(prefix):
     for path in glob.glob(prefix + ".*"):
         if not path.endswith(".damaged"):
@@ -143,19 +147,42 @@ class Checkpointer:
         return prefix
 
     def save_unless_current(self, step):
-        """Saves unless the newest checkpoint is of `step` already (a finished run re-run)."""
-        if self.latest_step() != int(step):
+        """Saves unless a checkpoint of `step` is on disk already (a finished run re-run)."""
+        steps = {checkpoint_number(p) for p in checkpoint_prefixes(self.directory)}
+        if int(step) not in steps:
             self.save(step)
 
-    def restore(self):
+    def restore(self, max_step=None):
         """Restores the newest intact checkpoint; returns its prefix, or None when there is none.
 
         Damaged checkpoints are skipped with a warning and renamed `*.damaged`, never deleted;
-        the state file is rewritten to list the intact ones."""
+        the state file is rewritten to list the intact ones.
+
+        Args:
+          max_step: the run's requested length. Checkpoints past it (a longer run in the same
+            folder, stopped early) are left alone, and the one of exactly `max_step` is
+            restored: evaluating a later model as this length's would misstate it. Without
+            one, `LongerRunError` names both lengths and nothing is touched.
+        """
         if not os.path.isdir(self.directory):
             return None
-        restored, intact = None, []
-        for prefix in checkpoint_prefixes(self.directory):
+        prefixes = checkpoint_prefixes(self.directory)
+        later = []
+        if max_step is not None:
+            later = [p for p in prefixes if checkpoint_number(p) > max_step]
+            prefixes = [p for p in prefixes if checkpoint_number(p) <= max_step]
+            if later and not any(checkpoint_number(p) == max_step for p in prefixes):
+                raise LongerRunError(
+                    f"{os.path.dirname(self.directory)} holds a longer run (checkpoints up to "
+                    f"step {checkpoint_number(later[0])}) and no checkpoint of step {max_step}, "
+                    f"the length asked for (train.train_steps = {max_step}); its kept "
+                    f"checkpoints: {', '.join(os.path.basename(p) for p in later + prefixes)}. "
+                    "Scoring the later model as this length would misstate it: nothing in the "
+                    "folder was changed. Ask for a length at or past the newest checkpoint, or "
+                    "use a new --model_dir."
+                )
+        restored, intact = None, list(later)
+        for prefix in prefixes:
             if restored is None:
                 try:
                     self.state.read(prefix)

@@ -13,7 +13,10 @@ report and the experiments read and write a run only through it.
       *.png                 the learner's plots
 """
 
+import contextlib
 import os
+
+from absl import logging
 
 from blayers.lab.runs import files
 from blayers.lab.runs.files import checkpoint_prefixes
@@ -52,6 +55,34 @@ def _current_bindings():
         for param, value in params.items():
             out[f"{prefix}.{param}"] = repr(value)
     return out
+
+
+def _operative_bindings(path):
+    """`{'selector.param': value text}` of the parameters an `operative_config.gin` records
+    (in `_current_bindings`' form), or None when it is missing or does not parse. Parsed
+    without running anything: gin's parser alone runs no imports."""
+    import gin
+    from gin import config_parser
+
+    try:
+        with open(path) as f:
+            text = f.read()
+        statements = list(
+            config_parser.ConfigParser(text, gin.config.ParserDelegate(skip_unknown=True))
+        )
+    except Exception:  # noqa: BLE001 - any failure means the record cannot be used
+        return None
+    out = {}
+    for statement in statements:
+        if type(statement).__name__ != "BindingStatement":
+            continue
+        if not statement.arg_name:  # a macro, as gin keeps it: `seed/macro.value`
+            out[f"{statement.selector}/macro.value"] = repr(statement.value)
+            continue
+        name = statement.selector.split(".")[-1]
+        prefix = f"{statement.scope}/{name}" if statement.scope else name
+        out[f"{prefix}.{statement.arg_name}"] = repr(statement.value)
+    return out or None
 
 
 class RunDir:
@@ -107,22 +138,58 @@ class RunDir:
         """A LOCK file exists (a live trainer, or a dead one's that the next run takes over)."""
         return os.path.exists(self.file(self.LOCK))
 
+    @contextlib.contextmanager
     def lock(self):
-        """The run lock (a context manager); makes the folder."""
+        """The run lock (a context manager); makes the folder, and removes it again when the
+        run fails before writing anything into it (a bad binding, bad data): a refused run
+        leaves no empty `model_dir` that a sweep or the report would take for a run."""
+        existed = os.path.isdir(self.path)
         os.makedirs(self.path, exist_ok=True)
-        return files.RunLock(self.path)
+        try:
+            with files.RunLock(self.path) as lock:
+                yield lock
+        except BaseException:
+            if not existed:
+                with contextlib.suppress(OSError):
+                    os.rmdir(self.path)  # only while empty
+            raise
 
     def check_bindings(self, resumable=()):
         """Refuses to resume a run (it has checkpoints) with gin bindings other than those it
         was started with (`bindings.json`): a restored optimizer would silently ignore a new
         learning rate, a restored model a new width, and the operative config would misstate
-        the run. Only the bindings in `resumable` (lengths, cadences) may change. Touches
-        nothing; call it before restoring."""
-        previous = files.read_json(self.file(self.BINDINGS))
+        the run. Only the bindings in `resumable` (lengths, cadences) may change. When
+        `bindings.json` is missing or unreadable (damaged), the bindings the run recorded in
+        `operative_config.gin` are checked instead; with neither, the resume is refused.
+        Touches nothing; call it before restoring."""
         prefixes = checkpoint_prefixes(self.file(self.CHECKPOINTS))
-        if not prefixes or previous is None:
+        if not prefixes:
             return
         current = _current_bindings()
+        previous = files.read_json(self.file(self.BINDINGS))
+        source = self.BINDINGS
+        if not isinstance(previous, dict):
+            recorded = _operative_bindings(self.file(self.OPERATIVE_CONFIG))
+            if recorded is None:
+                raise ChangedBindingsError(
+                    f"{self.path} holds a run (checkpoint {os.path.basename(prefixes[0])}) whose "
+                    f"{self.BINDINGS} and {self.OPERATIVE_CONFIG} are both missing or "
+                    "unreadable, so a resume cannot check that its gin bindings are the run's "
+                    "(a changed learning rate or width would be silently ignored). Nothing in "
+                    "the folder was changed. Use a new --model_dir, or restore one of the two "
+                    "files."
+                )
+            logging.warning(
+                "%s is missing or unreadable; checking the resume's bindings against the "
+                "run's %s instead.",
+                self.file(self.BINDINGS),
+                self.OPERATIVE_CONFIG,
+            )
+            # The operative config lists every parameter used (defaults too): compare what
+            # both name, and a binding it lacks against the default it recorded (none: unused).
+            previous = {k: v for k, v in recorded.items() if k in current}
+            current = {k: v for k, v in current.items() if k in recorded}
+            source = self.OPERATIVE_CONFIG
         changed = sorted(
             key
             for key in set(previous) | set(current)
@@ -135,7 +202,8 @@ class RunDir:
             ]
             raise ChangedBindingsError(
                 f"{self.path} holds a run (checkpoint {os.path.basename(prefixes[0])}) trained "
-                "with other gin bindings; resuming would not apply these changes:\n  "
+                f"with other gin bindings (its {source}); resuming would not apply these "
+                "changes:\n  "
                 + "\n  ".join(lines)
                 + "\nNothing in the folder was changed. Use a new --model_dir, or the original "
                 "bindings."
