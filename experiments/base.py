@@ -87,7 +87,7 @@ class Experiment:
         )
         rows = self.summarize(root, results)
         if stopped:
-            sweep.exit_stopped(root)
+            sweep.exit_stopped(root, stopped)
         return rows
 
     def define_flags(self):

@@ -718,7 +718,7 @@ def run_experiment(
         write_tables(rows, root)
     sweep.write_experiment_record(root, methods=list(methods), gin_param=list(gin_params))
     if stopped:
-        sweep.exit_stopped(root)
+        sweep.exit_stopped(root, stopped)
     return rows
 
 

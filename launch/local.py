@@ -128,7 +128,7 @@ class _Run:
         done = finished(self.model_dir)
         if code == 0 and done:
             self.result = (self.name, self.bindings, "finished", done["final"])
-        elif code in (-signal.SIGTERM, 130, -signal.SIGINT):
+        elif code in (-signal.SIGTERM, 130, 143, -signal.SIGINT):
             status = stopped_status(self.model_dir)
             self.result = (self.name, self.bindings, status, {})
         else:
@@ -137,11 +137,21 @@ class _Run:
         return True
 
 
+class SweepStopped(KeyboardInterrupt):
+    """A Ctrl-C or SIGTERM stopped the sweep (its trainers checkpointed); `signal` is its
+    number."""
+
+    def __init__(self, signum):
+        super().__init__(f"Stopped by signal {signum}.")
+        self.signal = signum
+
+
 class _Stop:
     """Ctrl-C or SIGTERM of the sweep: stop starting runs and SIGTERM the running ones."""
 
     def __init__(self):
         self.requested = False
+        self.signal = None  # the first signal's number
 
     def __enter__(self):
         self._previous = {
@@ -151,6 +161,7 @@ class _Stop:
 
     def _handle(self, signum, frame):
         self.requested = True
+        self.signal = self.signal or signum
 
     def __exit__(self, *exc):
         for signum, previous in self._previous.items():
@@ -162,7 +173,8 @@ def run_grid(planned, args):
     """Runs `[(run_name, {binding: value text})]` as trainer subprocesses, `args.parallel` at
     a time, each in `args.root/run_name` with `args.gin_file` and `args.gin_param`; finished
     runs are skipped. Returns `([(run, bindings, status, final metrics)], stopped)`, `stopped`
-    true when a Ctrl-C or SIGTERM stopped (and checkpointed) the runs."""
+    the number of the signal (Ctrl-C's SIGINT or SIGTERM) that stopped (and checkpointed) the
+    runs, else None."""
     runs = [_Run(name, bindings, args) for name, bindings in planned]
     os.makedirs(args.root, exist_ok=True)
     pending = [r for r in runs if r.result is None]
@@ -195,4 +207,4 @@ def run_grid(planned, args):
         run_.result = (run_.name, run_.bindings, "not started (sweep stopped)", {})
     results = [r.result for r in runs]
     write_hparams(results, args.root)
-    return results, stop.requested
+    return results, stop.signal if stop.requested else None

@@ -278,15 +278,15 @@ def run_grid(planned, args):
             verbose=0,
         ),
     )
-    stopped, grid = False, None
+    stopped, grid = None, None
     # Ctrl-C and SIGTERM interrupt `fit` here (not Tune's own Ctrl-C handling, which leaves
     # the trainers to be killed), and the trials checkpoint their trainers.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         grid = tuner.fit()
-    except KeyboardInterrupt:
-        stopped = True
+    except KeyboardInterrupt as error:  # Ctrl-C (SIGINT), or SIGTERM through `_interrupt`
+        stopped = getattr(error, "signal", signal.SIGINT)
         _stop_trials(stop_file, specs)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -359,7 +359,9 @@ def _end_local_ray(ray, folder, grace=10.0):
 
 
 def _interrupt(signum, frame):
-    raise KeyboardInterrupt
+    from launch.local import SweepStopped
+
+    raise SweepStopped(signum)
 
 
 def _stop_trials(stop_file, specs, limit=300.0):

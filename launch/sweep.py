@@ -76,7 +76,7 @@ def run_sweep(args):
     markdown = write_results_table(rows, names, args.root, DEFAULT_COLUMNS)
     print("\n" + markdown)
     if stopped:
-        raise KeyboardInterrupt
+        raise local.SweepStopped(stopped)
     return rows
 
 
@@ -128,16 +128,17 @@ def run_experiment_grid(
     return results, stopped
 
 
-def exit_stopped(root):
-    """Ends an experiment script that a Ctrl-C or SIGTERM stopped: one line, exit status 130
-    (as a shell reports an interrupted command), no traceback."""
+def exit_stopped(root, signum=None):
+    """Ends an experiment script that a Ctrl-C or SIGTERM stopped: one line, no traceback, and
+    the shell's status for that signal (130 for Ctrl-C, 143 for SIGTERM)."""
     print(
         f"Stopped: the running trainers checkpointed under {root}; re-run the same command to "
         "resume (finished runs are skipped).",
         file=sys.stderr,
         flush=True,
     )
-    raise SystemExit(130)
+    number = signum if isinstance(signum, int) and not isinstance(signum, bool) else 2
+    raise SystemExit(128 + int(number))
 
 
 def main(argv=None):
@@ -223,8 +224,13 @@ def main(argv=None):
         parser.error(str(error))
     try:
         rows = run_sweep(args)
-    except KeyboardInterrupt:
-        return 130
+    except KeyboardInterrupt as stopped:  # one line, the status of the signal that stopped it
+        print(
+            f"Stopped: the running trainers checkpointed under {args.root}; re-run the same "
+            "command to resume (finished runs are skipped).",
+            file=sys.stderr,
+        )
+        return 128 + int(getattr(stopped, "signal", 2))
     return exit_code(rows)
 
 

@@ -44,7 +44,16 @@ from blayers.lab import runs
 from blayers.lab import strategy as strategy_lib
 from blayers.lab.runs import train_seconds  # re-exported: the Loop's metrics report it
 
-__all__ = ["Context", "Loop", "NonFiniteLossError", "StopRequest", "fit", "train", "train_seconds"]
+__all__ = [
+    "Context",
+    "Loop",
+    "NonFiniteLossError",
+    "StopRequest",
+    "Stopped",
+    "fit",
+    "train",
+    "train_seconds",
+]
 
 # Bindings a resumed run may change: they steer the loop, not the model or its optimization.
 RESUMABLE_BINDINGS = tuple(
@@ -70,10 +79,21 @@ class NonFiniteLossError(FloatingPointError):
     """The training loss became NaN or infinite; the message names the step and the culprit."""
 
 
+class Stopped(KeyboardInterrupt):
+    """A signal stopped the run after its checkpoint; `signal` is the signal's number (the
+    command line exits `128 + signal`: 130 for Ctrl-C, 143 for SIGTERM)."""
+
+    def __init__(self, signum, step):
+        super().__init__(f"Stopped by signal {signum} at step {step}; checkpoint saved.")
+        self.signal, self.step = signum, step
+
+
 class StopRequest:
-    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current step,
-    so the checkpoint is written outside any TensorFlow call; a second Ctrl-C interrupts at
-    once."""
+    """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current
+    call, so the checkpoint is written outside any TensorFlow call. Later signals while it
+    stops are absorbed (a sweep forwards SIGTERM to trainers that the terminal's Ctrl-C already
+    reached: it must not cut the stop checkpoint), except a second Ctrl-C after a Ctrl-C,
+    which interrupts at once."""
 
     def __init__(self):
         self.requested = False
@@ -81,8 +101,10 @@ class StopRequest:
         self._previous = {}
 
     def _handle(self, signum, frame):
-        self.requested, self.signal = True, signum
-        signal.signal(signum, self._previous[signum])
+        if self.requested and signum == signal.SIGINT == self.signal:
+            raise KeyboardInterrupt  # Ctrl-C twice: the user wants out now
+        if not self.requested:
+            self.requested, self.signal = True, signum
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():
@@ -205,14 +227,9 @@ class Loop:
                     while learner.step < self.train_steps and not self.stop.requested:
                         learner.collect()
                         self._phase()
-                if self.stop.requested:
-                    self.save()
-                    logging.warning(
-                        "Stopped by signal %s at step %d; checkpoint saved, re-run to resume.",
-                        self.stop.signal,
-                        learner.step,
-                    )
-                    raise KeyboardInterrupt
+                    if self.stop.requested:  # saved while the handlers still absorb signals
+                        self.save()
+                        raise Stopped(self.stop.signal, learner.step)
                 learner.before_save()
                 self.checkpointer.save_unless_current(learner.step)
                 metrics, arrays = self.evaluate()

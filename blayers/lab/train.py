@@ -105,13 +105,22 @@ def _set_command():
 
 
 def _train_and_report(train_fn):
-    """Runs `train_fn()` and prints its final metrics; a failure becomes a logged error and an
-    exit code: 3 a non-finite loss, 4 a locked run folder, changed bindings on resume or a
+    """Runs `train_fn()` and prints its final metrics; a stop or a failure becomes one line and
+    an exit code: 130 or 143 stopped by Ctrl-C or SIGTERM (checkpoint saved), 3 a non-finite
+    loss, 4 a locked run folder, changed bindings on resume or a
     folder of another model, 2 a bad argument found while building (a binding, a shape)."""
-    from blayers.lab import runs
+    from blayers.lab import loop, runs
 
     try:
         metrics = train_fn()
+    except loop.Stopped as stopped:  # one line, and the shell's status for that signal
+        print(
+            f"Stopped by signal {stopped.signal} at step {stopped.step}; checkpoint saved in "
+            f"{FLAGS.model_dir}. Re-run the same command to resume.",
+            file=sys.stderr,
+            flush=True,
+        )
+        sys.exit(128 + int(stopped.signal))
     except FloatingPointError as error:  # the Loop's NonFiniteLossError
         logging.error("%s", error)
         sys.exit(3)

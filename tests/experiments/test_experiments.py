@@ -556,12 +556,19 @@ def test_a_stopped_experiment_exits_130_without_a_traceback(capsys):
     assert info.value.code == 130
     err = capsys.readouterr().err
     assert err.count("Stopped") == 1 and "re-run the same command" in err
+    with pytest.raises(SystemExit) as info:
+        sweep.exit_stopped("runs/x", 15)  # SIGTERM
+    assert info.value.code == 143
 
 
 @pytest.mark.slow
-def test_cox_experiment_on_sigterm_reports_each_run_once_and_exits_cleanly(tmp_path):
-    """SIGTERM to the Cox process experiment: each running trainer checkpoints, its status is
-    printed once, the script exits with 130 and no traceback."""
+@pytest.mark.parametrize("how", ["sigterm", "ctrl_c"])
+def test_cox_experiment_on_sigterm_reports_each_run_once_and_exits_cleanly(tmp_path, how):
+    """SIGTERM to the Cox process experiment, or a terminal's Ctrl-C (SIGINT to the whole
+    process group, then the sweep's forwarded SIGTERM): each running trainer checkpoints and
+    releases its LOCK, its status is printed once, the script exits with 143 or 130 and no
+    traceback."""
+    import os
     import signal
     import time
 
@@ -577,16 +584,25 @@ def test_cox_experiment_on_sigterm_reports_each_run_once_and_exits_cleanly(tmp_p
         f"--root={tmp_path}",
     ]
     process = subprocess.Popen(
-        command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        command,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # its own process group, as a terminal gives it
     )
     deadline = time.time() + 240
     while time.time() < deadline and not list(tmp_path.glob("*/checkpoints/ckpt-*.index")):
         time.sleep(0.5)
-    process.send_signal(signal.SIGTERM)
+    if how == "sigterm":
+        process.send_signal(signal.SIGTERM)
+    else:
+        os.killpg(process.pid, signal.SIGINT)
     output, _ = process.communicate(timeout=180)
-    assert process.returncode == 130, output[-3000:]
+    assert process.returncode == (143 if how == "sigterm" else 130), output[-3000:]
     assert "Traceback" not in output and "KeyboardInterrupt" not in output
     assert output.count("stopped (checkpointed") == 1, output[-3000:]
+    assert not list(tmp_path.glob("*/LOCK"))
 
 
 def test_uci_training_time_sums_every_finished_run_s_history(tmp_path):

@@ -53,7 +53,14 @@ def test_unknown_parameter_fails_with_file_and_line(tmp_path):
     assert result.returncode == 2 and "hiden_units" in result.stderr
 
 
-def test_interrupted_run_resumes_where_it_stopped(tmp_path):
+@pytest.mark.parametrize(
+    ("signals", "status"),
+    [((signal.SIGINT,), 130), ((signal.SIGTERM,), 143), ((signal.SIGINT, signal.SIGTERM), 130)],
+    ids=["sigint", "sigterm", "ctrl_c_then_the_sweeps_sigterm"],
+)
+def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
+    """Ctrl-C exits 130 and SIGTERM 143, with one line and no traceback, the LOCK released
+    and the checkpoint whole, also when the sweep's SIGTERM follows the terminal's Ctrl-C."""
     model_dir = tmp_path / "run"
     args = [
         "blayers.train",
@@ -78,10 +85,14 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path):
     ):
         time.sleep(0.5)
     time.sleep(1.0)
-    process.send_signal(signal.SIGINT)
+    for signum in signals:
+        process.send_signal(signum)
+        time.sleep(0.05)
     output, _ = process.communicate(timeout=120)
-    assert process.returncode != 0, output
-    assert "checkpoint saved" in output
+    assert process.returncode == status, output
+    assert output.count("checkpoint saved") == 1, output
+    assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
+    assert not (model_dir / "LOCK").exists()
     steps = sorted(
         int(p.name.split("-")[1].split(".")[0])
         for p in (model_dir / "checkpoints").glob("ckpt-*.index")
@@ -266,7 +277,7 @@ def test_stopping_a_sweep_stops_and_checkpoints_its_trainers(tmp_path, how, back
     if not (backend == "ray" and how == "kill9"):  # there a dead trainer's lock may stay
         assert _wait_for(lambda: not (run_dir / "LOCK").exists(), limit=10)  # (taken over)
     if how == "sigterm":
-        assert sweep.returncode == 130
+        assert sweep.returncode == 143  # the shell's status for SIGTERM
         assert "stopped (checkpointed" in (root / "results.md").read_text()
         assert not (root / "STOP").exists()
 
