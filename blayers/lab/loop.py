@@ -38,7 +38,6 @@ import gin
 import keras
 import numpy as np
 import tensorflow as tf
-from absl import logging
 
 from blayers.lab import runs
 from blayers.lab import strategy as strategy_lib
