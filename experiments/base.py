@@ -123,6 +123,13 @@ class Experiment:
                 self.run(FLAGS.root, gin_file, FLAGS.gin_param, FLAGS.parallel, **self.options())
             except GinImportsRefused as error:
                 raise app.UsageError(str(error)) from None
+            if sweep.FAILED_RUNS:  # named as they ended; the status says the call failed
+                print(
+                    f"{len(sweep.FAILED_RUNS)} run(s) failed (each folder's log.txt says why); "
+                    "the tables hold the others.",
+                    file=sys.stderr,
+                )
+                sys.exit(1)
 
         cli_env.run_app(run, sys.modules[type(self).__module__].__doc__)
 

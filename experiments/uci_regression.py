@@ -729,6 +729,11 @@ def checked_uci_dir(uci_dir, datasets):
         raise app.UsageError(f"--uci_dir is required. {LAYOUT}")
     uci_dir = os.path.expanduser(uci_dir)  # `--uci_dir=~/data/uci`: no shell expands that ~
     for dataset in datasets:
+        if not re.fullmatch(r"[\w.+-]+", dataset) or set(dataset) == {"."}:
+            raise app.UsageError(
+                f"--datasets: {dataset!r} is not a data set's folder name (letters, digits, "
+                "'.', '-', '_'; no path): each names a folder in --uci_dir."
+            )
         try:
             uci_num_splits(dataset, uci_dir)
         except ValueError as error:

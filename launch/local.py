@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from launch.results import finished, stopped_status, write_hparams
+from launch.results import elsewhere_status, finished, stopped_status, write_hparams
 
 __all__ = [
     "THREAD_VARIABLES",
@@ -95,18 +95,50 @@ def trainer_command(model_dir, bindings, args):
     return command
 
 
+def run_folder(root, run_name):
+    """`root/run_name`, refused (ValueError) when the name leaves `root` (`../x`, `/abs`): a
+    sweep writes nothing outside its root."""
+    folder = os.path.join(root, run_name)
+    inside = os.path.normpath(os.path.abspath(root))
+    if os.path.commonpath([inside, os.path.normpath(os.path.abspath(folder))]) != inside or (
+        os.path.normpath(os.path.abspath(folder)) == inside
+    ):
+        raise ValueError(
+            f"The run name {run_name!r} leaves the root {root!r} ({folder}); a run's folder "
+            "must be inside it."
+        )
+    return folder
+
+
 class _Run:
     """One trainer subprocess of the grid, its log in `model_dir/log.txt`."""
 
     def __init__(self, run_name, bindings, args):
         self.name, self.bindings = run_name, bindings
-        self.model_dir = os.path.join(args.root, run_name)
+        self.model_dir = run_folder(args.root, run_name)
         self.process, self.result = None, None
         done = finished(self.model_dir, trainer_command(self.model_dir, bindings, args))
         if done:
             self.result = (run_name, bindings, "skipped (finished)", done["final"])
 
+    def held_elsewhere(self):
+        """The holder of the run's LOCK when another live process trains it, else None."""
+        from blayers.lab.runs import RunDir
+
+        return RunDir(self.model_dir).held_elsewhere()
+
+    def settle(self):
+        """A run left to another process: its result once that one finished it."""
+        if self.result and self.result[2].startswith("running elsewhere"):
+            done = finished(self.model_dir)
+            if done:
+                self.result = (self.name, self.bindings, "finished (elsewhere)", done["final"])
+
     def start(self, args, env=None):
+        holder = self.held_elsewhere()
+        if holder:  # another sweep on this root trains it: not ours to start, nor a failure
+            self.result = (self.name, self.bindings, elsewhere_status(holder), {})
+            return False
         os.makedirs(self.model_dir, exist_ok=True)
         command = trainer_command(self.model_dir, self.bindings, args)
         log = open(os.path.join(self.model_dir, "log.txt"), "a")  # noqa: SIM115 - child holds it
@@ -120,6 +152,7 @@ class _Run:
             preexec_fn=die_with_parent,  # noqa: PLW1509 - the sweep starts no threads
         )
         log.close()
+        return True
 
     def poll(self):
         code = self.process.poll()
@@ -131,6 +164,8 @@ class _Run:
         elif code in (-signal.SIGTERM, 130, 143, -signal.SIGINT):
             status = stopped_status(self.model_dir)
             self.result = (self.name, self.bindings, status, {})
+        elif code == 4 and self.held_elsewhere():  # it lost the lock to another sweep's
+            self.result = (self.name, self.bindings, elsewhere_status(self.held_elsewhere()), {})
         else:
             status = f"failed (exit {code}, see {self.model_dir}/log.txt)"
             self.result = (self.name, self.bindings, status, {})
@@ -175,6 +210,8 @@ def run_grid(planned, args):
     runs are skipped. Returns `([(run, bindings, status, final metrics)], stopped)`, `stopped`
     the number of the signal (Ctrl-C's SIGINT or SIGTERM) that stopped (and checkpointed) the
     runs, else None."""
+    for name, _ in planned:  # every name, before anything starts
+        run_folder(args.root, name)
     runs = [_Run(name, bindings, args) for name, bindings in planned]
     os.makedirs(args.root, exist_ok=True)
     pending = [r for r in runs if r.result is None]
@@ -190,8 +227,10 @@ def run_grid(planned, args):
         while pending or running:
             while pending and len(running) < max(args.parallel, 1) and not stop.requested:
                 run_ = pending.pop(0)
-                run_.start(args, env)
-                running.append(run_)
+                if run_.start(args, env):
+                    running.append(run_)
+                else:
+                    print(f"  {run_.name}: {run_.result[2]}", flush=True)
             if stop.requested and running and not getattr(stop, "forwarded", False):
                 print("Stopping: SIGTERM to every running trainer (they checkpoint).", flush=True)
                 for run_ in running:
@@ -205,6 +244,8 @@ def run_grid(planned, args):
             time.sleep(0.1)
     for run_ in pending:
         run_.result = (run_.name, run_.bindings, "not started (sweep stopped)", {})
+    for run_ in runs:
+        run_.settle()
     results = [r.result for r in runs]
     write_hparams(results, args.root)
     return results, stop.signal if stop.requested else None

@@ -215,7 +215,7 @@ def trial_specs(planned, args, root, metric):
     trainer's TensorFlow pools (`--cpus_per_run`, not every core of the node)."""
     specs = []
     for name, bindings in planned:
-        model_dir = os.path.join(root, name)
+        model_dir = local.run_folder(root, name)
         specs.append(
             {
                 "name": name,

@@ -15,6 +15,7 @@ from blayers.lab.runs.files import read_json
 __all__ = [
     "DEFAULT_COLUMNS",
     "SUCCESS_STATUSES",
+    "elsewhere_status",
     "exit_code",
     "finished",
     "mean_se",
@@ -147,10 +148,18 @@ def _experiment_argv():
 
 # A run that ends in one of these did what was asked: an early stop by the scheduler is its
 # verdict on the run, not a failure.
-SUCCESS_STATUSES = ("finished", "skipped", "stopped early")
+SUCCESS_STATUSES = ("finished", "skipped", "stopped early", "running elsewhere")
+
+
+def elsewhere_status(holder):
+    """The table's status of a run another process is training (another sweep on the root)."""
+    return (
+        f"running elsewhere (PID {holder.get('pid')} on {holder.get('host')}; its result "
+        "lands in the run folder)"
+    )
 
 
 def exit_code(rows):
-    """0 when every run finished, was skipped or was stopped early by the scheduler; 1 when
-    any failed (or did not start)."""
+    """0 when every run finished, was skipped, was stopped early by the scheduler or is being
+    trained by another process; 1 when any failed (or did not start)."""
     return 0 if all(status.startswith(SUCCESS_STATUSES) for _, _, status, _ in rows) else 1

@@ -19,6 +19,7 @@ This module is the command line and the experiments' entry (`run_experiment_grid
 """
 
 import argparse
+import os
 import sys
 
 from launch import local
@@ -83,6 +84,8 @@ def run_sweep(args):
 # `--refuse_gin_imports` of an experiment's command line: every grid it runs checks its gin
 # files and bindings first and passes the flag to its trainers.
 REFUSE_GIN_IMPORTS = False
+# The runs of this process's experiment grids that failed (the script's exit status is 1).
+FAILED_RUNS = []
 
 
 def check_gin_imports(gin_files, gin_params, planned=()):
@@ -125,6 +128,7 @@ def run_experiment_grid(
     for name, _, status, _ in results:
         if status.startswith("failed"):
             print(f"{name}: {status}", file=sys.stderr)
+            FAILED_RUNS.append(os.path.join(root, name))
     return results, stopped
 
 
@@ -218,6 +222,8 @@ def main(argv=None):
         parser.error("--num_samples must be at least 1.")
     try:
         planned, _ = plan_sweep(args)
+        for name, _ in planned:  # a name that leaves --root, before anything starts
+            local.run_folder(args.root, name)
         if args.refuse_gin_imports:
             check_gin_imports(args.gin_file, args.gin_param, planned)
     except ValueError as error:

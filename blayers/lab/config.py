@@ -58,16 +58,43 @@ _KERAS_LAYER_KWARGS = {
 }
 
 
-def _binding_location(files, selector, param):
-    """`file:line` of the first line binding `selector.param` (for error messages)."""
+# The files and bindings of the last `parse`, to name a binding in a later error.
+_PARSED = {"files": [], "gin_params": []}
+
+
+def _binding_location(files, selector, param, gin_params=None):
+    """Where `selector.param` is bound, as gin applies it: the last `--gin_param` that binds it,
+    else the last line of the files (includes expanded) that does (for error messages)."""
     short = selector.split(".")[-1]
     pattern = re.compile(rf"^\s*(\S+/)?([\w.]*\.)?{re.escape(short)}\.{re.escape(param)}\s*=")
-    for path in files:
+    for number, binding in reversed(list(enumerate(gin_params or (), 1))):
+        if pattern.match(binding):
+            return f"In --gin_param #{number} {binding.strip()!r}"
+    found = None
+    for path in gin_files_lib.expanded_files(files):
         with open(path) as f:
             for number, line in enumerate(f, 1):
                 if pattern.match(line):
-                    return f'In file "{path}", line {number}'
-    return "In a --gin_param binding"
+                    found = f'In file "{path}", line {number}: {line.strip()}'
+    return found or "In a --gin_param binding"
+
+
+def bindings_in_error(error):
+    """The gin bindings of the configurables an error's call chain names (gin appends `In call
+    to configurable 'mlp'` lines), the innermost two (not the root `train`), each with its file and line: a value
+    that fails deep in a layer is traced back to the binding that set it. Empty when the
+    chain names no bound parameter."""
+    names = re.findall(r"In call to configurable '([^']+)'", str(error))
+    names = [n for n in names if n != "train"][:2]  # the failing call and its caller
+    lines = []
+    for name in names:
+        for (scope, selector), params in gin.config._CONFIG.items():
+            if selector.split(".")[-1] != name.split(".")[-1] or scope:
+                continue
+            for param, value in params.items():
+                where = _binding_location(_PARSED["files"], selector, param, _PARSED["gin_params"])
+                lines.append(f"{name}.{param} = {value!r}  ({where})")
+    return lines
 
 
 def _accepted_parameters(fn_or_cls):
@@ -112,7 +139,8 @@ def validate_bindings(files=()):
             if param not in accepted:
                 raise ValueError(
                     f"Unknown parameter '{param}' of {configurable_.name}; it takes "
-                    f"{sorted(accepted)}.\n  {_binding_location(files, selector, param)}"
+                    f"{sorted(accepted)}.\n  "
+                    f"{_binding_location(files, selector, param, _PARSED['gin_params'])}"
                 )
 
 
@@ -134,11 +162,15 @@ def _quiet_gin_search():
         root.removeFilter(quiet)
 
 
-def _first_unparsable(paths):
-    """The first file that does not tokenize, with the line of its unclosed bracket."""
+def _first_unparsable(paths, gin_params=()):
+    """The first file (or binding) that does not tokenize, with the line of its unclosed
+    bracket."""
+    texts = []
     for path in paths:
         with open(path) as f:
-            text = f.read()
+            texts.append((path, f.read()))
+    texts += [(f"--gin_param #{n}", text) for n, text in enumerate(gin_params, 1)]
+    for path, text in texts:
         opened = []  # lines of the brackets still open
         try:
             for token in tokenize.generate_tokens(io.StringIO(text).readline):
@@ -149,7 +181,49 @@ def _first_unparsable(paths):
         except tokenize.TokenError as error:
             line = opened[-1] if opened else error.args[1][0]
             return f"{path}, line {line}: {text.splitlines()[line - 1].strip()!r}"
-    return "none (a --gin_param binding)"
+    return "none alone"
+
+
+def _unclosed_bracket(text, before_line):
+    """`(line, text)` of the outermost bracket still open when `before_line` starts, or None."""
+    opened = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if token.start[0] >= before_line:
+                break
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append(token.start[0])
+            elif token.type == tokenize.OP and token.string in ")]}" and opened:
+                opened.pop()
+    except tokenize.TokenError:
+        pass
+    if not opened:
+        return None
+    return opened[0], text.splitlines()[opened[0] - 1].strip()
+
+
+def _syntax_error(error, paths, gin_params):
+    """One message for gin's SyntaxError: its file and line, and, when a bracket opened on an
+    earlier line was never closed (gin then fails on the next binding), that line."""
+    where, line = error.filename, error.lineno or 0
+    message = str(error.msg if hasattr(error, "msg") else error).strip()
+    message = [part.strip() for part in message.splitlines() if part.strip()][-1:] or [""]
+    message = message[0]  # gin's own words; the ast module's line before them says nothing
+    text = None
+    if where and os.path.isfile(where):
+        with open(where) as f:
+            text = f.read()
+    elif len(gin_params) == 1 or (where and where in gin_params):
+        text, where = gin_params[-1], "a --gin_param binding"
+    head = f'In file "{where}", line {line}' if os.path.isfile(where or "") else f"In {where}"
+    shown = (error.text or "").strip()
+    lines = [f"{head}: {message}" + (f": {shown}" if shown else "")]
+    unclosed = text and _unclosed_bracket(text, line)
+    if unclosed:
+        lines.append(
+            f"  An unclosed bracket on line {unclosed[0]} runs into line {line}: {unclosed[1]}"
+        )
+    return ValueError("\n".join(lines))
 
 
 def parse(gin_files=(), gin_params=(), refuse_imports=False):
@@ -172,7 +246,10 @@ def parse(gin_files=(), gin_params=(), refuse_imports=False):
             raise ValueError(
                 f"Unbalanced brackets or an unterminated string ({error.args[0]}) in one of "
                 f"{', '.join(paths) or '(no files)'} or the --gin_param bindings; the first "
-                f"file that does not parse alone: {_first_unparsable(paths)}"
+                f"file that does not parse alone: {_first_unparsable(paths, gin_params)}"
             ) from None
+        except SyntaxError as error:  # gin's, with its file and line
+            raise _syntax_error(error, paths, list(gin_params)) from None
+    _PARSED.update(files=list(paths), gin_params=list(gin_params))
     validate_bindings(paths)
     return paths

@@ -113,6 +113,36 @@ def gin_imports(paths, gin_params=()):
     return found
 
 
+def expanded_files(paths):
+    """`paths` with every `include` in place (depth first, each file once), in the order gin
+    parses them: a later file's binding overrides an earlier one's."""
+    out = []
+
+    def visit(path):
+        if path in out:
+            return
+        out.append(path)
+        try:
+            with open(path) as f:
+                statements = _statements(f.read(), path)
+        except (_Unparsable, OSError, UnicodeDecodeError):
+            return
+        for statement in statements:
+            if type(statement).__name__ == "IncludeStatement":
+                beside = os.path.join(os.path.dirname(path), statement.filename)
+                try:
+                    visit(
+                        beside if os.path.exists(beside) else find_config_file(statement.filename)
+                    )
+                except ValueError:
+                    pass
+        out.append(out.pop(out.index(path)))  # after its includes, as gin applies them
+
+    for path in paths:
+        visit(path)
+    return out
+
+
 class GinImportsRefused(ValueError):
     """`--refuse_gin_imports` found an import (or a text it cannot scan)."""
 

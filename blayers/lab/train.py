@@ -131,8 +131,14 @@ def _train_and_report(train_fn):
     ) as error:
         logging.error("%s", error)
         sys.exit(4)
-    except ValueError as error:
-        logging.error("Bad configuration:\n%s", error)
+    except (ValueError, TypeError) as error:
+        from blayers.lab import config
+
+        bindings = config.bindings_in_error(error)
+        if not bindings and isinstance(error, TypeError):
+            raise  # a bug, not a binding: its traceback
+        named = "\nThe gin bindings of the configurables it names:\n  " + "\n  ".join(bindings)
+        logging.error("Bad configuration:\n%s%s", error, named if bindings else "")
         sys.exit(2)
     print(f"\nFinal metrics ({FLAGS.model_dir}):\n{format_metrics(metrics)}")
     print(json.dumps({"model_dir": FLAGS.model_dir, "final": metrics}))

@@ -47,6 +47,11 @@ def test_a_layout_rule_matching_no_dimension_is_refused():
     mesh_graph.check_layout(hparams, 32, mesh, "heads:model;d_ff:model")
     with pytest.raises(ValueError, match=r"haeds:model names no dimension.*heads"):
         mesh_graph.check_layout(hparams, 32, mesh, "haeds:model")
+    # A misspelt mesh dimension would leave the heads unsplit: refused, naming the fix...
+    with pytest.raises(ValueError, match=r"heads:modle .*did you mean heads:model"):
+        mesh_graph.check_layout(hparams, 32, mesh, "heads:modle")
+    # ...while a rule for another mesh's dimension (one layout, several meshes) is not.
+    mesh_graph.check_layout(hparams, 32, mtf.convert_to_shape("batch:2"), "heads:model")
 
 
 def test_a_batch_larger_than_the_data_is_said(caplog):
@@ -322,3 +327,33 @@ def test_the_mesh_and_planet_learners_name_the_layer_of_a_non_finite_step(tmp_pa
     assert supervised.first_non_finite_layer(model) is None
     model.second.kernel.assign(np.full((3, 2), np.inf, "float32"))
     assert supervised.first_non_finite_layer(model) == ("bad", "weight 'subclassed/bad/kernel'")
+
+
+def test_an_unknown_control_task_is_one_line_naming_the_known_ones():
+    pytest.importorskip("dm_control")
+    from blayers.lab.control.env import ControlEnv
+
+    with pytest.raises(ValueError, match=r"no task cheetha-run; its domains are .*cheetah"):
+        ControlEnv(domain="cheetha", task="run", observation="state")
+    with pytest.raises(ValueError, match=r"no task cheetah-rn; cheetah's tasks are run"):
+        ControlEnv(domain="cheetah", task="rn", observation="state")
+
+
+def test_a_bad_binding_is_named_with_its_file_and_line(tmp_path):
+    """An unclosed bracket is blamed on the line that opened it (gin fails on the next line),
+    and a value that fails deep in a layer is traced back to the binding that set it."""
+    from blayers.lab import models
+
+    bad = tmp_path / "unclosed.gin"
+    bad.write_text(
+        "include 'digits_mlp_smoke.gin'\nmlp.hidden_units = (32,\ntrain.train_steps = 3\n"
+    )
+    with pytest.raises(ValueError, match=r"unclosed bracket on line 2 .*hidden_units = \(32,"):
+        config.parse([str(bad)])
+    gin.clear_config()
+    config.parse(["digits_mlp_smoke"], ["mlp.hidden_units = 'abc'"])
+    with pytest.raises(ValueError, match=r"mlp.hidden_units must be the widths") as info:
+        gin.get_configurable(models.mlp)((8,), 3)
+    named = "\n".join(config.bindings_in_error(info.value))
+    assert "mlp.hidden_units = 'abc'  (In --gin_param #1" in named
+    assert 'digits_mlp.gin", line' in named  # the chain's other bindings, from the file

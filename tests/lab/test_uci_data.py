@@ -127,3 +127,50 @@ def test_download_from_the_command_line(tmp_path, server):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert "3 splits" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("nan", r"data.txt, line 5, column 2: nan is not a finite number"),
+        ("text", r"data.txt: could not convert string 'NA' .*on line 5, column 2"),
+        ("two_targets", r"index_target.txt holds 2 numbers \[3, 2\]"),
+        ("target_outside", r"index_target.txt, line 1: 7 is outside \[0, 4\)"),
+        ("empty_train", r"index_train_0.txt is empty"),
+        ("text_train", r"index_train_0.txt: could not convert string 'x'"),
+        ("fraction_train", r"index_train_0.txt, line 1: 1.5 is not a whole number"),
+        ("no_splits", r"holds no split files .*half-downloaded"),
+        ("half", r"has 2 splits but lacks index_test_1.txt: a half-downloaded copy"),
+    ],
+)
+def test_a_bad_file_is_one_line_naming_the_file_and_line(toy_uci, damage, message):
+    """Each damaged file of the 20-split format is named with its line, and a folder that is
+    half there fails the folder check (what `--uci_dir` runs before anything trains)."""
+    from blayers.lab.data.uci import uci, uci_num_splits
+
+    folder = toy_uci / "toy"
+    if damage in ("nan", "text"):
+        lines = (folder / "data.txt").read_text().splitlines()
+        cells = lines[4].split()
+        cells[1] = "nan" if damage == "nan" else "NA"
+        lines[4] = " ".join(cells)
+        (folder / "data.txt").write_text("\n".join(lines) + "\n")
+    elif damage == "two_targets":
+        (folder / "index_target.txt").write_text("3\n2\n")
+    elif damage == "target_outside":
+        (folder / "index_target.txt").write_text("7\n")
+    elif damage == "empty_train":
+        (folder / "index_train_0.txt").write_text("")
+    elif damage == "text_train":
+        (folder / "index_train_0.txt").write_text("x\n1\n")
+    elif damage == "fraction_train":
+        (folder / "index_train_0.txt").write_text("1.5\n2\n")
+    elif damage == "no_splits":
+        (folder / "n_splits.txt").unlink()
+        for path in folder.glob("index_t*_*.txt"):
+            path.unlink()
+    elif damage == "half":
+        (folder / "index_test_1.txt").unlink()
+    with pytest.raises(ValueError, match=message):
+        uci_num_splits("toy", str(toy_uci))
+        uci("toy", 0, str(toy_uci))

@@ -77,3 +77,57 @@ def test_a_finished_run_counts_as_finished_only_for_the_setting_it_ran(tmp_path)
         assert finished(str(run), changed) is None
     (run / "metrics.json").write_text(json.dumps({"status": "running"}))
     assert finished(str(run), command) is None
+
+
+def test_a_run_another_sweep_trains_is_running_elsewhere_not_failed(tmp_path, monkeypatch):
+    """Two sweeps on one root: a run whose LOCK a live process holds is not started again
+    (its trainer would exit 4) and is "running elsewhere", which fails nothing; once that
+    process finished it, the table reads its result."""
+    import json
+    import socket
+    import subprocess
+
+    from launch.results import exit_code
+
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        held = tmp_path / "run0"
+        held.mkdir()
+        lock = {"pid": other.pid, "host": socket.gethostname(), "started": 0.0}
+        (held / "LOCK").write_text(json.dumps(lock))
+
+        def command(model_dir, bindings, args):  # the "trainer" finishes the other run
+            return [
+                sys.executable,
+                "-c",
+                "import json, pathlib, sys; d = pathlib.Path(sys.argv[1]);"
+                "json.dump({'status': 'finished', 'final': {'nll': 1.0}},"
+                " (d.parent / 'run0' / 'metrics.json').open('w'));"
+                "json.dump({'status': 'finished', 'final': {'nll': 2.0}},"
+                " (d / 'metrics.json').open('w'))",
+                model_dir,
+            ]
+
+        monkeypatch.setattr(local, "trainer_command", command)
+        args = argparse.Namespace(root=str(tmp_path), parallel=1)
+        rows, stopped = local.run_grid([("run0", {}), ("run1", {})], args)
+        assert not stopped and exit_code(rows) == 0
+        statuses = {name: (status, final) for name, _, status, final in rows}
+        assert statuses["run0"] == ("finished (elsewhere)", {"nll": 1.0})
+        assert statuses["run1"] == ("finished", {"nll": 2.0})
+        (held / "metrics.json").unlink()
+        (tmp_path / "run1" / "metrics.json").unlink()
+        rows, _ = local.run_grid([("run0", {})], args)
+        assert rows[0][2].startswith("running elsewhere (PID") and exit_code(rows) == 0
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.mark.parametrize("name", ["../x", "../../x", "/tmp/abs", "a/../../x", "."])
+def test_a_run_name_that_leaves_the_root_is_refused(tmp_path, name):
+    args = argparse.Namespace(root=str(tmp_path / "root"), parallel=1)
+    with pytest.raises(ValueError, match="leaves the root"):
+        local.run_grid([("fine", {}), (name, {})], args)
+    assert not (tmp_path / "root" / "fine").exists()
+    assert local.run_folder(str(tmp_path), "validation/concrete").endswith("validation/concrete")

@@ -38,6 +38,17 @@ class _Task:
         from dm_control import suite
 
         self.np = np
+        if (domain, task) not in suite.ALL_TASKS:
+            known = sorted({d for d, _ in suite.ALL_TASKS})
+            tasks = sorted(t for d, t in suite.ALL_TASKS if d == domain)
+            raise ValueError(
+                f"control_env: dm_control has no task {domain}-{task}; "
+                + (
+                    f"{domain}'s tasks are {', '.join(tasks)}."
+                    if tasks
+                    else f"its domains are {', '.join(known)}."
+                )
+            )
         self.env = suite.load(domain, task, task_kwargs={"random": seed})
         self.observation, self.size, self.camera = observation, size, camera
         spec = self.env.action_spec()

@@ -103,6 +103,9 @@ class ControlEnv:
                 + self._render_hint()
             )
         status, value = reply
+        if status == "error" and value.startswith("ValueError: control_env:"):
+            self.close()
+            raise ValueError(value[len("ValueError: ") :])  # a bad binding: one clear line
         if status == "error":
             raise RuntimeError(f"{self.name} {command}: {value}" + self._render_hint())
         return value

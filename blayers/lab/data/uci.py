@@ -14,6 +14,8 @@ in the original units.
 """
 
 import os
+import re
+import warnings
 
 import gin
 import numpy as np
@@ -58,13 +60,79 @@ def _folder(name, root):
     )
 
 
+def _load(path, what, dtype=float):
+    """`np.loadtxt(path)` (at least 1-D), or a ValueError naming the file, its line and what
+    the file should hold."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # an empty file: said below
+            values = np.loadtxt(path, ndmin=1)
+    except ValueError as error:  # numpy names a 0-based row and column: make them the file's
+        text = re.sub(
+            r"at row (\d+), column (\d+)\.?",
+            lambda m: f"on line {int(m.group(1)) + 1}, column {m.group(2)}",
+            str(error),
+        )
+        raise ValueError(f"uci: {path}: {text} ({what}).") from None
+    if values.size == 0:
+        raise ValueError(f"uci: {path} is empty ({what}).")
+    if dtype is int:
+        bad = np.flatnonzero(~np.isfinite(values.ravel()) | (np.mod(values.ravel(), 1) != 0))
+        if bad.size:
+            raise ValueError(
+                f"uci: {path}, line {bad[0] + 1}: {float(values.ravel()[bad[0]]):g} is not a whole "
+                f"number ({what})."
+            )
+        return values.astype(int)
+    return values
+
+
+def _indices(path, what, limit, limit_name):
+    values = _load(path, what, dtype=int)
+    bad = np.flatnonzero((values < 0) | (values >= limit))
+    if bad.size:
+        raise ValueError(
+            f"uci: {path}, line {bad[0] + 1}: {values[bad[0]]} is outside [0, {limit}) "
+            f"({what}; {limit_name} has {limit})."
+        )
+    return values
+
+
 def uci_num_splits(name, root=None):
-    """Number of train/test splits of data set `name` (20, or `n_splits.txt` when present)."""
+    """Number of train/test splits of data set `name` (20, or `n_splits.txt` when present).
+    The folder is checked whole here (`--uci_dir` calls it before anything trains): every
+    file the format names, and both files of every split."""
     folder = _folder(name, root)
+    missing = [
+        f
+        for f in ("index_features.txt", "index_target.txt")
+        if not os.path.exists(os.path.join(folder, f))
+    ]
+    if missing:
+        raise ValueError(f"uci: {folder!r} lacks {', '.join(missing)}. {LAYOUT}")
     path = os.path.join(folder, "n_splits.txt")
     if os.path.exists(path):
-        return int(np.loadtxt(path))
-    return sum(1 for f in os.listdir(folder) if f.startswith("index_train_"))
+        count = int(_load(path, "the number of splits", dtype=int)[0])
+    else:
+        count = sum(1 for f in os.listdir(folder) if re.fullmatch(r"index_train_\d+\.txt", f))
+    if count < 1:
+        raise ValueError(
+            f"uci: {folder!r} holds no split files (index_train_0.txt, index_test_0.txt, ...): "
+            f"a half-downloaded copy? {LAYOUT}"
+        )
+    absent = [
+        f"index_{part}_{k}.txt"
+        for k in range(count)
+        for part in ("train", "test")
+        if not os.path.exists(os.path.join(folder, f"index_{part}_{k}.txt"))
+    ]
+    if absent:
+        raise ValueError(
+            f"uci: {folder!r} has {count} splits but lacks {', '.join(absent[:6])}"
+            + (f" and {len(absent) - 6} more" if len(absent) > 6 else "")
+            + f": a half-downloaded copy? {LAYOUT}"
+        )
+    return count
 
 
 @gin.configurable(module="blayers.lab.data")
@@ -79,27 +147,46 @@ def uci(name=gin.REQUIRED, split=0, root=None, validation=False):
       validation: instead of the test set, hold out the last 20% of the split's training rows
         and train on the first 80% (Gal & Ghahramani's hyperparameter grid search: each split's
         hyperparameters are chosen on its own validation rows, never on test rows).
+
+    Every file is checked as it is read; a bad one is named with its line.
     """
     folder = _folder(name, root)
-    missing = [
-        f
-        for f in ("index_features.txt", "index_target.txt")
-        if not os.path.exists(os.path.join(folder, f))
-    ]
-    if missing:
-        raise ValueError(f"uci: {folder!r} lacks {', '.join(missing)}. {LAYOUT}")
-    data = np.loadtxt(os.path.join(folder, "data.txt"))
-    features = np.loadtxt(os.path.join(folder, "index_features.txt"), dtype=int, ndmin=1)
-    target = int(np.loadtxt(os.path.join(folder, "index_target.txt")))
-    train_path = os.path.join(folder, f"index_train_{split}.txt")
-    test_path = os.path.join(folder, f"index_test_{split}.txt")
-    if not (os.path.exists(train_path) and os.path.exists(test_path)):
+    num_splits = uci_num_splits(name, root)
+    if not 0 <= split < num_splits:
+        raise ValueError(f"uci: {name} has no split {split} (it has {num_splits} splits).")
+    data_path = os.path.join(folder, "data.txt")
+    data = _load(data_path, "whitespace-separated rows of numbers")
+    data = data.reshape(1, -1) if data.ndim == 1 else data
+    if not np.all(np.isfinite(data)):
+        row, column = np.argwhere(~np.isfinite(data))[0]
         raise ValueError(
-            f"uci: {name} has no split {split} ({train_path} or {test_path} missing; it has "
-            f"{uci_num_splits(name, root)} splits)."
+            f"uci: {data_path}, line {row + 1}, column {column + 1}: {data[row, column]} is not "
+            "a finite number; clean or impute the data first."
         )
-    train_idx = np.loadtxt(train_path, dtype=int)
-    test_idx = np.loadtxt(test_path, dtype=int)
+    rows, columns = data.shape
+    features = _indices(
+        os.path.join(folder, "index_features.txt"),
+        "0-based column numbers of the features",
+        columns,
+        "data.txt's rows",
+    )
+    target_path = os.path.join(folder, "index_target.txt")
+    target = _indices(target_path, "the 0-based column number of the target", columns, "data.txt")
+    if target.size != 1:
+        raise ValueError(
+            f"uci: {target_path} holds {target.size} numbers {target.tolist()}; it names the "
+            "one target column (0-based)."
+        )
+    target = int(target[0])
+    train_idx, test_idx = (
+        _indices(
+            os.path.join(folder, f"index_{part}_{split}.txt"),
+            f"0-based row numbers of split {split}'s {part} rows",
+            rows,
+            "data.txt",
+        )
+        for part in ("train", "test")
+    )
     if validation:
         cut = int(0.8 * len(train_idx))
         train_idx, test_idx = train_idx[:cut], train_idx[cut:]

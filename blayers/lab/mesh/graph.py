@@ -12,8 +12,11 @@ Every dimension a layout splits must be divisible by its mesh dimension (heads, 
 vocabulary for `model`, the batch for `batch`).
 """
 
+import difflib
+
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from blayers.lab import decoding
 from blayers.lab.mesh.random import NoiseSource, mtf
@@ -199,7 +202,22 @@ def check_layout(hparams, batch_size, mesh, layout):
                 f"layout {layout!r}: the rule {tensor_dim}:{mesh_dim} names no dimension of the "
                 f"Transformer; the dimensions are {', '.join(sorted(sizes))}."
             )
-        if mesh_dim not in mesh_sizes:  # as Mesh TensorFlow: a rule for another mesh
+        if mesh_dim not in mesh_sizes:  # as Mesh TensorFlow: a rule for another mesh...
+            close = difflib.get_close_matches(mesh_dim, list(mesh_sizes), n=1, cutoff=0.6)
+            if close:  # ...unless it is a misspelt dimension of this one
+                raise ValueError(
+                    f"layout {layout!r}: the rule {tensor_dim}:{mesh_dim} names no dimension "
+                    f"of the mesh {mesh_sizes} (did you mean {tensor_dim}:{close[0]}?); it "
+                    f"would leave {tensor_dim} unsplit."
+                )
+            logging.warning(
+                "layout %r: the rule %s:%s splits nothing on the mesh %s (it has no %r).",
+                layout,
+                tensor_dim,
+                mesh_dim,
+                mesh_sizes,
+                mesh_dim,
+            )
             continue
         size = sizes.get(tensor_dim)
         if size is not None and size % mesh_sizes[mesh_dim]:

@@ -87,6 +87,15 @@ def mlp(
         deterministic initializer) and a replica's `hparams` may set its own `dropout_rate`
         and `noise_variance` (a number or, here, one a replica). Inputs `[R, batch, d]`.
     """
+    if isinstance(hidden_units, (int, np.integer)):
+        hidden_units = (hidden_units,)  # one hidden layer
+    if isinstance(hidden_units, (str, bytes)) or not all(
+        isinstance(u, (int, np.integer)) and not isinstance(u, bool) and u > 0 for u in hidden_units
+    ):
+        raise ValueError(
+            f"mlp.hidden_units must be the widths of the hidden layers, positive integers "
+            f"(e.g. (100,) or [50, 50]), got {hidden_units!r}."
+        )
     hidden_cls = get_layer_class(dense_layer)
     output_cls = get_layer_class(output_layer or dense_layer)
     kwargs = dict(layer_kwargs or {})
