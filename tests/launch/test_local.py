@@ -96,17 +96,16 @@ def test_a_run_another_sweep_trains_is_running_elsewhere_not_failed(tmp_path, mo
         lock = {"pid": other.pid, "host": socket.gethostname(), "started": 0.0}
         (held / "LOCK").write_text(json.dumps(lock))
 
-        def command(model_dir, bindings, args):  # the "trainer" finishes the other run
-            return [
-                sys.executable,
-                "-c",
-                "import json, pathlib, sys; d = pathlib.Path(sys.argv[1]);"
-                "json.dump({'status': 'finished', 'final': {'nll': 1.0}},"
-                " (d.parent / 'run0' / 'metrics.json').open('w'));"
-                "json.dump({'status': 'finished', 'final': {'nll': 2.0}},"
-                " (d / 'metrics.json').open('w'))",
-                model_dir,
-            ]
+        finish_both = (
+            "import json, pathlib, sys; d = pathlib.Path(sys.argv[1]);"
+            "json.dump({'status': 'finished', 'final': {'nll': 1.0}},"
+            " (d.parent / 'run0' / 'metrics.json').open('w'));"
+            "json.dump({'status': 'finished', 'final': {'nll': 2.0}},"
+            " (d / 'metrics.json').open('w'))"
+        )
+
+        def command(model_dir, bindings, args):  # the "trainer" finishes the other run too
+            return [sys.executable, "-c", finish_both, model_dir]
 
         monkeypatch.setattr(local, "trainer_command", command)
         args = argparse.Namespace(root=str(tmp_path), parallel=1)
