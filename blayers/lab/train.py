@@ -106,8 +106,8 @@ def _set_command():
 
 def _train_and_report(train_fn):
     """Runs `train_fn()` and prints its final metrics; a stop or a failure becomes one line and
-    an exit code: 130 or 143 stopped by Ctrl-C or SIGTERM (checkpoint saved), 3 a non-finite
-    loss, 4 a locked run folder, changed bindings on resume or a
+    an exit code: 130 or 143 stopped by Ctrl-C or SIGTERM (checkpoint saved), 1 the folder
+    could not be written (read-only, a full disk, a name too long), 3 a non-finite loss, 4 a locked run folder, changed bindings on resume or a
     folder of another model, 2 a bad argument found while building (a binding, a shape)."""
     from blayers.lab import loop, runs
 
@@ -131,6 +131,14 @@ def _train_and_report(train_fn):
     ) as error:
         logging.error("%s", error)
         sys.exit(4)
+    except OSError as error:  # the folder: read-only, a full disk, a name the OS refuses
+        logging.error(
+            "Could not write the run folder %s: %s\nWhat it held before is intact; fix this "
+            "(space, permissions, a shorter path) and re-run the same command: it resumes.",
+            FLAGS.model_dir,
+            runs.first_line(error),
+        )
+        sys.exit(1)
     except (ValueError, TypeError) as error:
         from blayers.lab import config
 

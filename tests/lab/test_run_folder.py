@@ -204,3 +204,59 @@ def test_mesh_sigterm_checkpoints_and_the_rerun_finishes(tmp_path):
     step = int(prefixes[0].rsplit("-", 1)[1])
     assert step >= 10  # the step it stopped at, not the last periodic checkpoint (none)
     assert os.path.exists(tmp_path / "command.json")
+
+
+def test_a_checkpoint_that_cannot_be_written_leaves_no_partial_files(tmp_path):
+    """A full disk during a save: TensorFlow's `ckpt-N_temp/` and the partial files go, the
+    error names the newest intact checkpoint, and that one still restores."""
+    import errno
+
+    import tensorflow as tf
+
+    variable = tf.Variable(1.0)
+    checkpointer = runs.Checkpointer(str(tmp_path), tf.train.Checkpoint(v=variable))
+    checkpointer.save(10)
+
+    class FullDisk:
+        def write(self, prefix):
+            os.makedirs(prefix + "_temp")
+            pathlib.Path(prefix + "_temp", "part-00000-of-00001.data").write_bytes(b"\0" * 8)
+            pathlib.Path(prefix + ".index").write_bytes(b"\0")
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    full = runs.Checkpointer(str(tmp_path), FullDisk())
+    with pytest.raises(runs.CheckpointWriteError, match=r"ckpt-20 .*No space.*ckpt-10"):
+        full.save(20)
+    assert sorted(os.listdir(tmp_path)) == [
+        "checkpoint",
+        "ckpt-10.data-00000-of-00001",
+        "ckpt-10.index",
+    ]
+    variable.assign(5.0)
+    assert checkpointer.restore().endswith("ckpt-10") and float(variable) == 1.0
+
+
+def test_a_copied_folder_is_not_locked_by_the_original_s_live_trainer(tmp_path):
+    """The LOCK records its folder: a copy (made while the original trains) is this host's
+    other folder, so its LOCK is taken over; the original stays locked."""
+    import shutil
+
+    original = runs.RunDir(str(tmp_path / "original"))
+    with original.lock():
+        shutil.copytree(tmp_path / "original", tmp_path / "copy")
+        with runs.RunDir(str(tmp_path / "copy")).lock() as lock:
+            assert lock.held
+        with pytest.raises(runs.RunLockedError, match="Another trainer|this process"):
+            with runs.RunDir(str(tmp_path / "original")).lock():
+                pass
+
+
+def test_an_unwritable_model_dir_is_one_line_and_exit_1(tmp_path):
+    """A model_dir that cannot be made (under a file; a name longer than the OS allows)."""
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    for model_dir in (blocker / "run", tmp_path / ("x" * 300)):
+        done = _cli(model_dir, "train.train_steps = 2")
+        assert done.returncode == 1, done.stderr[-2000:]
+        assert "Could not write the run folder" in done.stderr
+        assert "Traceback" not in done.stderr

@@ -7,12 +7,19 @@ driver and the report stay light); the Checkpointer loads it on first use.
 
 import importlib
 
-from blayers.lab.runs.files import History, RunLock, RunLockedError, checkpoint_prefixes
+from blayers.lab.runs.files import (
+    History,
+    RunLock,
+    RunLockedError,
+    checkpoint_prefixes,
+    first_line,
+)
 from blayers.lab.runs.rundir import ChangedBindingsError, RunDir, set_command, train_seconds
 
 __all__ = [
     "ChangedBindingsError",
     "CheckpointMismatchError",
+    "CheckpointWriteError",
     "Checkpointer",
     "History",
     "LongerRunError",
@@ -21,11 +28,18 @@ __all__ = [
     "RunLockedError",
     "SaverState",
     "checkpoint_prefixes",
+    "first_line",
     "set_command",
     "train_seconds",
 ]
 
-_CHECKPOINTER = ("CheckpointMismatchError", "Checkpointer", "LongerRunError", "SaverState")
+_CHECKPOINTER = (
+    "CheckpointMismatchError",
+    "CheckpointWriteError",
+    "Checkpointer",
+    "LongerRunError",
+    "SaverState",
+)
 
 
 def __getattr__(name):

@@ -18,6 +18,7 @@ Orbax's `CheckpointManager` are the models).
 
 import glob
 import os
+import shutil
 
 import tensorflow as tf
 from absl import logging
@@ -31,6 +32,7 @@ from blayers.lab.runs.files import (
 
 __all__ = [
     "CheckpointMismatchError",
+    "CheckpointWriteError",
     "Checkpointer",
     "SaverState",
     "checkpoint_prefixes",
@@ -41,6 +43,11 @@ PREFIX = "ckpt"
 
 class CheckpointMismatchError(ValueError):
     """The folder's checkpoint is intact but belongs to another model."""
+
+
+class CheckpointWriteError(OSError):
+    """A checkpoint could not be written (a full disk, a read-only folder); its partial files
+    are gone and the older checkpoints are intact."""
 
 
 class LongerRunError(CheckpointMismatchError):
@@ -139,7 +146,19 @@ class Checkpointer:
         os.makedirs(self.directory, exist_ok=True)
         prefix = os.path.join(self.directory, f"{PREFIX}-{int(step)}")
         _delete(prefix)  # a checkpoint of this step from a run that was rolled back
-        self.state.write(prefix)
+        try:
+            self.state.write(prefix)
+        except Exception as error:  # noqa: BLE001 - a disk's error comes as TF's or OSError
+            _delete(prefix)
+            for temporary in glob.glob(prefix + "_temp*"):  # TensorFlow's staging folder
+                shutil.rmtree(temporary, ignore_errors=True)
+            older = [p for p in checkpoint_prefixes(self.directory) if p != prefix]
+            raise CheckpointWriteError(
+                f"Could not write the checkpoint {prefix} ({type(error).__name__}: "
+                f"{first_line(error)}); its partial files were removed. The newest intact "
+                f"checkpoint is {older[0] if older else '(none)'}: free space (or make the "
+                "folder writable) and re-run the same command to resume from it."
+            ) from error
         prefixes = checkpoint_prefixes(self.directory)
         for old in prefixes[self.keep :]:
             _delete(old)

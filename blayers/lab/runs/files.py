@@ -41,6 +41,13 @@ def first_line(error):
     return text.splitlines()[0][:300] if text else type(error).__name__
 
 
+def _identity(folder):
+    """`[device, inode]` of a folder: a copy has another, a path through a symlink or a bind
+    mount the same."""
+    stat = os.stat(folder)
+    return [stat.st_dev, stat.st_ino]
+
+
 class RunLock:
     """An exclusive lock on a run folder, held for the life of a training run.
 
@@ -61,17 +68,42 @@ class RunLock:
             return None
 
     def acquire(self):
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "folder": os.path.realpath(os.path.dirname(self.path)),
+            "inode": _identity(os.path.dirname(self.path)),
+            "started": time.time(),
+        }
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 holder = self.holder()
-                if holder and holder.get("pid") == os.getpid() and holder.get("host") == me["host"]:
+                copied = (  # on this host, another folder (inode) than the lock was made in
+                    holder
+                    and holder.get("host") == me["host"]
+                    and holder.get("inode") not in (None, me["inode"])
+                )
+                if (
+                    not copied
+                    and holder
+                    and holder.get("pid") == os.getpid()
+                    and holder.get("host") == me["host"]
+                ):
                     raise RunLockedError(
                         f"{os.path.dirname(self.path)} is already being trained by this process."
                     ) from None
-                if holder and (holder.get("host") != me["host"] or pid_alive(holder["pid"])):
+                if copied:  # a copied folder: the lock was the original's
+                    logging.warning(
+                        "%s was copied from %s with its LOCK (held there by PID %s on %s); "
+                        "it does not lock this folder: taking it.",
+                        os.path.dirname(self.path),
+                        holder.get("folder"),
+                        holder.get("pid"),
+                        holder.get("host"),
+                    )
+                elif holder and (holder.get("host") != me["host"] or pid_alive(holder["pid"])):
                     raise RunLockedError(
                         f"Another trainer holds {self.path} (PID {holder.get('pid')} on host "
                         f"{holder.get('host')}, since "
@@ -80,9 +112,10 @@ class RunLock:
                         "logs: stop that one, or use another --model_dir. (If it is dead on "
                         "another host, delete the LOCK file.)"
                     ) from None
-                logging.warning(
-                    "Taking over the lock of a dead trainer (%s): %s", holder, self.path
-                )
+                else:
+                    logging.warning(
+                        "Taking over the lock of a dead trainer (%s): %s", holder, self.path
+                    )
                 try:
                     os.remove(self.path)
                 except FileNotFoundError:
@@ -169,9 +202,14 @@ class History:
 def write_text(path, text):
     """A kill mid-write leaves the previous file, never a torn one."""
     temporary = f"{path}.tmp-{os.getpid()}"
-    with open(temporary, "w") as f:
-        f.write(text)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "w") as f:
+            f.write(text)
+        os.replace(temporary, path)
+    except BaseException:
+        if os.path.exists(temporary):  # a full disk: no half-written file left behind
+            os.remove(temporary)
+        raise
 
 
 def write_json(path, value, **kwargs):
