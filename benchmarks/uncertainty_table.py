@@ -81,7 +81,10 @@ def train(config, data_fn, model_dir, seed, deterministic, params):
 
 def posthoc(model_dir, method, params=()):
     """`python -m blayers.posthoc` on a finished run (reused when done); its summary."""
-    result = runs.RunDir(os.path.join(model_dir, "posthoc", method))
+    from blayers.lab.posthoc_cli import output_folder
+
+    params = list(params)
+    result = runs.RunDir(output_folder(model_dir, method, (), params))
     if result.metrics() is None:
         args = [f"--model_dir={model_dir}", f"--method={method}"]
         _python("blayers.posthoc", args + [f"--gin_param={p}" for p in params], model_dir + ".log")

@@ -1,9 +1,11 @@
 """Post-hoc uncertainty for a finished run: `python -m blayers.posthoc --model_dir=RUN
 --method=temperature|conformal|laplace|swag|ensemble`.
 
-The run's model is rebuilt from its `operative_config.gin` and restored from its newest
-checkpoint; the run folder is read, never changed, except for `posthoc/<method>/`, which gets a
-`metrics.json` shaped like the run's own (the same metric names under `final`, the run's model
+The run's model is rebuilt from its `operative_config.gin` and restored from the checkpoint of
+its final step (read only: a damaged one is skipped, never renamed; the summary names the
+checkpoint scored); a run still training is refused. The run folder is read, never changed,
+except for `posthoc/<method>/` (`posthoc/<method>-<hash>/` for each other setting of extra gin
+files and bindings, with its `command.json`), which gets a `metrics.json` shaped like the run's own (the same metric names under `final`, the run's model
 on the same examples under `base`, and each corrupted set's numbers for both under `shift`)
 and the task's plots.
 
@@ -16,11 +18,13 @@ a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
 `--gin_param="Laplace.hessian_structure = 'full'"`).
 """
 
+import os
 import time
 
 import gin
 import numpy as np
 import tensorflow as tf
+from absl import logging
 
 from blayers import metrics as metrics_lib
 from blayers import posthoc as posthoc_lib
@@ -174,6 +178,7 @@ def posthoc(
         params = [scaler.predict_proba(logits)[None]]
         extra = {"temperature": scaler.temperature} if not vector_scaling else {}
     elif method == "laplace":
+        _refuse_random_weights(model, "Laplace", "linearizes a deterministic network at its MAP")
         laplace = _Laplace(model, "classification")
         laplace.fit(data.train.batch(learner.eval_batch_size))
         if laplace_prior == "val_nll":
@@ -217,6 +222,7 @@ def posthoc(
         "status": "finished",
         "method": method,
         "run": run.path,
+        "checkpoint": getattr(learner, "scored_checkpoint", None),
         "num_calibration": len(calibration),
         "num_evaluation": len(evaluation),
         "fit_seconds": fit_seconds,
@@ -269,12 +275,10 @@ def _conformal(classification, params, calibration, evaluation, y, alpha, method
     }
 
 
-def _swag(learner, inputs, num_samples, epochs, learning_rate, max_rank):
-    import keras
-
+def _refuse_random_weights(model, method, why):
+    """A method that needs a deterministic network, refused on a run with random weights."""
     from blayers.layers.base import BayesianLayer
 
-    model, task, data = learner.model, learner.data.task, learner.data
     bayesian = [
         layer.name
         for layer in model._flatten_layers(include_self=False, recursive=True)
@@ -282,10 +286,18 @@ def _swag(learner, inputs, num_samples, epochs, learning_rate, max_rank):
     ]
     if bayesian:
         raise ValueError(
-            "posthoc: SWAG continues training a deterministic network; this run's model has "
-            f"random weights in {bayesian[:3]} (train with deterministic layers, e.g. "
-            "mlp.dense_layer = 'Dense')."
+            f"posthoc: {method} {why}; this run's model has random weights in {bayesian[:3]} "
+            "(train with deterministic layers, e.g. mlp.dense_layer = 'Dense'; a Bayesian "
+            "run's own predictive is already a posterior: temperature, conformal and "
+            "ensemble take it)."
         )
+
+
+def _swag(learner, inputs, num_samples, epochs, learning_rate, max_rank):
+    import keras
+
+    model, task, data = learner.model, learner.data.task, learner.data
+    _refuse_random_weights(model, "SWAG", "continues training a deterministic network")
     model.compile(
         optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
         loss=lambda y_true, outputs: task.negative_log_likelihood(outputs, y_true),
@@ -307,6 +319,13 @@ def restore(model_dir):
     from blayers.lab.learners.supervised import SupervisedLearner
 
     run = runs.RunDir(model_dir)
+    holder = run.held_elsewhere()
+    if holder:
+        raise ValueError(
+            f"posthoc: {model_dir} is still training (PID {holder.get('pid')} on "
+            f"{holder.get('host')} holds its LOCK); its newest checkpoint is not the run. "
+            "Score it once it finished."
+        )
     if not run.final():
         raise ValueError(f"posthoc: {model_dir} holds no finished run (no metrics.json).")
     reference = gin.query_parameter("train.learner") if _bound("train.learner") else None
@@ -325,9 +344,19 @@ def restore(model_dir):
     learner.check_bindings = False  # checked when the run trained; see the class attribute
     seed, steps = _query("train.seed", 0), _query("train.train_steps", 1)
     learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))
-    restored = run.checkpointer(learner.state()).restore()
+    # Read only: the run's own step (not a longer run's later checkpoint), nothing renamed.
+    step = (run.metrics() or {}).get("step")
+    restored = run.checkpointer(learner.state()).restore(max_step=step, read_only=True)
     if restored is None:
-        raise ValueError(f"posthoc: {model_dir} has no checkpoint to restore.")
+        raise ValueError(f"posthoc: {model_dir} has no intact checkpoint to restore.")
+    learner.scored_checkpoint = os.path.basename(restored)
+    if step is not None and not restored.endswith(f"-{step}"):
+        logging.warning(
+            "posthoc: %s's checkpoint of step %s (its metrics) is damaged; scoring %s instead.",
+            model_dir,
+            step,
+            learner.scored_checkpoint,
+        )
     return learner, run
 
 

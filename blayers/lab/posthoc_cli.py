@@ -2,8 +2,10 @@
 --method=laplace` (see that module). Writes `RUN/posthoc/<method>/metrics.json` and the task's
 plots, and prints the run's metrics beside the post-hoc ones."""
 
+import hashlib
 import json
 import os
+import shlex
 import sys
 
 from absl import app, flags, logging
@@ -28,10 +30,22 @@ flags.DEFINE_bool(
 )
 
 
+def output_folder(model_dir, method, gin_files=(), gin_params=()):
+    """`RUN/posthoc/<method>` at the defaults; `RUN/posthoc/<method>-<8 hex digits>` of the
+    extra gin files and bindings otherwise, so each setting keeps its own output (its
+    `command.json` says which)."""
+    folder = os.path.join(model_dir, "posthoc", method)
+    if not gin_files and not gin_params:
+        return folder
+    setting = json.dumps({"gin_file": list(gin_files), "gin_param": list(gin_params)})
+    return f"{folder}-{hashlib.sha256(setting.encode()).hexdigest()[:8]}"
+
+
 def main(argv):
     del argv
     from blayers.lab import config, runs
     from blayers.lab import posthoc as posthoc_lib
+    from blayers.lab.runs import files
 
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)
@@ -52,9 +66,20 @@ def main(argv):
     except ValueError as error:
         logging.error("%s", error)
         sys.exit(2)
-    out = runs.RunDir(os.path.join(FLAGS.model_dir, "posthoc", FLAGS.method))
+    out = runs.RunDir(output_folder(FLAGS.model_dir, FLAGS.method, FLAGS.gin_file, FLAGS.gin_param))
     os.makedirs(out.path, exist_ok=True)
     out.write_metrics(summary)
+    files.write_json(
+        out.file(out.COMMAND),
+        {
+            "command": " ".join(
+                shlex.quote(a) for a in ["python", "-m", "blayers.posthoc", *sys.argv[1:]]
+            ),
+            "method": FLAGS.method,
+            "gin_file": list(FLAGS.gin_file),
+            "gin_param": list(FLAGS.gin_param),
+        },
+    )
     learner.data.task.plot(learner.model, learner.data, arrays, out.path)
     width = max(len(k) for k in summary["final"])
     print(f"{'metric':{width}s}  {'run':>10s}  {FLAGS.method:>12s}")
@@ -62,6 +87,7 @@ def main(argv):
         base = summary["base"].get(key)
         base = f"{base:10.4f}" if isinstance(base, float) else f"{'':10s}"
         print(f"{key:{width}s}  {base}  {value:12.4f}")
+    print(f"Scored {summary.get('checkpoint')}; wrote {out.path}.")
     print(json.dumps({"model_dir": out.path, "final": summary["final"]}))
 
 

@@ -156,3 +156,69 @@ def test_a_bayesian_run_is_rebuilt_from_its_operative_config(tmp_path):
     run_metrics = json.loads((model_dir / "metrics.json").read_text())["final"]
     assert summary["base"]["mutual_information"] > 0  # the restored Flipout network samples
     assert summary["base"]["accuracy"] == pytest.approx(run_metrics["accuracy"], abs=0.1)
+    # Laplace linearizes a deterministic network: refused here as SWAG is, one clear line.
+    for method in ("laplace", "swag"):
+        with pytest.raises(ValueError, match=rf"(?i)posthoc: {method} .*random weights in"):
+            _in_process(model_dir, method)
+    done = _run(["blayers.posthoc", f"--model_dir={model_dir}", "--method=laplace"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "random weights" in done.stderr
+
+
+def _snapshot(folder, skip="posthoc"):
+    import hashlib
+
+    return {
+        str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(pathlib.Path(folder).rglob("*"))
+        if p.is_file() and skip not in p.relative_to(folder).parts
+    }
+
+
+def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
+    """A truncated newest checkpoint is skipped (not renamed, the state file untouched), the
+    summary names the checkpoint scored; a run still training is refused; each setting of
+    extra bindings keeps its own output folder."""
+    import shutil
+    import socket
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("posthoc"))
+    step = json.loads((run / "metrics.json").read_text())["step"]
+    for path in (run / "checkpoints").glob(f"ckpt-{step}.*"):  # an older intact checkpoint
+        shutil.copy(path, path.with_name(path.name.replace(f"ckpt-{step}", "ckpt-1")))
+    newest = run / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
+    newest.write_bytes(newest.read_bytes()[:100])  # truncated
+    before = _snapshot(run)
+    summary, _ = _in_process(run, "temperature")
+    assert summary["checkpoint"] == "ckpt-1"
+    assert _snapshot(run) == before
+    a = _run(["blayers.posthoc", f"--model_dir={run}", "--method=conformal"])
+    b = _run(
+        [
+            "blayers.posthoc",
+            f"--model_dir={run}",
+            "--method=conformal",
+            "--gin_param=posthoc.alpha = 0.05",
+        ]
+    )
+    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
+    outputs = sorted(p.name for p in (run / "posthoc").iterdir())
+    assert outputs[0] == "conformal" and outputs[1].startswith("conformal-"), outputs
+    record = json.loads((run / "posthoc" / outputs[1] / "command.json").read_text())
+    assert record["gin_param"] == ["posthoc.alpha = 0.05"]
+    covered = [
+        json.loads((run / "posthoc" / o / "metrics.json").read_text())["final"] for o in outputs
+    ]
+    assert covered[0]["conformal_target_coverage"] == pytest.approx(0.9)
+    assert covered[1]["conformal_target_coverage"] == pytest.approx(0.95)
+    assert _snapshot(run) == before
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock = {"pid": sleeper.pid, "host": socket.gethostname(), "started": 0.0}
+        (run / "LOCK").write_text(json.dumps(lock))
+        with pytest.raises(ValueError, match=r"still training \(PID"):
+            _in_process(run, "temperature")
+    finally:
+        sleeper.kill()
+        sleeper.wait()

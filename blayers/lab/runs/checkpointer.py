@@ -148,7 +148,7 @@ class Checkpointer:
         _delete(prefix)  # a checkpoint of this step from a run that was rolled back
         try:
             self.state.write(prefix)
-        except Exception as error:  # noqa: BLE001 - a disk's error comes as TF's or OSError
+        except Exception as error:  # a full disk comes as TensorFlow's error or an OSError
             _delete(prefix)
             for temporary in glob.glob(prefix + "_temp*"):  # TensorFlow's staging folder
                 shutil.rmtree(temporary, ignore_errors=True)
@@ -171,7 +171,7 @@ class Checkpointer:
         if int(step) not in steps:
             self.save(step)
 
-    def restore(self, max_step=None):
+    def restore(self, max_step=None, read_only=False):
         """Restores the newest intact checkpoint; returns its prefix, or None when there is none.
 
         Damaged checkpoints are skipped with a warning and renamed `*.damaged`, never deleted;
@@ -182,6 +182,8 @@ class Checkpointer:
             folder, stopped early) are left alone, and the one of exactly `max_step` is
             restored: evaluating a later model as this length's would misstate it. Without
             one, `LongerRunError` names both lengths and nothing is touched.
+          read_only: damaged checkpoints are skipped but neither renamed nor dropped from the
+            state file (a reader of another's run: the post-hoc methods).
         """
         if not os.path.isdir(self.directory):
             return None
@@ -214,17 +216,21 @@ class Checkpointer:
                             "changed. Use a new --model_dir, or the original configuration."
                         ) from None
                     logging.warning(
-                        "Checkpoint %s is damaged (%s: %s); falling back to an older one. Its "
-                        "files are kept as %s.*.damaged.",
+                        "Checkpoint %s is damaged (%s: %s); falling back to an older one.%s",
                         prefix,
                         type(error).__name__,
                         first_line(error),
-                        os.path.basename(prefix),
+                        ""
+                        if read_only
+                        else f" Its files are kept as {os.path.basename(prefix)}.*.damaged.",
                     )
-                    _quarantine(prefix)
+                    if not read_only:
+                        _quarantine(prefix)
                     continue
                 restored = prefix
             intact.append(prefix)
+        if read_only:
+            return restored
         if intact:
             self._write_state_file(intact)
         else:
