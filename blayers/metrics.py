@@ -22,6 +22,7 @@ __all__ = [
     "classification_metrics",
     "confidence_bins",
     "coverage",
+    "draws_differ",
     "ece",
     "entropy",
     "fpr_at_tpr",
@@ -258,7 +259,8 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
     """Accuracy, NLL, ECE (`num_bins` equal-width bins) and adaptive ECE (equal-mass bins),
     Brier score, AURC, mean predictive entropy and mutual information of `probs [S, N, K]`
     (S posterior draws); per-token perplexity for sequence labels; given `ood_probs`, OOD AUROC
-    by entropy and by mutual information, and the FPR at 95% TPR by entropy."""
+    by entropy and by mutual information (left out when every draw is the same: not
+    applicable), and the FPR at 95% TPR by entropy."""
     result = {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),
@@ -273,11 +275,22 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
         result["perplexity"] = float(np.exp(result["nll"]))
     if ood_probs is not None:
         result["ood_auroc_entropy"] = ood_auroc(entropy(probs), entropy(ood_probs))
-        result["ood_auroc_mutual_information"] = ood_auroc(
-            mutual_information(probs), mutual_information(ood_probs)
-        )
+        if draws_differ(probs) or draws_differ(ood_probs):
+            result["ood_auroc_mutual_information"] = ood_auroc(
+                mutual_information(probs), mutual_information(ood_probs)
+            )
+        # else the mutual information is identically zero (one draw, or a deterministic
+        # model's equal draws): ranking by its float rounding would be a number with no
+        # meaning, so the metric is left out (not applicable).
         result["ood_fpr95_entropy"] = fpr_at_tpr(entropy(probs), entropy(ood_probs))
     return result
+
+
+def draws_differ(probs, atol=1e-6):
+    """Whether the posterior draws `probs [S, N, K]` differ anywhere by more than `atol` (a
+    deterministic model's draws, or one draw, do not: their mutual information is zero)."""
+    probs = np.asarray(probs)
+    return probs.shape[0] > 1 and bool(np.max(np.abs(probs - probs[:1])) > atol)
 
 
 def regression_metrics(means, stddevs, targets, scale=1.0, function_variances=None):

@@ -75,7 +75,12 @@ def write_results_table(rows, names, root, columns):
                 run_name,
                 *[bindings[n] for n in names],
                 status,
-                *[f"{metrics[m]:.4f}" if m in metrics else "" for m in metric_names],
+                # a metric a finished run lacks does not apply to it (a deterministic model's
+                # mutual information); an unfinished run has none
+                *[
+                    f"{metrics[m]:.4f}" if m in metrics else ("n/a" if metrics else "")
+                    for m in metric_names
+                ],
             ]
         )
     return write_table(header, table, root)

@@ -246,9 +246,11 @@ def test_a_copied_folder_is_not_locked_by_the_original_s_live_trainer(tmp_path):
         shutil.copytree(tmp_path / "original", tmp_path / "copy")
         with runs.RunDir(str(tmp_path / "copy")).lock() as lock:
             assert lock.held
-        with pytest.raises(runs.RunLockedError, match="Another trainer|this process"):
-            with runs.RunDir(str(tmp_path / "original")).lock():
-                pass
+        with (
+            pytest.raises(runs.RunLockedError, match="Another trainer|this process"),
+            runs.RunDir(str(tmp_path / "original")).lock(),
+        ):
+            pass
 
 
 def test_an_unwritable_model_dir_is_one_line_and_exit_1(tmp_path):

@@ -137,3 +137,23 @@ def test_fpr_at_95_tpr():
     # Shifted by d: the threshold is the OOD 5% quantile d - 1.645; FPR = 1 - Phi(d - 1.645).
     fpr = metrics.fpr_at_tpr(rng.normal(size=200_000), rng.normal(size=200_000) + 2.0)
     assert fpr == pytest.approx(1 - scipy.stats.norm.cdf(2.0 - 1.6449), abs=0.005)
+
+
+def test_ood_auroc_by_mutual_information_is_left_out_when_the_draws_agree():
+    """A deterministic model's draws are equal: its mutual information is float rounding
+    (~1e-19), and an AUROC ranked by it would be a number with no meaning."""
+    rng = np.random.default_rng(0)
+    logits = rng.normal(size=(1, 50, 4))
+    one = np.exp(logits) / np.exp(logits).sum(-1, keepdims=True)
+    same = np.repeat(one, 5, axis=0)
+    ood = np.repeat(np.full((1, 20, 4), 0.25), 5, axis=0)
+    labels = rng.integers(0, 4, 50)
+    fixed = metrics.classification_metrics(same, labels, ood_probs=ood)
+    assert "ood_auroc_mutual_information" not in fixed and "ood_auroc_entropy" in fixed
+    assert "ood_auroc_mutual_information" not in metrics.classification_metrics(
+        one, labels, ood_probs=ood[:1]
+    )
+    noisy = same * np.exp(0.3 * rng.normal(size=same.shape))
+    noisy /= noisy.sum(-1, keepdims=True)
+    varied = metrics.classification_metrics(noisy, labels, ood_probs=ood)
+    assert 0.0 <= varied["ood_auroc_mutual_information"] <= 1.0
