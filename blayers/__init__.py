@@ -11,8 +11,8 @@ Public API: `RandomVariable`, one constructor per TFP distribution (`blayers.Nor
 `TransformedRandomVariable` (a variable pushed through a reversible layer),
 `trace` / `take_mean` / `posterior_mean` / `condition` / `tape`, `make_log_joint` (and
 `programs`: variational inference over a model and a posterior program), `predict`, `set_seed`,
-`set_kl_scale` (the per-example ELBO in `model.fit`), and the subpackages `layers`,
-`initializers`, `regularizers`, `constraints`, `metrics`.
+`set_kl_scale` (the per-example ELBO in `model.fit`), and every module of the library as an
+attribute (`blayers.layers`, `blayers.objectives`, `blayers.metrics`, `blayers.posthoc`, ...).
 
 This package is the library. `import blayers` reads no argv, sets no environment variable,
 writes nothing and imports neither gin nor absl: each name loads its module on first use (so
@@ -45,12 +45,22 @@ _NAMES = {
 }
 _SUBMODULES = {
     "constraints": "blayers.constraints",
+    "convert": "blayers.convert",
+    "distributions": "blayers.distributions",
     "initializers": "blayers.initializers",
     "layers": "blayers.layers",
     "metrics": "blayers.metrics",
+    "objectives": "blayers.objectives",
     "posthoc": "blayers.posthoc",
+    "predict": "blayers.predict",
     "programs": "blayers.programs",
+    "random_variable": "blayers.random_variable",
     "regularizers": "blayers.regularizers",
+    "registry": "blayers.registry",
+    "replicas": "blayers.replicas",
+    "sampling": "blayers.sampling",
+    "seeds": "blayers.seeds",
+    "tracing": "blayers.tracing",
 }
 _DISTRIBUTIONS = "blayers.distributions"
 
