@@ -49,7 +49,8 @@ def _log_axis(ax, values):
         return
     if high / low < 1.05:  # a flat curve: widen so that the ticks differ
         low, high = low / 1.05, high * 1.05
-    ax.set_ylim(low, high)
+    margin = max((high / low) ** 0.05, 1.02)  # the curve's extremes stay inside the frame
+    ax.set_ylim(low / margin, high * margin)
     for digits in (2, 3, 4, 6):  # the fewest significant digits that give 3 distinct ticks
         ticks = sorted({float(f"{t:.{digits}g}") for t in np.geomspace(low, high, 5)})
         ticks = [t for t in ticks if low <= t <= high]
@@ -91,7 +92,11 @@ def training_curves(history, path):
     single = len(evals) == 1
     unit = [k for k in metric_keys if k in _UNIT_METRICS]
     other = [k for k in metric_keys if k not in _UNIT_METRICS]
-    panels = ["objective", "kl", "kl_weight"] if train else []
+    # A deterministic run has no weights' KL: no KL panels, and its loss is its NLL's scale.
+    has_kl = any(h.get("kl_per_example", 0.0) for h in train)
+    panels = (
+        (["objective", "loss", "kl", "kl_weight"] if has_kl else ["objective"]) if train else []
+    )
     if single:
         panels.append("table")
     else:
@@ -111,10 +116,15 @@ def training_curves(history, path):
             ax.plot(steps, [h["nll"] for h in train], label="NLL")
             if any(h.get("local_loss", 0.0) for h in train):
                 ax.plot(steps, [h["local_loss"] for h in train], label="local (latent KL)")
-            ax.plot(steps, [h["loss"] for h in train], label="loss (annealed)", alpha=0.6)
-            _title(ax, "training objective per example")
+            if not has_kl:  # the loss is the NLL (and any penalty): the same scale
+                ax.plot(steps, [h["loss"] for h in train], label="loss", alpha=0.6)
+            _title(ax, "training NLL per example" if has_kl else "training objective per example")
             ax.set_ylabel("nats per example")
             ax.legend(fontsize=7)
+        elif panel == "loss":  # NLL + beta_t KL / N: often 100x the NLL, so its own axis
+            ax.plot(steps, [h["loss"] for h in train], "C1")
+            _title(ax, "loss: NLL + beta_t KL / N (annealed)")
+            ax.set_ylabel("nats per example")
         elif panel == "kl":
             kl = [h["kl_per_example"] for h in train]
             ax.plot(steps, kl, "C3")
@@ -172,8 +182,9 @@ def png_to_tensorboard(path, name=None):
     tf.summary.image(f"plots/{name}", image[None])
 
 
-def reliability_diagram(probs, labels, path, num_bins=15):
-    """Accuracy against confidence per equal-width bin, with the ECE in the title."""
+def reliability_diagram(probs, labels, path, num_bins=15, name=None):
+    """Accuracy against confidence per equal-width bin, with the ECE (and `name`: the run and
+    model, or the post-hoc method) in the title."""
     counts, _, accuracy = metrics_lib.reliability_bins(probs, labels, num_bins)
     centers = (np.arange(num_bins) + 0.5) / num_bins
     fig, (ax, ax_hist) = plt.subplots(
@@ -189,7 +200,12 @@ def reliability_diagram(probs, labels, path, num_bins=15):
     )
     ax.plot([0, 1], [0, 1], "k--", label="perfect calibration")
     ax.set_ylabel("accuracy")
-    ax.set_title(f"reliability (ECE = {metrics_lib.ece(probs, labels, num_bins):.3f})")
+    ece = metrics_lib.ece(probs, labels, num_bins)
+    _title(
+        ax,
+        f"{name}: reliability (ECE = {ece:.3f})" if name else f"reliability (ECE = {ece:.3f})",
+        48,
+    )
     ax.legend(loc="upper left")
     ax_hist.bar(centers, counts, width=1.0 / num_bins, edgecolor="k")
     ax_hist.set_xlabel("confidence")
@@ -391,14 +407,18 @@ def episode_returns(runs, path):
     plt.close(fig)
 
 
-def curve(x, y, xlabel, ylabel, path):
-    """One quantity against another (log y-axis when all values are positive)."""
+def curve(x, y, xlabel, ylabel, path, title=None, label=None):
+    """One quantity against another (log y-axis when all values are positive), with `title`
+    (default: the y label against the x label) and, given `label`, a legend."""
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.plot(x, y)
+    ax.plot(x, y, label=label)
     if len(y) and np.all(np.asarray(y) > 0):
         _log_axis(ax, y)
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
+    _title(ax, title or f"{ylabel} against {xlabel}", 60)
+    if label:
+        ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -80,6 +80,7 @@ def main(argv):
             "gin_param": list(FLAGS.gin_param),
         },
     )
+    arrays["label"] = f"{os.path.basename(os.path.normpath(FLAGS.model_dir))} + {FLAGS.method}"
     learner.data.task.plot(learner.model, learner.data, arrays, out.path)
     width = max(len(k) for k in summary["final"])
     print(f"{'metric':{width}s}  {'run':>10s}  {FLAGS.method:>12s}")

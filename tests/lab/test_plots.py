@@ -70,7 +70,7 @@ def test_one_evaluation_is_a_table_and_optima_are_not_metrics(figures, tmp_path)
     plots.training_curves(_history([record]), str(tmp_path / "curves.png"))
     axes = [ax for ax in figures[0].axes if ax.axison]  # the table's panel has no axes
     titles = [ax.get_title() for ax in figures[0].axes]
-    assert len(axes) == 3 and any("test metrics at step 39" in t for t in titles), titles
+    assert len(axes) == 4 and any("test metrics at step 39" in t for t in titles), titles
     text = " ".join(t.get_text() for ax in figures[0].axes for t in ax.texts)
     assert "token_nll" in text and "optimum 0.49" in text and "bleu_beam" in text
     assert not any("optimum" in t for t in titles)
@@ -122,3 +122,39 @@ def test_episode_axes_count_whole_episodes_and_open_loop_names_its_run(figures, 
     figure = figures[1]
     assert figure._suptitle is not None and "planet/seed0" in figure._suptitle.get_text()
     assert all("x[" not in ax.get_ylabel() for ax in figure.axes)
+
+
+def test_the_loss_has_its_own_axis_and_a_deterministic_run_draws_no_kl(figures, tmp_path):
+    """NLL (~0.5) and an annealed loss with the weights' KL (~130) on one axis would flatten
+    the NLL: the loss gets its own panel; a run without KL draws no KL panels."""
+    history = _history([{"kind": "eval", "step": 39, "accuracy": 0.9}])
+    for record in history[:-1]:
+        record["loss"] = record["nll"] + 130.0
+    plots.training_curves(history, str(tmp_path / "bayesian.png"))
+    axes = [ax for ax in figures[0].axes if ax.axison]
+    objective = next(ax for ax in axes if "NLL per example" in ax.get_title())
+    assert max(max(line.get_ydata()) for line in objective.lines) < 1.0  # no loss line there
+    assert any("NLL + beta_t KL" in ax.get_title() for ax in axes)
+    for record in history[:-1]:
+        record.update(kl_per_example=0.0, loss=record["nll"])
+    plots.training_curves(history, str(tmp_path / "deterministic.png"))
+    titles = [ax.get_title() for ax in figures[1].axes if ax.axison]
+    assert not any("KL" in t for t in titles), titles
+    assert any("training objective" in t for t in titles)
+
+
+def test_plots_name_what_they_show_and_keep_the_curve_in_frame(figures, tmp_path):
+    rng = np.random.default_rng(0)
+    probs = rng.dirichlet(np.ones(3), size=(1, 50))
+    plots.reliability_diagram(
+        probs, rng.integers(0, 3, 50), str(tmp_path / "r.png"), name="run + swag"
+    )
+    assert figures[0].axes[0].get_title().startswith("run + swag: reliability")
+    values = [5.0, 3.0, 2.0, 1.5]
+    plots.curve(
+        range(4), values, "training step", "KL", str(tmp_path / "c.png"), title="T", label="rssm"
+    )
+    ax = figures[1].axes[0]
+    low, high = ax.get_ylim()
+    assert low < min(values) and high > max(values)  # not clipped at the frame
+    assert ax.get_title() == "T" and ax.get_legend() is not None

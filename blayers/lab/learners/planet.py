@@ -231,14 +231,16 @@ class PlanetLearner(KerasLearner):
         plots.history_panels(records, _TERMS, paths["training_curves"])
         plots.episode_returns({self.model.transition_name: [self.buffer.returns()]}, paths["score"])
         train = [r for r in records if r["kind"] == "train"]
+        name = os.path.basename(os.path.normpath(run.path))
         plots.curve(
             [r["step"] for r in train],
             [r["weight_kl_per_sequence"] for r in train],
             "training step",
-            "transition weight KL / N",
+            "transition weight KL / N (nats per sequence)",
             paths["weight_kl"],
+            title=f"{name}: the {self.model.transition_name} transition's weight KL per sequence",
+            label=f"{self.model.transition_name} transition",
         )
-        name = os.path.basename(os.path.normpath(run.path))
         plots.open_loop_strip(
             arrays["open_loop"]["true"],
             arrays["open_loop"]["predicted"],

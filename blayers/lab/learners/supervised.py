@@ -18,6 +18,7 @@ metrics under `replicas` (with its name, seed and hyperparameters) for model sel
 
 import json
 import numbers
+import os
 
 import gin
 import keras
@@ -382,6 +383,9 @@ class SupervisedLearner(KerasLearner):
                     }
                 )
             return summary, [curves]
+        arrays.setdefault(
+            "label", f"{os.path.basename(os.path.normpath(run.path))}: {self.model.name}"
+        )
         images = [curves, *self.data.task.plot(self.model, self.data, arrays, run.path)]
         return summary, images
 

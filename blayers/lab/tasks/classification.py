@@ -71,7 +71,8 @@ class Classification(Task):
 
     def plot(self, model, data, arrays, model_dir):
         path = os.path.join(model_dir, "reliability.png")
-        plots.reliability_diagram(arrays["probs"], arrays["labels"], path)
+        label = arrays.get("label")  # the run and model, or the post-hoc method
+        plots.reliability_diagram(arrays["probs"], arrays["labels"], path, name=label)
         paths = [path]
         if "corruptions" in arrays:
             table_path = os.path.join(model_dir, "corruptions.json")
