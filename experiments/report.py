@@ -76,6 +76,16 @@ def collect(root):
             runs.append(
                 {"dir": directory, "metrics": run.metrics() or {}, "command": run.command() or {}}
             )
+    # A post-hoc method's output (`RUN/posthoc/<method>[-<setting>]/`) belongs to its run.
+    posthoc = [r for r in runs if "base" in r["metrics"] and "method" in r["metrics"]]
+    runs = [r for r in runs if r not in posthoc]
+    for run in runs:
+        run["posthoc"] = [
+            p
+            for p in posthoc
+            if os.path.dirname(os.path.dirname(p["dir"])) == run["dir"]
+            and os.path.basename(os.path.dirname(p["dir"])) == "posthoc"
+        ]
     loose = []
     for run in runs:
         parent = next(
@@ -156,6 +166,22 @@ def experiment_plots(experiment, limit=6):
     return (own + per_run)[:limit]
 
 
+def posthoc_rows(output):
+    """`[(metric, the run's model, the method)]` of a post-hoc output on the same examples."""
+    base, final = output["metrics"].get("base", {}), output["metrics"].get("final", {})
+    return [
+        (key, _number(base.get(key)) or "", _number(final[key]))
+        for key in sorted(final)
+        if _number(final[key]) is not None
+    ]
+
+
+def _posthoc_title(output):
+    metrics = output["metrics"]
+    scored = f", {metrics['checkpoint']}" if metrics.get("checkpoint") else ""
+    return f"Post-hoc `{os.path.basename(output['dir'])}` ({metrics.get('method')}{scored})"
+
+
 def _command_of(run):
     return run["command"].get("command") or "(no command.json: a run made before it was recorded)"
 
@@ -205,6 +231,18 @@ def render_markdown(assigned, root, link=None):
             lines.append("")
             lines += [f"![{os.path.basename(p)}]({link(p)})" for p in _plots(run["dir"])]
             lines.append("")
+            for output in run.get("posthoc", []):
+                method = output["metrics"].get("method", "post-hoc")
+                lines += [
+                    f"#### {_posthoc_title(output)}",
+                    "",
+                    f"Command: `{_command_of(output)}`",
+                    "",
+                    f"| metric | the run's model | {method} |",
+                    "|---|---|---|",
+                ]
+                lines += [f"| {m} | {b} | {f} |" for m, b, f in posthoc_rows(output)]
+                lines.append("")
     return "\n".join(lines) + "\n"
 
 
@@ -273,6 +311,18 @@ def render_html(assigned, root):
                 "</table>"
             )
             parts += [_image(p) for p in _plots(run["dir"])]
+            for output in run.get("posthoc", []):
+                method = html.escape(str(output["metrics"].get("method", "post-hoc")))
+                rows = "".join(
+                    f"<tr><td>{html.escape(m)}</td><td>{b}</td><td>{f}</td></tr>"
+                    for m, b, f in posthoc_rows(output)
+                )
+                parts.append(
+                    f"<h4>{html.escape(_posthoc_title(output))}</h4>"
+                    f"<p>Command: <code>{html.escape(_command_of(output))}</code></p>"
+                    f"<table><tr><th>metric</th><th>the run's model</th><th>{method}</th></tr>"
+                    f"{rows}</table>"
+                )
     return "\n".join(parts) + "\n"
 
 

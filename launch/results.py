@@ -115,7 +115,9 @@ def write_hparams(results, root):
     finished = [r for r in results if r[2].startswith(("finished", "skipped")) and r[3]]
     if not finished:
         return
-    import tensorflow as tf
+    from blayers.lab import cli_env
+
+    tf = cli_env.quiet_tensorflow()  # no start-up log in the sweep's own output
     from tensorboard.plugins.hparams import api as hp
 
     names = sorted({k for _, bindings, _, _ in finished for k in bindings})

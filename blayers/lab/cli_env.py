@@ -32,6 +32,7 @@ __all__ = [
     "prepare",
     "prepare_if_cli",
     "private_tempdir",
+    "quiet_tensorflow",
     "run_app",
 ]
 
@@ -92,6 +93,26 @@ def private_tempdir():
     os.makedirs(own, exist_ok=True)
     tempfile.tempdir = own
     atexit.register(shutil.rmtree, own, ignore_errors=True)
+
+
+def quiet_tensorflow():
+    """TensorFlow for a process that only writes summaries (a sweep's driver, the report):
+    loaded without its start-up log and with its C++ log at errors only while it loads (the
+    `cuInit` line of a CPU machine included); the process's own environment, which its
+    trainers inherit, is left as it was."""
+    if "tensorflow" in sys.modules:
+        return sys.modules["tensorflow"]
+    previous = os.environ.get("TF_CPP_MIN_LOG_LEVEL")
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    try:
+        _import_tensorflow_quietly()
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()  # device discovery (cuInit) while still quiet
+    finally:
+        if previous is None:
+            os.environ.pop("TF_CPP_MIN_LOG_LEVEL", None)
+    return sys.modules["tensorflow"]
 
 
 def _import_tensorflow_quietly():

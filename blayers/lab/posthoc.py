@@ -194,7 +194,13 @@ def posthoc(
     elif method == "ensemble":
         draws = [base_params]
         for member in members:
-            member_learner, _ = restore(member)
+            try:
+                member_learner, _ = restore(member)
+            except runs.CheckpointMismatchError as error:
+                raise ValueError(
+                    f"posthoc: the ensemble member {member} is not a run of this model "
+                    f"({run.path}'s): {runs.first_line(error)}"
+                ) from None
             draws.append(predictive(member_learner.model))
         params = [np.concatenate(parts) for parts in zip(*draws)]
         extra = {"ensemble_size": len(draws)}

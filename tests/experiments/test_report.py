@@ -169,3 +169,32 @@ def test_the_report_discovers_a_new_experiment(tmp_path, monkeypatch):
     keys = [entry.key for entry in report.discover()]
     assert keys.index("fig1") < keys.index("fig3") < keys.index("fig4")
     assert keys.count("fig3") == 1
+
+
+def test_post_hoc_outputs_sit_under_their_run_beside_its_model(tmp_path):
+    """`RUN/posthoc/<method>/` is not a run of its own with no command: the report shows it
+    under its run, its command, the checkpoint scored, and each metric beside the run's."""
+    _fake_run(tmp_path / "rnn", "bayesian_rnn_smoke", {"nll": 1.1})
+    out = tmp_path / "rnn" / "posthoc" / "temperature"
+    out.mkdir(parents=True)
+    (out / "metrics.json").write_text(
+        json.dumps(
+            {
+                "method": "temperature",
+                "checkpoint": "ckpt-30",
+                "base": {"nll": 1.1, "ece": 0.08},
+                "final": {"nll": 0.9, "ece": 0.02, "temperature": 1.7},
+            }
+        )
+    )
+    (out / "command.json").write_text(
+        json.dumps({"command": "python -m blayers.posthoc --model_dir=rnn --method=temperature"})
+    )
+    assigned = report.write_report(str(tmp_path), str(tmp_path / "report"))
+    assert [os.path.basename(r["dir"]) for r in assigned["fig1"][0]] == ["rnn"]
+    assert not assigned["other"][0]  # not a loose run
+    text = (tmp_path / "report.md").read_text()
+    assert "#### Post-hoc `temperature` (temperature, ckpt-30)" in text
+    assert "| ece | 0.08 | 0.02 |" in text and "| temperature |  | 1.7 |" in text
+    assert "no command.json" not in text
+    assert "<td>0.08</td><td>0.02</td>" in (tmp_path / "report.html").read_text()

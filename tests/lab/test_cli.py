@@ -176,6 +176,8 @@ def test_sweep_runs_grid_tolerates_failures_and_skips_finished(tmp_path):
     ]
     result = _run(args, timeout=600)
     assert result.returncode == 1  # two runs failed
+    for chatter in ("cuInit", "oneDNN", "absl::InitializeLog"):  # TensorFlow's start-up log
+        assert chatter not in result.stdout + result.stderr, chatter
     rows = (root / "results.csv").read_text().splitlines()
     assert rows[0].startswith("run,mlp.dense_layer,seed,status,accuracy,nll,ece")
     assert len(rows) == 5

@@ -262,3 +262,21 @@ def test_an_unwritable_model_dir_is_one_line_and_exit_1(tmp_path):
         assert done.returncode == 1, done.stderr[-2000:]
         assert "Could not write the run folder" in done.stderr
         assert "Traceback" not in done.stderr
+
+
+def test_a_checkpoint_of_another_model_is_one_error_without_tensorflow_s_warnings(tmp_path, caplog):
+    """TensorFlow warns, once per unused value, about a checkpoint read but not matched; the
+    mismatch is already the error, so those warnings are silenced."""
+    import gc
+
+    import tensorflow as tf
+
+    saved = tf.train.Checkpoint(**{f"v{i}": tf.Variable(tf.zeros(3)) for i in range(8)})
+    runs.Checkpointer(str(tmp_path), saved).save(1)
+    other = tf.train.Checkpoint(v0=tf.Variable(tf.zeros(4)))
+    with caplog.at_level("WARNING"), pytest.raises(runs.CheckpointMismatchError):
+        runs.Checkpointer(str(tmp_path), other).restore()
+    del other
+    gc.collect()
+    unused = [r for r in caplog.records if "could not be found" in r.getMessage()]
+    assert not unused, [r.getMessage() for r in unused][:3]

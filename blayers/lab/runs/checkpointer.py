@@ -17,6 +17,7 @@ Orbax's `CheckpointManager` are the models).
 """
 
 import glob
+import logging as std_logging
 import os
 import shutil
 
@@ -39,6 +40,20 @@ __all__ = [
 ]
 
 PREFIX = "ckpt"
+
+
+class _UnusedValues(std_logging.Filter):
+    """Drops TensorFlow's "Value in checkpoint could not be found in the restored object"
+    warnings, one per value, printed when a restore is garbage-collected: the Checkpointer
+    asserts that every object of the model was restored and raises `CheckpointMismatchError`
+    for another model's checkpoint (naming the variable), so they only repeat that error
+    thirty times."""
+
+    def filter(self, record):
+        return "could not be found in the restored object" not in record.getMessage()
+
+
+std_logging.getLogger("tensorflow").addFilter(_UnusedValues())
 
 
 class CheckpointMismatchError(ValueError):
