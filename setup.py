@@ -6,7 +6,9 @@ from setuptools import find_packages, setup
 
 setup(
     packages=[
-        *find_packages(include=["blayers", "blayers.*", "launch", "launch.*", "experiments"]),
+        # `launch/` and `experiments/` at the top of a checkout are aliases of these; the wheel
+        # ships only the `blayers` namespace.
+        *find_packages(include=["blayers", "blayers.*"]),
         "blayers.lab.configs",
     ],
     package_dir={"blayers.lab.configs": "configs"},

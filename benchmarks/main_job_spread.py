@@ -44,7 +44,7 @@ def main():
         [
             sys.executable,
             "-m",
-            "launch.sweep",
+            "blayers.launch.sweep",
             "--gin_file=digits_mlp",
             f"--sweep=mlp.dense_layer={list(LAYERS)}",
             f"--sweep=seed={seeds}",
@@ -64,9 +64,7 @@ def main():
             key: {
                 "seed0": finals[0].get(key),
                 "mean": float(np.mean([f[key] for f in finals])) if key in finals[0] else None,
-                "sd": float(np.std([f[key] for f in finals], ddof=1))
-                if key in finals[0]
-                else None,
+                "sd": float(np.std([f[key] for f in finals], ddof=1)) if key in finals[0] else None,
             }
             for key, _ in METRICS
         }

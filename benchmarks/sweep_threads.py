@@ -60,7 +60,7 @@ def main():
     if args.child:
         return child(args.child)
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from launch.local import THREAD_VARIABLES, trainer_env
+    from blayers.launch.local import THREAD_VARIABLES, trainer_env
 
     default = {k: v for k, v in os.environ.items() if k not in THREAD_VARIABLES}
     shared = trainer_env(2, environ=default)

@@ -32,8 +32,8 @@ from common import write_json
 from blayers.lab import runs
 from blayers.lab.config import find_config_file
 from blayers.lab.data.uci import uci_num_splits
-from experiments import uci_regression as uci
-from launch import sweep
+from blayers.experiments import uci_regression as uci
+from blayers.launch import sweep
 
 WINDOWS = 4  # logging windows per measurement; the first (tracing) is dropped
 

@@ -1,6 +1,13 @@
-"""One script per paper figure or table; run them as modules from the repository root
-(`python -m experiments.deep_gp_uci ...`)."""
+"""`experiments` in a checkout: an alias of `blayers.experiments`, where the experiment
+scripts live (`python -m experiments.uci_regression` is
+`python -m blayers.experiments.uci_regression`)."""
 
-from blayers.lab import cli_env as _cli_env
+from blayers.lab.aliases import alias as _alias
 
-_cli_env.prepare_if_cli()  # `python -m experiments.x`: before TensorFlow loads
+_target = _alias(__name__, "blayers.experiments")
+
+
+def __getattr__(name):  # `from experiments import report`: the real submodule
+    import importlib
+
+    return importlib.import_module(f"blayers.experiments.{name}")

@@ -80,9 +80,11 @@ def test_wheel_carries_configs_data_and_experiments(wheel):
     assert configs and all(f"blayers/lab/configs/{c}" in names for c in configs), configs
     patterns = sorted((REPOSITORY / "blayers/lab/data/point_patterns").glob("*.csv"))
     assert patterns and all(f"blayers/lab/data/point_patterns/{p.name}" in names for p in patterns)
-    for package in ("experiments", "launch"):
-        modules = sorted((REPOSITORY / package).glob("*.py"))
-        assert all(f"{package}/{m.name}" in names for m in modules), package
+    for package in ("experiments", "launch"):  # inside the blayers namespace, not at the top
+        modules = sorted((REPOSITORY / "blayers" / package).glob("*.py"))
+        assert modules and all(f"blayers/{package}/{m.name}" in names for m in modules), package
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith((".dist-info", ".data"))}
+    assert tops == {"blayers"}, tops  # no top-level package of a common name
     # The version is read from the package (one place).
     assert wheel.name.startswith(f"blayers-{blayers.__version__}-")
     # Nothing of the development tree (tests, benchmarks, docs) goes into the package.
@@ -116,8 +118,8 @@ def test_installed_wheel_runs_the_main_job_from_an_empty_directory(wheel, tmp_pa
     where = run(
         python,
         "-c",
-        "import blayers, experiments, launch; "
-        "print(blayers.__file__, experiments.__file__, launch.__file__)",
+        "import blayers, blayers.experiments, blayers.launch; "
+        "print(blayers.__file__, blayers.experiments.__file__, blayers.launch.__file__)",
     )
     assert str(REPOSITORY) not in where and where.count(str(environment)) == 3, where
     # The main job (README), on its smoke config: a sweep whose runs are `python -m
@@ -138,8 +140,8 @@ def test_installed_wheel_runs_the_main_job_from_an_empty_directory(wheel, tmp_pa
         "--model_dir=single",
     )
     assert (work / "single" / "reliability.png").exists()
-    # absl's --help exits with status 1.
-    assert "--splits" in run(python, "-m", "experiments.cox_process", "--help", returncode=1)
+    assert "--splits" in run(python, "-m", "blayers.experiments.cox_process", "--help")
+    assert "--sweep" in run(python, "-m", "blayers.launch.sweep", "--help")
 
 
 def test_the_changelog_s_newest_release_is_the_package_version():

@@ -114,7 +114,11 @@ def test_import_graph_has_no_cycle():
 
 
 def _is_lab(name):
-    return name.split(".")[0] != "blayers" or name.startswith("blayers.lab")
+    """The application on top: the lab, the launchers and the experiments (in the `blayers`
+    namespace, and the checkout's top-level aliases of them)."""
+    return name.split(".")[0] != "blayers" or name.startswith(
+        ("blayers.lab", "blayers.launch", "blayers.experiments")
+    )
 
 
 def test_the_library_does_not_import_the_lab():
@@ -202,7 +206,8 @@ print(json.dumps({
     "bare": bare,
     "new": sorted(m for m in set(sys.modules) - loaded
                   if m.split(".")[0] in ("gin", "absl", "launch", "experiments")
-                  or m.startswith("blayers.lab") or m == "blayers.train"),
+                  or m.startswith(("blayers.lab", "blayers.launch", "blayers.experiments"))
+                  or m == "blayers.train"),
     "env": sorted(set(os.environ.items()) ^ set(before_env.items())),
     "filters": len(logging.getLogger().filters) - len(filters),
 }))
@@ -335,6 +340,7 @@ def test_cli_environment_is_set_only_for_the_cli():
     assert cli_env.is_cli(["python", "-m", "blayers.train", "--model_dir=x"], ["-m"])
     assert cli_env.is_cli(["python", "/usr/bin/blayers-train"], ["/usr/bin/blayers-train"])
     assert cli_env.is_cli(["python", "-m", "experiments.deep_gp_uci"], ["-m"])
+    assert cli_env.is_cli(["python", "-m", "blayers.experiments.deep_gp_uci"], ["-m"])
     assert not cli_env.is_cli(["python", "-m", "pytest"], ["pytest"])
     assert not cli_env.is_cli(["python", "script.py"], ["script.py"])
 

@@ -36,7 +36,8 @@ __all__ = [
     "run_app",
 ]
 
-_CLI_MODULES = ("blayers.train", "experiments.")  # a trailing dot: every module under it
+# A trailing dot: every module under it (`experiments.` is the checkout's alias).
+_CLI_MODULES = ("blayers.train", "blayers.experiments.", "experiments.")
 _CLI_SCRIPTS = ("blayers-train",)
 
 

@@ -90,7 +90,7 @@ def main(argv):
 
 def _set_command():
     """The command line for `command.json`, which the Loop writes once the run is accepted
-    (the reproduction report, `python -m experiments.report`, prints it beside each number)."""
+    (the reproduction report, `python -m blayers.experiments.report`, prints it beside each number)."""
     from blayers.lab import runs
 
     runs.set_command(

@@ -6,8 +6,8 @@ full-batch Adam steps, 100 k-means inducing points per layer, and the table of t
 log-likelihood and RMSE (mean +- standard error over splits, original units) beside published
 numbers with their sources.
 
-    python -m experiments.deep_gp_uci --uci_dir=~/data/uci --root=runs/deep_gp_uci
-    python -m experiments.deep_gp_uci --uci_dir=... --datasets=yacht --depths=2 --splits=0-4 \\
+    python -m blayers.experiments.deep_gp_uci --uci_dir=~/data/uci --root=runs/deep_gp_uci
+    python -m blayers.experiments.deep_gp_uci --uci_dir=... --datasets=yacht --depths=2 --splits=0-4 \\
         --gin_param="train.train_steps = 1500" --parallel=2
 
 The paper's setting takes days on 2 cores for 20 splits x 3 depths x 5 sets; the documented
@@ -16,8 +16,8 @@ CPU setting is the second command (timing in the README).
 
 from absl import flags
 
-from experiments import uci_regression
-from experiments.base import Experiment, ReportEntry
+from blayers.experiments import uci_regression
+from blayers.experiments.base import Experiment, ReportEntry
 
 DEPTH_METHODS = {1: "svgp", 2: "dgp2", 3: "dgp3"}
 
@@ -46,7 +46,7 @@ class DeepGPUCI(Experiment):
         order=5,
         gin_prefixes=("deep_gp",),
         experiments=("deep_gp_uci",),
-        command="python -m experiments.deep_gp_uci --uci_dir=PATH/TO/UCI --root=runs/dgp",
+        command="python -m blayers.experiments.deep_gp_uci --uci_dir=PATH/TO/UCI --root=runs/dgp",
     )
 
     def define_options(self):

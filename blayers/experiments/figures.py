@@ -1,7 +1,7 @@
 """The paper's figures that one config reproduces (`python -m blayers.train`), as report entries;
 the experiments with several runs carry their own (`EXPERIMENT.report`)."""
 
-from experiments.base import ReportEntry
+from blayers.experiments.base import ReportEntry
 
 REPORT_ENTRIES = (
     ReportEntry(

@@ -6,8 +6,8 @@ and SNGP, one run per method (`uncertainty_baseline.method`), and writes per met
 NLL, ECE, OOD AUROC (predictive entropy), training time and parameter count (trainable, and as
 a multiple of the deterministic network's).
 
-    python -m experiments.uncertainty_baselines --root=runs/ub_cifar10          # WRN-28-10
-    python -m experiments.uncertainty_baselines --gin_file=uncertainty_baselines_smoke \
+    python -m blayers.experiments.uncertainty_baselines --root=runs/ub_cifar10          # WRN-28-10
+    python -m blayers.experiments.uncertainty_baselines --gin_file=uncertainty_baselines_smoke \
         --root=runs/ub_smoke --parallel=2                                      # digits, CPU
 
 Resume, failures and Ctrl-C are the sweep's. Writes `results.md`, `results.csv` and
@@ -20,8 +20,8 @@ import os
 from absl import app, flags
 
 from blayers.lab.runs import RunDir
-from experiments.base import Experiment, ReportEntry
-from launch import sweep
+from blayers.experiments.base import Experiment, ReportEntry
+from blayers.launch import sweep
 
 METHODS = ("deterministic", "mc_dropout", "flipout", "rank1", "batch_ensemble", "sngp")
 LABELS = {
@@ -103,7 +103,7 @@ class UncertaintyBaselines(Experiment):
         order=20,
         gin_prefixes=("uncertainty_baselines",),
         experiments=("uncertainty_baselines",),
-        command="python -m experiments.uncertainty_baselines "
+        command="python -m blayers.experiments.uncertainty_baselines "
         "--gin_file=uncertainty_baselines_smoke --root=runs/ub --parallel=2",
     )
 

@@ -1,7 +1,7 @@
 """Bayesian PlaNet against deterministic PlaNet (paper Figures 10 and 11).
 
 Trains the agent of `--gin_file` (default `bayesian_planet_cheetah`) for each seed with a
-`DenseReparameterization` transition and with a `Dense` one, through `launch.sweep`'s grid
+`DenseReparameterization` transition and with a `Dense` one, through `blayers.launch.sweep`'s grid
 runner, then writes in `--root`:
 
 * `score.png`: return against episode, median over seeds with the 5th-95th percentile band,
@@ -12,8 +12,8 @@ runner, then writes in `--root`:
   mean return of the last 10 collected episodes, the open-loop error and the velocity probe's
   R^2 (Figure 11), mean over seeds.
 
-    python -m experiments.bayesian_planet --root=runs/planet_seeds --seeds=0,1,2,3,4
-    python -m experiments.bayesian_planet --gin_file=bayesian_planet_smoke --seeds=0,1 \
+    python -m blayers.experiments.bayesian_planet --root=runs/planet_seeds --seeds=0,1,2,3,4
+    python -m blayers.experiments.bayesian_planet --gin_file=bayesian_planet_smoke --seeds=0,1 \
         --root=runs/planet_smoke_seeds --parallel=2
 
 Finished runs are skipped, interrupted ones resume (the sweep's behaviour).
@@ -28,8 +28,8 @@ from absl import flags
 
 from blayers.lab import plots
 from blayers.lab.runs import RunDir
-from experiments.base import Experiment, ReportEntry
-from launch import sweep
+from blayers.experiments.base import Experiment, ReportEntry
+from blayers.launch import sweep
 
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}
 
@@ -118,7 +118,7 @@ class BayesianPlanet(Experiment):
         gin_prefixes=("bayesian_planet",),
         experiments=("bayesian_planet",),
         compare=(("eval_return", 614.0, "bayesian_planet_cheetah", "cheetah-run return"),),
-        command="python -m experiments.bayesian_planet --gin_file=bayesian_planet_smoke "
+        command="python -m blayers.experiments.bayesian_planet --gin_file=bayesian_planet_smoke "
         "--seeds=0,1 --root=runs/planet --parallel=2",
     )
 

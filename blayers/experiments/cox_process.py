@@ -8,8 +8,8 @@ of the held-out log-likelihood per held-out event (original units, mean +- stand
 splits) of the Cox process, the kernel-intensity baseline and the homogeneous process; each run
 keeps its `intensity.png` (posterior mean and 5-95% band with the events).
 
-    python -m experiments.cox_process --root=runs/cox --splits=5 --parallel=2
-    python -m experiments.cox_process --gin_file=cox_process_smoke --splits=2 --root=runs/cox_smoke
+    python -m blayers.experiments.cox_process --root=runs/cox --splits=5 --parallel=2
+    python -m blayers.experiments.cox_process --gin_file=cox_process_smoke --splits=2 --root=runs/cox_smoke
 
 Resume, failures and Ctrl-C are the sweep's. Writes `results.md`, `results.csv`,
 `results.json` in `--root`.
@@ -20,8 +20,8 @@ import os
 
 from absl import app, flags
 
-from experiments.base import Experiment, ReportEntry
-from launch import sweep
+from blayers.experiments.base import Experiment, ReportEntry
+from blayers.launch import sweep
 
 # The 2-D pattern needs more inducing points and a coarser grid per dimension.
 PATTERN_BINDINGS = {
@@ -93,7 +93,7 @@ class CoxProcess(Experiment):
         order=8,
         gin_prefixes=("cox_process",),
         experiments=("cox_process",),
-        command="python -m experiments.cox_process --gin_file=cox_process_smoke --splits=2 "
+        command="python -m blayers.experiments.cox_process --gin_file=cox_process_smoke --splits=2 "
         "--root=runs/cox --parallel=2",
     )
 

@@ -1,6 +1,6 @@
 """Run a grid of gin bindings as trainer subprocesses, then tabulate their final metrics.
 
-    python -m launch.sweep --gin_file=digits_mlp \
+    python -m blayers.launch.sweep --gin_file=digits_mlp \
         --sweep "mlp.dense_layer=['DenseFlipout','Dense']" --sweep 'seed=[0,1,2]' \
         --parallel 2 --root runs/digits
 
@@ -22,9 +22,9 @@ import argparse
 import os
 import sys
 
-from launch import local
-from launch.plan import parse_distribution, parse_sweep, plan_random, plan_runs, plan_sweep
-from launch.results import (
+from blayers.launch import local
+from blayers.launch.plan import parse_distribution, parse_sweep, plan_random, plan_runs, plan_sweep
+from blayers.launch.results import (
     DEFAULT_COLUMNS,
     SUCCESS_STATUSES,
     exit_code,
@@ -65,7 +65,7 @@ def run_sweep(args):
     planned, names = plan_sweep(args)
     backend = getattr(args, "backend", "local")
     if backend == "ray":
-        from launch import ray_backend
+        from blayers.launch import ray_backend
 
         rows, stopped = ray_backend.run_grid(planned, args)
     elif backend == "local":

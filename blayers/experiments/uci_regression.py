@@ -2,7 +2,7 @@
 ensembles, SVGP and deep GPs on the standard 20 splits (Hernandez-Lobato & Adams, 2015), beside
 published numbers.
 
-Runs go through `launch.sweep`'s grid runner, each method with its gin file and published
+Runs go through `blayers.launch.sweep`'s grid runner, each method with its gin file and published
 setting (`METHODS`). Every stage of a data set trains as one run whose replicas
 (`blayers.replicas`, `@uci_replicas()`) are its splits: for MC dropout all splits and grid points
 of a data set's validation stage in one run, then all its test runs in one; for the others all
@@ -23,8 +23,8 @@ its splits in one run; each replica follows the trajectory it has alone:
   k-means inducing points per layer, 20,000 full-batch Adam steps; `dgp3` from their start
   (`SALIMBENI_START`: fixed identity inner means, length scales sqrt(width)).
 
-    python -m experiments.uci_regression --uci_dir=~/data/uci --root=runs/uci
-    python -m experiments.uci_regression --uci_dir=... --methods=mc_dropout,svgp \\
+    python -m blayers.experiments.uci_regression --uci_dir=~/data/uci --root=runs/uci
+    python -m blayers.experiments.uci_regression --uci_dir=... --methods=mc_dropout,svgp \\
         --datasets=yacht --splits=0-4 --parallel=2 --gin_param='svgp:train.train_steps = 1500'
 
 A `--gin_param` prefixed `method:` binds for that method only. `--epochs` overrides the epochs
@@ -48,8 +48,8 @@ from absl import app, flags
 
 from blayers.lab import runs
 from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
-from experiments.base import Experiment, ReportEntry
-from launch import sweep
+from blayers.experiments.base import Experiment, ReportEntry
+from blayers.launch import sweep
 
 DATASETS = [
     "bostonHousing",
@@ -762,7 +762,7 @@ class UCIRegression(Experiment):
         "Adams, 2015; Salimbeni & Deisenroth, 2017) are in the experiment's own table.",
         order=5.5,
         experiments=("uci_regression",),
-        command="python -m experiments.uci_regression --uci_dir=PATH/TO/UCI --root=runs/uci",
+        command="python -m blayers.experiments.uci_regression --uci_dir=PATH/TO/UCI --root=runs/uci",
     )
 
     def define_options(self):

@@ -13,7 +13,7 @@ import sys
 from absl import app, flags
 
 from blayers.lab import cli_env
-from launch import sweep
+from blayers.launch import sweep
 
 __all__ = ["Experiment", "ReportEntry", "main"]
 
@@ -46,7 +46,7 @@ class ReportEntry:
 
 
 class Experiment:
-    """A grid of runs through `launch.sweep` (resume, failures and Ctrl-C are the sweep's),
+    """A grid of runs through `blayers.launch.sweep` (resume, failures and Ctrl-C are the sweep's),
     summarized into tables and figures in `--root`.
 
     Subclasses set `name` (the module's), `gin_file` (the default config), `report` (a
@@ -110,7 +110,7 @@ class Experiment:
         self._options = sorted(set(FLAGS) - before)
 
     def main(self):
-        """The command line: `python -m experiments.<name> --root=... [flags]`."""
+        """The command line: `python -m blayers.experiments.<name> --root=... [flags]`."""
         self.define_flags()
 
         def run(argv):

@@ -1,12 +1,12 @@
 """One reproduction report: every run and experiment under `--runs`, figure by figure and table
 by table of the paper, our numbers beside the paper's, with the command that produced each.
 
-    python -m experiments.report --runs runs/ --out runs/report
+    python -m blayers.experiments.report --runs runs/ --out runs/report
 
 writes `runs/report.html` (one offline page: plots embedded, no network) and `runs/report.md`
 (plots by relative path). A run is a folder with `metrics.json` (its `command.json`, written by
 `blayers.train`, names its gin files and so its figure); an experiment is a folder with
-`experiment.json` (written by the experiment scripts through `launch.sweep`) and its
+`experiment.json` (written by the experiment scripts through `blayers.launch.sweep`) and its
 `results.md` table; runs inside an experiment are shown as part of it. Items with nothing under
 `--runs` say so and give the command that would fill them.
 """
@@ -31,13 +31,13 @@ def discover():
     """Every report entry, in the paper's order: each experiment module's `EXPERIMENT.report`
     and any module's `REPORT_ENTRIES` (the single-config figures of `experiments.figures`). A
     new experiment module is found here; nothing lists it."""
-    import experiments
+    from blayers import experiments
 
     found = []
     for module_info in pkgutil.iter_modules(experiments.__path__):
         if module_info.name in ("base", "report"):
             continue
-        module = importlib.import_module(f"experiments.{module_info.name}")
+        module = importlib.import_module(f"blayers.experiments.{module_info.name}")
         experiment = getattr(module, "EXPERIMENT", None)
         if getattr(experiment, "report", None) is not None:
             found.append(experiment.report)
@@ -96,7 +96,7 @@ def collect(root):
 
 
 def _module(record):
-    match = re.search(r"-m experiments\.(\w+)", record.get("command", ""))
+    match = re.search(r"-m (?:blayers\.)?experiments\.(\w+)", record.get("command", ""))
     return match.group(1) if match else _stem(record.get("gin_file", ""))
 
 
@@ -193,7 +193,7 @@ def render_markdown(assigned, root, link=None):
     lines = [
         "# Reproduction report",
         "",
-        f"Runs under `{root}`; `python -m experiments.report --runs {root}` rebuilds this.",
+        f"Runs under `{root}`; `python -m blayers.experiments.report --runs {root}` rebuilds this.",
         "",
     ]
     for item in (*ITEMS, None):

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import time
 
-from launch.results import elsewhere_status, finished, stopped_status, write_hparams
+from blayers.launch.results import elsewhere_status, finished, stopped_status, write_hparams
 
 __all__ = [
     "THREAD_VARIABLES",

@@ -1,7 +1,7 @@
-"""The Ray backend of `launch.sweep`: each run a Ray Tune trial that runs the trainer (the
+"""The Ray backend of `blayers.launch.sweep`: each run a Ray Tune trial that runs the trainer (the
 `run_grid` contract is `launch.local`'s).
 
-    python -m launch.sweep --gin_file=digits_mlp --sweep 'seed=[0,1,2,3]' --root=/shared/runs \
+    python -m blayers.launch.sweep --gin_file=digits_mlp --sweep 'seed=[0,1,2,3]' --root=/shared/runs \
         --backend=ray --address=auto --cpus_per_run=4 --gpus_per_run=1 --strategy=gpu
 
 A trial is one `python -m blayers.train` subprocess in its own `model_dir` under `--root`, as
@@ -42,7 +42,7 @@ import threading
 import time
 
 from blayers.lab.runs import RunDir
-from launch import local, results
+from blayers.launch import local, results
 
 __all__ = ["require_ray", "run_grid"]
 
@@ -359,7 +359,7 @@ def _end_local_ray(ray, folder, grace=10.0):
 
 
 def _interrupt(signum, frame):
-    from launch.local import SweepStopped
+    from blayers.launch.local import SweepStopped
 
     raise SweepStopped(signum)
 

@@ -1,0 +1,6 @@
+"""One script per paper figure or table, run as modules: `python -m
+blayers.experiments.deep_gp_uci ...` (in a checkout also `python -m experiments.deep_gp_uci`)."""
+
+from blayers.lab import cli_env as _cli_env
+
+_cli_env.prepare_if_cli()  # `python -m blayers.experiments.x`: before TensorFlow loads

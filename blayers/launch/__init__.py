@@ -1,0 +1,1 @@
+"""Command-line launchers: `python -m blayers.launch.sweep` runs a grid of gin bindings locally."""
