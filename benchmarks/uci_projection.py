@@ -29,10 +29,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 import numpy as np
 from common import write_json
 
+from blayers.experiments import uci_regression as uci
 from blayers.lab import runs
 from blayers.lab.config import find_config_file
 from blayers.lab.data.uci import uci_num_splits
-from blayers.experiments import uci_regression as uci
 from blayers.launch import sweep
 
 WINDOWS = 4  # logging windows per measurement; the first (tracing) is dropped

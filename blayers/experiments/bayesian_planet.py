@@ -26,9 +26,9 @@ import shutil
 import numpy as np
 from absl import flags
 
+from blayers.experiments.base import Experiment, ReportEntry
 from blayers.lab import plots
 from blayers.lab.runs import RunDir
-from blayers.experiments.base import Experiment, ReportEntry
 from blayers.launch import sweep
 
 MODELS = {"Bayesian": "'DenseReparameterization'", "deterministic": "'Dense'"}

@@ -46,9 +46,9 @@ import re
 
 from absl import app, flags
 
+from blayers.experiments.base import Experiment, ReportEntry
 from blayers.lab import runs
 from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
-from blayers.experiments.base import Experiment, ReportEntry
 from blayers.launch import sweep
 
 DATASETS = [

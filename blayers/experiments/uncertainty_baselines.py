@@ -19,8 +19,8 @@ import os
 
 from absl import app, flags
 
-from blayers.lab.runs import RunDir
 from blayers.experiments.base import Experiment, ReportEntry
+from blayers.lab.runs import RunDir
 from blayers.launch import sweep
 
 METHODS = ("deterministic", "mc_dropout", "flipout", "rank1", "batch_ensemble", "sngp")
