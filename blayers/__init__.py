@@ -52,7 +52,6 @@ _SUBMODULES = {
     "metrics": "blayers.metrics",
     "objectives": "blayers.objectives",
     "posthoc": "blayers.posthoc",
-    "predict": "blayers.predict",
     "programs": "blayers.programs",
     "random_variable": "blayers.random_variable",
     "regularizers": "blayers.regularizers",

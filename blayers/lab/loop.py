@@ -50,6 +50,7 @@ __all__ = [
     "StopRequest",
     "Stopped",
     "fit",
+    "stopping",
     "train",
     "train_seconds",
 ]
@@ -87,6 +88,16 @@ class Stopped(KeyboardInterrupt):
         self.signal, self.step = signum, step
 
 
+_STOPPING = threading.Event()
+
+
+def stopping():
+    """Whether a signal asked a run of this process to stop (its stop checkpoint is being, or
+    was, written): a command line ignores later signals then, instead of being killed by one
+    while it releases the run folder."""
+    return _STOPPING.is_set()
+
+
 class StopRequest:
     """Turns the first Ctrl-C (SIGINT) or SIGTERM into a request to stop after the current
     call, so the checkpoint is written outside any TensorFlow call. Later signals while it
@@ -104,6 +115,7 @@ class StopRequest:
             raise KeyboardInterrupt  # Ctrl-C twice: the user wants out now
         if not self.requested:
             self.requested, self.signal = True, signum
+            _STOPPING.set()
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

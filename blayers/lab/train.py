@@ -9,8 +9,11 @@ file and line. Re-running the same command resumes from the last checkpoint in `
 """
 
 import json
+import os
 import shlex
+import signal
 import sys
+import threading
 
 from absl import app, flags, logging
 
@@ -111,6 +114,17 @@ def _train_and_report(train_fn):
     folder of another model, 2 a bad argument found while building (a binding, a shape)."""
     from blayers.lab import loop, runs
 
+    def late_signal(signum, frame):
+        if loop.stopping():  # a stop is completing: a second signal (a sweep's) adds nothing
+            return
+        if signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        signal.signal(signum, signal.SIG_DFL)  # before the Loop took over: as by default
+        os.kill(os.getpid(), signum)
+
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, late_signal)
     try:
         metrics = train_fn()
     except loop.Stopped as stopped:  # one line, and the shell's status for that signal

@@ -155,10 +155,10 @@ def test_sweep_logs_its_grid_to_hparams(tmp_path):
 def test_the_report_discovers_a_new_experiment(tmp_path, monkeypatch):
     """An experiment module with its `EXPERIMENT` (an `Experiment` with a report entry) is found
     by the report without any list naming it, in the paper's order."""
-    import experiments
+    from blayers import experiments
 
     (tmp_path / "my_figure.py").write_text(
-        "from experiments.base import Experiment, ReportEntry\n\n\n"
+        "from blayers.experiments.base import Experiment, ReportEntry\n\n\n"
         "class MyFigure(Experiment):\n"
         "    name = 'my_figure'\n"
         "    report = ReportEntry('fig3', 'Figure 3: mine', 'No number.', order=3,\n"
