@@ -70,37 +70,50 @@ def first_line(error):
     return text.splitlines()[0][:200] if text else type(error).__name__
 
 
+def _walk(paths, on_error=None):
+    """`(path, statements)` of each file in `paths` and its includes, depth first, each file
+    once, every file after its own includes (the order gin applies them). A file that cannot
+    be read or parsed is passed to `on_error(error)` and yields no statements."""
+    order, statements_of = [], {}
+
+    def visit(path):
+        if path in statements_of:
+            return
+        statements_of[path] = []
+        try:
+            with open(path) as f:
+                statements_of[path] = _statements(f.read(), path)
+        except (_Unparsable, OSError, UnicodeDecodeError) as error:
+            if on_error:
+                on_error(error)
+        for statement in statements_of[path]:
+            if type(statement).__name__ == "IncludeStatement":
+                beside = os.path.join(os.path.dirname(path), statement.filename)
+                try:
+                    visit(
+                        beside if os.path.exists(beside) else find_config_file(statement.filename)
+                    )
+                except ValueError:
+                    pass  # gin names the missing include when it parses
+        order.append(path)
+
+    for path in paths:
+        visit(path)
+    return [(path, statements_of[path]) for path in order]
+
+
 def gin_imports(paths, gin_params=()):
     """Every `import` (Python modules gin runs at parse time, and `from __gin__ import
     dynamic_registration`, which lets a binding call any Python function) in the gin files,
     their includes, and the bindings: `['file:line: statement', ...]`. Gin files are code; this
     is what `--refuse_gin_imports` refuses. A file or binding the scan cannot parse is listed
     too (`'file: does not parse (...)'`): gin would run the imports before its error."""
-    found, seen = [], set()
-
-    def scan(path):
-        if path in seen:
-            return
-        seen.add(path)
-        try:
-            with open(path) as f:
-                statements = _statements(f.read(), path)
-        except (_Unparsable, OSError, UnicodeDecodeError) as error:
-            found.append(str(error))
-            return
+    found = []
+    for path, statements in _walk(paths, on_error=lambda error: found.append(str(error))):
         for statement in statements:
-            line = statement.location.line_num
             if type(statement).__name__ == "ImportStatement":
+                line = statement.location.line_num
                 found.append(f"{path}:{line}: {statement.location.line_content.strip()}")
-            elif type(statement).__name__ == "IncludeStatement":
-                beside = os.path.join(os.path.dirname(path), statement.filename)
-                try:
-                    scan(beside if os.path.exists(beside) else find_config_file(statement.filename))
-                except ValueError:
-                    pass  # gin names the missing include when it parses
-
-    for path in paths:
-        scan(path)
     for number, binding in enumerate(gin_params, 1):
         try:
             statements = _statements(binding, f"--gin_param #{number} {binding!r}")
@@ -116,31 +129,7 @@ def gin_imports(paths, gin_params=()):
 def expanded_files(paths):
     """`paths` with every `include` in place (depth first, each file once), in the order gin
     parses them: a later file's binding overrides an earlier one's."""
-    out = []
-
-    def visit(path):
-        if path in out:
-            return
-        out.append(path)
-        try:
-            with open(path) as f:
-                statements = _statements(f.read(), path)
-        except (_Unparsable, OSError, UnicodeDecodeError):
-            return
-        for statement in statements:
-            if type(statement).__name__ == "IncludeStatement":
-                beside = os.path.join(os.path.dirname(path), statement.filename)
-                try:
-                    visit(
-                        beside if os.path.exists(beside) else find_config_file(statement.filename)
-                    )
-                except ValueError:
-                    pass
-        out.append(out.pop(out.index(path)))  # after its includes, as gin applies them
-
-    for path in paths:
-        visit(path)
-    return out
+    return [path for path, _ in _walk(paths)]
 
 
 class GinImportsRefused(ValueError):
