@@ -279,6 +279,7 @@ def run_grid(planned, args):
         ),
     )
     stopped, grid = None, None
+    _RECEIVED.clear()
     # Ctrl-C and SIGTERM interrupt `fit` here (not Tune's own Ctrl-C handling, which leaves
     # the trainers to be killed), and the trials checkpoint their trainers.
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
@@ -286,7 +287,7 @@ def run_grid(planned, args):
     try:
         grid = tuner.fit()
     except KeyboardInterrupt as error:  # Ctrl-C (SIGINT), or SIGTERM through `_interrupt`
-        stopped = getattr(error, "signal", signal.SIGINT)
+        stopped = getattr(error, "signal", None) or (_RECEIVED[-1] if _RECEIVED else signal.SIGINT)
         _stop_trials(stop_file, specs)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -358,9 +359,13 @@ def _end_local_ray(ray, folder, grace=10.0):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+_RECEIVED = []  # the signals `_interrupt` turned into a stop (Tune may re-raise its own)
+
+
 def _interrupt(signum, frame):
     from blayers.launch.local import SweepStopped
 
+    _RECEIVED.append(signum)
     raise SweepStopped(signum)
 
 
