@@ -128,6 +128,10 @@ def _train_and_report(train_fn):
     try:
         metrics = train_fn()
     except loop.Stopped as stopped:  # one line, and the shell's status for that signal
+        # Ignored, not handled, from here to the exit: Python's shutdown sets a handled
+        # signal back to its default, and a late one (a sweep's SIGTERM) would then kill it.
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, signal.SIG_IGN)
         print(
             f"Stopped by signal {stopped.signal} at step {stopped.step}; checkpoint saved in "
             f"{FLAGS.model_dir}. Re-run the same command to resume.",
