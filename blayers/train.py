@@ -8,7 +8,7 @@ def run():
     """Entry point of `blayers-train` and `python -m blayers.train`."""
     from blayers.lab import cli_env
 
-    cli_env.prepare()  # before TensorFlow loads below
+    cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads below
     from blayers.lab import train
 
     train.run()

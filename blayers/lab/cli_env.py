@@ -60,9 +60,12 @@ def prepare_if_cli():
         prepare()
 
 
-def prepare():
+def prepare(help_loads_tensorflow=True):
     """Quiets TensorFlow's C++ log for a command line and gives it a temporary folder of its
-    own (see the module docstring)."""
+    own (see the module docstring). `help_loads_tensorflow=False`: the command's `--help`
+    imports no TensorFlow (its flags are defined without it), so it is not loaded for one."""
+    if not help_loads_tensorflow and any(arg in _HELP for arg in sys.argv[1:]):
+        return  # `--help` of a command whose flags load no TensorFlow: none to quiet
     private_tempdir()
     on_cpu = not any(a.startswith("--strategy=") and a.split("=", 1)[1] != "cpu" for a in sys.argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if on_cpu else "2")

@@ -4,7 +4,7 @@ finished run (the lab's `blayers.lab.posthoc_cli`, started quietly like `blayers
 if __name__ == "__main__":
     from blayers.lab import cli_env
 
-    cli_env.prepare()  # before TensorFlow loads
+    cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads
     from blayers.lab import posthoc_cli
 
     posthoc_cli.run()

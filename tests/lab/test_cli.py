@@ -55,7 +55,11 @@ def test_unknown_parameter_fails_with_file_and_line(tmp_path):
 
 @pytest.mark.parametrize(
     ("signals", "status"),
-    [((signal.SIGINT,), 130), ((signal.SIGTERM,), 143), ((signal.SIGINT, signal.SIGTERM), 130)],
+    [
+        pytest.param((signal.SIGINT,), 130, marks=pytest.mark.slow),  # the third case's path
+        ((signal.SIGTERM,), 143),
+        ((signal.SIGINT, signal.SIGTERM), 130),
+    ],
     ids=["sigint", "sigterm", "ctrl_c_then_the_sweeps_sigterm"],
 )
 def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
