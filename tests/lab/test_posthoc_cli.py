@@ -193,8 +193,9 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     summary, _ = _in_process(run, "temperature")
     assert summary["checkpoint"] == "ckpt-1"
     assert _snapshot(run) == before
-    a = _run(["blayers.posthoc", f"--model_dir={run}", "--method=conformal"])
-    b = _run(
+    from blayers.lab.posthoc_cli import output_folder
+
+    done = _run(
         [
             "blayers.posthoc",
             f"--model_dir={run}",
@@ -202,16 +203,16 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
             "--gin_param=posthoc.alpha = 0.05",
         ]
     )
-    assert a.returncode == 0 and b.returncode == 0, (a.stderr[-2000:], b.stderr[-2000:])
-    outputs = sorted(p.name for p in (run / "posthoc").iterdir())
-    assert outputs[0] == "conformal" and outputs[1].startswith("conformal-"), outputs
-    record = json.loads((run / "posthoc" / outputs[1] / "command.json").read_text())
+    assert done.returncode == 0, done.stderr[-2000:]
+    (output,) = (run / "posthoc").iterdir()  # not posthoc/conformal: the defaults' folder
+    assert output.name.startswith("conformal-") and "Scored ckpt-1" in done.stdout
+    assert str(output) == output_folder(str(run), "conformal", (), ["posthoc.alpha = 0.05"])
+    assert output_folder(str(run), "conformal") == str(run / "posthoc" / "conformal")
+    assert output_folder(str(run), "conformal", (), ["posthoc.alpha = 0.1"]) != str(output)
+    record = json.loads((output / "command.json").read_text())
     assert record["gin_param"] == ["posthoc.alpha = 0.05"]
-    covered = [
-        json.loads((run / "posthoc" / o / "metrics.json").read_text())["final"] for o in outputs
-    ]
-    assert covered[0]["conformal_target_coverage"] == pytest.approx(0.9)
-    assert covered[1]["conformal_target_coverage"] == pytest.approx(0.95)
+    final = json.loads((output / "metrics.json").read_text())["final"]
+    assert final["conformal_target_coverage"] == pytest.approx(0.95)
     assert _snapshot(run) == before
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
