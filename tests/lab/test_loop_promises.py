@@ -149,7 +149,11 @@ def _write_lock(model_dir, pid):
     )
 
 
-@pytest.mark.parametrize("kind", list(LEARNERS))
+@pytest.mark.parametrize(
+    "kind",
+    # The mesh learner's graph build makes its case the suite's longest (about 50 s): slow.
+    [pytest.param(k, marks=pytest.mark.slow) if k == "mesh" else k for k in LEARNERS],
+)
 def test_every_learner_keeps_the_run_folder_promises(kind, tmp_path, caplog, capsys):
     if kind == "planet":
         pytest.importorskip("dm_control")
