@@ -162,6 +162,23 @@ def _quiet_gin_search():
         root.removeFilter(quiet)
 
 
+def _open_brackets(text, before_line=None):
+    """`(lines of the brackets still open, the TokenError or None)` after tokenizing `text`
+    (up to the start of `before_line`, when given)."""
+    opened = []
+    try:
+        for token in tokenize.generate_tokens(io.StringIO(text).readline):
+            if before_line is not None and token.start[0] >= before_line:
+                break
+            if token.type == tokenize.OP and token.string in "([{":
+                opened.append(token.start[0])
+            elif token.type == tokenize.OP and token.string in ")]}" and opened:
+                opened.pop()
+    except tokenize.TokenError as error:
+        return opened, error
+    return opened, None
+
+
 def _first_unparsable(paths, gin_params=()):
     """The first file (or binding) that does not tokenize, with the line of its unclosed
     bracket."""
@@ -171,14 +188,8 @@ def _first_unparsable(paths, gin_params=()):
             texts.append((path, f.read()))
     texts += [(f"--gin_param #{n}", text) for n, text in enumerate(gin_params, 1)]
     for path, text in texts:
-        opened = []  # lines of the brackets still open
-        try:
-            for token in tokenize.generate_tokens(io.StringIO(text).readline):
-                if token.type == tokenize.OP and token.string in "([{":
-                    opened.append(token.start[0])
-                elif token.type == tokenize.OP and token.string in ")]}" and opened:
-                    opened.pop()
-        except tokenize.TokenError as error:
+        opened, error = _open_brackets(text)
+        if error is not None:
             line = opened[-1] if opened else error.args[1][0]
             return f"{path}, line {line}: {text.splitlines()[line - 1].strip()!r}"
     return "none alone"
@@ -186,17 +197,7 @@ def _first_unparsable(paths, gin_params=()):
 
 def _unclosed_bracket(text, before_line):
     """`(line, text)` of the outermost bracket still open when `before_line` starts, or None."""
-    opened = []
-    try:
-        for token in tokenize.generate_tokens(io.StringIO(text).readline):
-            if token.start[0] >= before_line:
-                break
-            if token.type == tokenize.OP and token.string in "([{":
-                opened.append(token.start[0])
-            elif token.type == tokenize.OP and token.string in ")]}" and opened:
-                opened.pop()
-    except tokenize.TokenError:
-        pass
+    opened, _ = _open_brackets(text, before_line)
     if not opened:
         return None
     return opened[0], text.splitlines()[opened[0] - 1].strip()

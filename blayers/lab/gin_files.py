@@ -6,6 +6,8 @@ import os
 
 import gin
 
+from blayers.lab.runs.files import first_line
+
 __all__ = [
     "GinImportsRefused",
     "config_search_path",
@@ -63,11 +65,6 @@ def _statements(text, where):
         return list(config_parser.ConfigParser(text, gin.config.ParserDelegate(skip_unknown=True)))
     except Exception as error:  # noqa: BLE001 - reported by the caller, with the place
         raise _Unparsable(f"{where}: does not parse ({first_line(error)})") from None
-
-
-def first_line(error):
-    text = str(error).strip()
-    return text.splitlines()[0][:200] if text else type(error).__name__
 
 
 def _walk(paths, on_error=None):

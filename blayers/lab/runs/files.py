@@ -67,6 +67,22 @@ class RunLock:
         except (OSError, ValueError):
             return None
 
+    def state(self, holder=None):
+        """`(state, holder)` of the LOCK file: `'free'` (none, or torn), `'own'` (this
+        process), `'copied'` (made in another folder on this host: a copy's, locking nothing
+        here), `'live'` (a live process here, or any on another host) or `'dead'`."""
+        holder = self.holder() if holder is None else holder
+        if not holder or not isinstance(holder.get("pid"), int):
+            return "free", holder
+        host, folder = socket.gethostname(), os.path.dirname(self.path)
+        if holder.get("host") != host:
+            return "live", holder  # nothing here can tell whether it still runs
+        if holder.get("inode") not in (None, _identity(folder)):
+            return "copied", holder
+        if holder["pid"] == os.getpid():
+            return "own", holder
+        return ("live" if pid_alive(holder["pid"]) else "dead"), holder
+
     def acquire(self):
         me = {
             "pid": os.getpid(),
@@ -79,31 +95,12 @@ class RunLock:
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
-                holder = self.holder()
-                copied = (  # on this host, another folder (inode) than the lock was made in
-                    holder
-                    and holder.get("host") == me["host"]
-                    and holder.get("inode") not in (None, me["inode"])
-                )
-                if (
-                    not copied
-                    and holder
-                    and holder.get("pid") == os.getpid()
-                    and holder.get("host") == me["host"]
-                ):
+                state, holder = self.state()
+                if state == "own":
                     raise RunLockedError(
                         f"{os.path.dirname(self.path)} is already being trained by this process."
                     ) from None
-                if copied:  # a copied folder: the lock was the original's
-                    logging.warning(
-                        "%s was copied from %s with its LOCK (held there by PID %s on %s); "
-                        "it does not lock this folder: taking it.",
-                        os.path.dirname(self.path),
-                        holder.get("folder"),
-                        holder.get("pid"),
-                        holder.get("host"),
-                    )
-                elif holder and (holder.get("host") != me["host"] or pid_alive(holder["pid"])):
+                if state == "live":
                     raise RunLockedError(
                         f"Another trainer holds {self.path} (PID {holder.get('pid')} on host "
                         f"{holder.get('host')}, since "
@@ -112,6 +109,15 @@ class RunLock:
                         "logs: stop that one, or use another --model_dir. (If it is dead on "
                         "another host, delete the LOCK file.)"
                     ) from None
+                if state == "copied":  # a copied folder: the lock was the original's
+                    logging.warning(
+                        "%s was copied from %s with its LOCK (held there by PID %s on %s); "
+                        "it does not lock this folder: taking it.",
+                        os.path.dirname(self.path),
+                        holder.get("folder"),
+                        holder.get("pid"),
+                        holder.get("host"),
+                    )
                 else:
                     logging.warning(
                         "Taking over the lock of a dead trainer (%s): %s", holder, self.path

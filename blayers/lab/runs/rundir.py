@@ -15,7 +15,6 @@ report and the experiments read and write a run only through it.
 
 import contextlib
 import os
-import socket
 
 from absl import logging
 
@@ -141,17 +140,9 @@ class RunDir:
 
     def held_elsewhere(self):
         """The LOCK's holder record when another live process (or one on another host) trains
-        here, else None (no lock, a torn one, a dead holder's, or this process's)."""
-        from blayers.lab.cli_env import pid_alive
-
-        holder = files.RunLock(self.path).holder()
-        if not holder or not isinstance(holder.get("pid"), int):
-            return None
-        if holder.get("host") != socket.gethostname():
-            return holder
-        if holder["pid"] == os.getpid() or not pid_alive(holder["pid"]):
-            return None
-        return holder
+        here, else None (no lock, a torn one, a dead holder's, a copy's, or this process's)."""
+        state, holder = files.RunLock(self.path).state()
+        return holder if state == "live" else None
 
     @contextlib.contextmanager
     def lock(self):
