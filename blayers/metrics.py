@@ -16,10 +16,12 @@ from sklearn.metrics import roc_auc_score
 __all__ = [
     "accuracy",
     "adaptive_ece",
+    "augrc",
     "aurc",
     "brier",
     "calibration_error",
     "classification_metrics",
+    "classwise_ece",
     "confidence_bins",
     "coverage",
     "draws_differ",
@@ -32,6 +34,7 @@ __all__ = [
     "nll",
     "nlpd",
     "ood_auroc",
+    "ood_scores",
     "predictive_cdf",
     "predictive_stddev_parts",
     "quantile_calibration",
@@ -39,6 +42,7 @@ __all__ = [
     "reliability_bins",
     "risk_coverage_curve",
     "rmse",
+    "smooth_ece",
 ]
 
 _EPS = 1e-12
@@ -111,6 +115,59 @@ def adaptive_ece(probs, labels, num_bins=15):
     return float(error / len(order))
 
 
+def classwise_ece(probs, labels, num_bins=15):
+    """Classwise calibration error (Kull et al., 2019): the mean over classes `k` of
+    `sum_b (n_b / n) |freq_b(y = k) - mean_b p_k|` with `num_bins` equal-width bins of `p_k`,
+    so every class's probability is calibrated, not only the top one."""
+    p = _mean_probs(probs).reshape(-1, np.shape(probs)[-1])
+    labels = np.asarray(labels).reshape(-1).astype(int)
+    return float(
+        np.mean([calibration_error(p[:, k], labels == k, num_bins) for k in range(p.shape[1])])
+    )
+
+
+def _reflected_gaussian(t, f, sigma):
+    """`K(t, f)`: a Gaussian kernel of width `sigma` reflected at 0 and 1, `[len(t), len(f)]`."""
+    d = t[:, None]
+    return sum(
+        np.exp(-0.5 * np.square((d - c) / sigma)) for c in (f[None], -f[None], 2.0 - f[None])
+    ) / (np.sqrt(2.0 * np.pi) * sigma)
+
+
+def _smooth_ece_at(f, residual, sigma, grid):
+    kernel = _reflected_gaussian(grid, f, sigma)
+    density = kernel.sum(1)
+    smoothed = kernel @ residual / np.maximum(density, 1e-300)
+    return float(np.sum(np.abs(smoothed) * density) / np.sum(density))
+
+
+def smooth_ece(probs, labels, return_width=False, grid_points=200):
+    """SmoothECE (Blasiok & Nakkiran, 2023) of the top-label confidence: the residual
+    `y - f` (correctness minus confidence) kernel-smoothed with a reflected Gaussian of width
+    `sigma`, `smECE_sigma = int |r_sigma(t)| delta_sigma(t) dt` over the smoothed density of
+    confidences, at the fixed point `smECE_sigma = sigma` (found by bisection, as the authors'
+    `relplot` does). Consistent and continuous in the predictions, unlike binned ECE."""
+    confidence, correct = _confidence_and_correct(probs, labels)
+    residual = confidence - correct.astype(np.float64)
+    grid = np.linspace(0.0, 1.0, max(grid_points, 10))
+
+    def wide_enough(sigma):
+        return sigma < 1e-3 or sigma < _smooth_ece_at(confidence, residual, sigma, grid)
+
+    sigma = 1.0
+    if not wide_enough(sigma):
+        high, low = 1.0, 0.0
+        for _ in range(10):
+            middle = (high + low) / 2
+            if wide_enough(middle):
+                low = middle
+            else:
+                high = middle
+        sigma = high
+    value = _smooth_ece_at(confidence, residual, sigma, grid)
+    return (value, sigma) if return_width else value
+
+
 def risk_coverage_curve(confidence, correct):
     """Selective prediction: keeping the `k` most confident examples (k = 1..n), the coverage
     `k / n` and the risk (error rate among them). Returns `(coverage [n], risk [n])`.
@@ -135,6 +192,16 @@ def aurc(probs, labels):
     errors last gives `r + (1 - r) log(1 - r)` at error rate `r`."""
     _, risk = risk_coverage_curve(*_confidence_and_correct(probs, labels))
     return float(np.mean(risk))
+
+
+def augrc(probs, labels):
+    """Area under the generalized risk-coverage curve (Traub et al., 2024): the mean over
+    coverages `k / n` of the joint risk `P(error and kept)` = errors among the `k` most confident
+    over `n`; lower is better. Unlike AURC it does not weight the few most confident examples'
+    errors by `1 / k`: a random ranking gives `r / 2`, a perfect one `r^2 / 2` (error rate
+    `r`, large `n`)."""
+    coverage, risk = risk_coverage_curve(*_confidence_and_correct(probs, labels))
+    return float(np.mean(coverage * risk))
 
 
 def fpr_at_tpr(in_scores, ood_scores, tpr=0.95):
@@ -165,6 +232,26 @@ def mutual_information(probs):
     probs = np.asarray(probs, np.float64)
     # Non-negative by Jensen; clip the float rounding of identical draws.
     return np.maximum(_entropy(probs.mean(0)) - _entropy(probs).mean(0), 0.0)
+
+
+def ood_scores(probs, logits=None):
+    """Per-example out-of-distribution scores (higher = more likely OOD) of predictive draws
+    `probs [S, n, K]` and, when given, their logits `[S, n, K]`:
+
+    * `max_softmax`: `1 - max_k p_k` (Hendrycks & Gimpel, 2017);
+    * `entropy`: `H[p]`;
+    * `mutual_information`: `H[p] - mean_s H[p_s]` (only when the draws differ);
+    * `max_logit`: `-max_k z_k` (Hendrycks et al., 2022), averaged over draws;
+    * `energy`: `-log sum_k exp(z_k)` (Liu et al., 2020), averaged over draws.
+    """
+    scores = {"max_softmax": 1.0 - _mean_probs(probs).max(-1), "entropy": entropy(probs)}
+    if draws_differ(probs):
+        scores["mutual_information"] = mutual_information(probs)
+    if logits is not None:
+        logits = np.asarray(logits, np.float64)
+        scores["max_logit"] = -logits.max(-1).mean(0)
+        scores["energy"] = -logsumexp(logits, axis=-1).mean(0)
+    return scores
 
 
 def ood_auroc(in_scores, ood_scores):
@@ -255,18 +342,31 @@ def interval_coverage(means, stddevs, targets, levels, scale=1.0):
     return np.asarray(levels), covered, width
 
 
-def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
-    """Accuracy, NLL, ECE (`num_bins` equal-width bins) and adaptive ECE (equal-mass bins),
-    Brier score, AURC, mean predictive entropy and mutual information of `probs [S, N, K]`
-    (S posterior draws); per-token perplexity for sequence labels; given `ood_probs`, OOD AUROC
-    by entropy and by mutual information (left out when every draw is the same: not
-    applicable), and the FPR at 95% TPR by entropy."""
+def classification_metrics(
+    probs, labels, ood_probs=None, num_bins=15, logits=None, ood_logits=None
+):
+    """Accuracy, NLL, ECE (`num_bins` equal-width bins), adaptive ECE (equal-mass bins),
+    classwise ECE and SmoothECE, Brier score, AURC and AUGRC, mean predictive entropy and
+    mutual information of `probs [S, N, K]` (S posterior draws); per-token perplexity for
+    sequence labels; given `ood_probs`, the OOD AUROC and the FPR at 95% TPR of each of
+    `ood_scores` (`ood_auroc_<score>`, `ood_fpr95_<score>`; the logit scores with `logits` and
+    `ood_logits`; mutual information left out when every draw is the same: not applicable)."""
+    flat = np.ndim(labels) == 1
     result = {
         "accuracy": accuracy(probs, labels),
         "nll": nll(probs, labels),
         "ece": ece(probs, labels, num_bins),
         "adaptive_ece": adaptive_ece(probs, labels, num_bins),
+        **(
+            {
+                "classwise_ece": classwise_ece(probs, labels, num_bins),
+                "smooth_ece": smooth_ece(probs, labels),
+            }
+            if flat
+            else {}
+        ),
         "aurc": aurc(probs, labels),
+        "augrc": augrc(probs, labels),
         "brier": brier(probs, labels),
         "entropy": float(np.mean(entropy(probs))),
         "mutual_information": float(np.mean(mutual_information(probs))),
@@ -274,15 +374,18 @@ def classification_metrics(probs, labels, ood_probs=None, num_bins=15):
     if np.ndim(labels) > 1:  # sequences: per-token NLL, so exp(NLL) is the perplexity
         result["perplexity"] = float(np.exp(result["nll"]))
     if ood_probs is not None:
-        result["ood_auroc_entropy"] = ood_auroc(entropy(probs), entropy(ood_probs))
-        if draws_differ(probs) or draws_differ(ood_probs):
-            result["ood_auroc_mutual_information"] = ood_auroc(
-                mutual_information(probs), mutual_information(ood_probs)
-            )
+        with_logits = logits is not None and ood_logits is not None
+        inside = ood_scores(probs, logits if with_logits else None)
+        outside = ood_scores(ood_probs, ood_logits if with_logits else None)
+        if "mutual_information" in inside or "mutual_information" in outside:
+            inside["mutual_information"] = mutual_information(probs)
+            outside["mutual_information"] = mutual_information(ood_probs)
         # else the mutual information is identically zero (one draw, or a deterministic
         # model's equal draws): ranking by its float rounding would be a number with no
         # meaning, so the metric is left out (not applicable).
-        result["ood_fpr95_entropy"] = fpr_at_tpr(entropy(probs), entropy(ood_probs))
+        for name in inside:
+            result[f"ood_auroc_{name}"] = ood_auroc(inside[name], outside[name])
+            result[f"ood_fpr95_{name}"] = fpr_at_tpr(inside[name], outside[name])
     return result
 
 

@@ -23,6 +23,7 @@ from blayers.lab import (  # noqa: F401 - registers configurables
     data,
     loop,
     models,
+    posthoc_methods,
     tasks,
 )
 from blayers.lab import gin_files as gin_files_lib
@@ -33,6 +34,8 @@ from blayers.lab.gin_files import (
     gin_imports,
     shipped_configs,
 )
+
+posthoc_methods.methods()  # every post-hoc method's settings are gin parameters (`SWAG.epochs`)
 from blayers.lab.learners import mesh, planet, supervised  # noqa: F401 - the learners
 
 __all__ = [

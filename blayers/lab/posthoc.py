@@ -1,20 +1,21 @@
 """Post-hoc uncertainty for a finished run: `python -m blayers.posthoc --model_dir=RUN
---method=temperature|conformal|laplace|swag|ensemble`.
+--method=NAME`, NAME one of the methods in `blayers.lab.posthoc_methods` (one file each).
 
 The run's model is rebuilt from its `operative_config.gin` and restored from the checkpoint of
 its final step (read only: a damaged one is skipped, never renamed; the summary names the
 checkpoint scored); a run still training is refused. The run folder is read, never changed,
 except for `posthoc/<method>/` (`posthoc/<method>-<hash>/` for each other setting of extra gin
-files and bindings, with its `command.json`), which gets a `metrics.json` shaped like the run's own (the same metric names under `final`, the run's model
-on the same examples under `base`, and each corrupted set's numbers for both under `shift`)
-and the task's plots.
+files and bindings, with its `command.json`), which gets a `metrics.json` shaped like the
+run's own (the same metric names under `final`, the run's model on the same examples under
+`base`, and each corrupted set's numbers for both under `shift`; what the method chose under
+`notes`) and the task's plots.
 
-The test set is split once (`split_seed`): `calibration_fraction` of it fits what needs held-out
-data (the temperature, the conformal quantile); both the run's model and the post-hoc method
-are scored on the rest (and, for classification, on the run's OOD set and the rest's corrupted
-copies). `ensemble` mixes the run with other finished runs of the same model. The Laplace
-curvature and SWAG's continued training use the training set. Every argument of `posthoc` is
-a gin parameter (`--gin_param="posthoc.alpha = 0.05"`,
+The test set is split once (`split_seed`): `calibration_fraction` of it fits what needs
+held-out data (a calibration map, a conformal quantile, Laplace's prior precision); both the
+run's model and the method are scored on the rest (and, for classification, on the run's OOD
+set and the rest's corrupted copies). The Laplace curvature and SWAG's continued training use
+the training set. `posthoc`'s arguments and each method's own are gin parameters
+(`--gin_param="posthoc.split_seed = 1"`, `--gin_param="Conformal.alpha = 0.05"`,
 `--gin_param="Laplace.hessian_structure = 'full'"`).
 """
 
@@ -27,19 +28,11 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import metrics as metrics_lib
-from blayers import posthoc as posthoc_lib
-from blayers.lab import runs
+from blayers.lab import posthoc_methods, runs
 from blayers.lab.tasks.base import features, targets
 from blayers.posthoc.batches import input_batches
 
-__all__ = ["METHODS", "posthoc", "restore"]
-
-METHODS = ("temperature", "conformal", "laplace", "swag", "ensemble")
-
-# The configurable versions (`Laplace.hessian_structure = 'full'` binds these, not the library's
-# own classes, which know nothing of gin).
-_Laplace = gin.external_configurable(posthoc_lib.Laplace, module="blayers.posthoc")
-_SWAG = gin.external_configurable(posthoc_lib.SWAG, module="blayers.posthoc")
+__all__ = ["posthoc", "restore"]
 
 
 def _split(dataset, n, fraction, seed):
@@ -60,75 +53,48 @@ def _dataset(x, y=None):
 
 
 def _probs64(distribution):
-    """A categorical's probabilities computed in float64: float32 ones saturate at 0 and 1,
-    which leaves `log 0` in the logits a temperature is fitted to."""
-    return (tf.nn.softmax(tf.cast(distribution.logits_parameter(), tf.float64)),)
+    """A categorical's probabilities computed in float64 (float32 ones saturate at 0 and 1,
+    which leaves `log 0` in the logits a calibration map is fitted to), and its logits (for
+    the logit OOD scores)."""
+    logits = tf.cast(distribution.logits_parameter(), tf.float64)
+    return tf.nn.softmax(logits), logits
 
 
-def _log_mean_probs(probs):
-    """`log mean_s p_s`, the Monte Carlo predictive's log-probabilities `[n, K]`."""
-    return np.log(np.mean(probs, axis=0))
-
-
-@gin.configurable(module="blayers.lab.posthoc", denylist=["learner", "run"])
-def posthoc(
-    learner,
-    run,
-    method,
-    calibration_fraction=0.5,
-    split_seed=0,
-    num_samples=None,
-    alpha=0.1,
-    conformal_method="aps",
-    vector_scaling=False,
-    laplace_prior="marglik",
-    swag_epochs=10,
-    swag_learning_rate=0.01,
-    swag_max_rank=20,
-    members=(),
-):
+@gin.configurable(module="blayers.lab.posthoc", denylist=["learner", "run", "method"])
+def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_samples=None):
     """Fits `method` on the restored run and returns `(summary, arrays)`.
 
-    For classification, both the run's model (`base`) and the method (`final`) are also scored
-    on the run's OOD set (`ood_auroc_*`) and on the evaluation part of its corrupted copies of
-    the test set (`corrupted_*`, and the per-set table in the arrays), as the trainer does.
+    Both the run's model (`base`) and the method (`final`) are scored on the evaluation part
+    of the test set by the task's own scoring; for classification also on the run's OOD set
+    (`ood_auroc_*`) and on the evaluation part of its corrupted copies (`corrupted_*`, and the
+    per-set table in the arrays), as the trainer does.
 
     Args:
       learner: the run's built and restored `SupervisedLearner`.
       run: its `RunDir`.
-      method: one of `METHODS`.
+      method: a method's name (`posthoc_methods.methods()`) or a `Method` instance; a name is
+        built with its gin bindings (`Laplace.prior_precision = 'val_nll'`).
       calibration_fraction: the share of the test set used to fit (the rest scores).
       split_seed: seeds the test set's split.
       num_samples: posterior draws for a Bayesian model's predictive and for SWAG (default the
         run's `num_eval_samples`).
-      alpha: conformal miscoverage (sets and intervals cover `1 - alpha`).
-      conformal_method: `'lac'`, `'aps'` or `'raps'` for classification sets.
-      vector_scaling: per-class scale and bias instead of one temperature.
-      laplace_prior: how the prior precision is chosen: `'marglik'` or `'val_nll'` (on the
-        calibration part).
-      swag_epochs, swag_learning_rate, swag_max_rank: SWAG's continued training (SGD at a
-        constant rate, one collection per epoch) and its rank.
-      members: for `'ensemble'`, the other runs' folders (same model and data, other seeds);
-        the predictive is the equal mixture of this run and those (a deep ensemble,
-        Lakshminarayanan et al., 2017).
     """
-    if method not in METHODS:
-        raise ValueError(f"posthoc: method {method!r} is not one of {METHODS}.")
+    if isinstance(method, str):
+        method = posthoc_methods.get(method)()
+    name = method.name
     data, model, task = learner.data, learner.model, learner.data.task
-    if task.name not in ("classification", "regression"):
-        raise ValueError(f"posthoc: the {task.name} task has no post-hoc methods here.")
+    if task.name not in method.tasks:
+        raise ValueError(
+            f"posthoc: method {name!r} is for {' and '.join(method.tasks)} runs; this run's "
+            f"task is {task.name}."
+        )
+    if method.needs_deterministic:
+        _refuse_random_weights(model, type(method).__name__, method.needs_deterministic)
     num_samples = num_samples or learner.num_eval_samples
     calibration, evaluation, x, y = _split(
         data.test, data.num_test, calibration_fraction, split_seed
     )
     classification = task.name == "classification"
-    if method in ("temperature", "laplace") and not classification:
-        raise ValueError(f"posthoc: method {method!r} is for classification runs.")
-    if method == "ensemble" and not members:
-        raise ValueError(
-            "posthoc: method 'ensemble' needs the other runs: "
-            "--gin_param=\"posthoc.members = ['RUN2', 'RUN3']\"."
-        )
     # Every input any score needs, predicted in one pass per model or draw: the whole test
     # set, then the OOD set and the corrupted copies of the evaluation part.
     inputs = _Inputs(x)
@@ -137,10 +103,14 @@ def posthoc(
     for key, dataset in (data.corrupted or {}).items() if classification else ():
         inputs.add(key, features(dataset)[evaluation], targets(dataset)[evaluation])
 
-    def predictive(model_):
+    def predict(model_, draws=None):
         parameters = _probs64 if classification else None
         return task.predictive_samples(
-            model_, _dataset(inputs.x), num_samples, learner.eval_batch_size, parameters=parameters
+            model_,
+            _dataset(inputs.x),
+            draws or num_samples,
+            learner.eval_batch_size,
+            parameters=parameters,
         )
 
     def score(params):
@@ -158,75 +128,38 @@ def posthoc(
                 "scale": data.target_scale,
                 "shift": data.target_mean,
             }
-        probs = params[0]
+        probs, logits = params[0], params[1] if len(params) > 1 else None
         ood = inputs.part(probs, "ood") if "ood" in inputs.parts else None
         corrupted = {
             key: (inputs.part(probs, key), inputs.labels[key])
             for key in inputs.parts
             if key != "ood"
         }
-        return task.score(test[0][:, evaluation], y[evaluation], ood, corrupted)
+        with_logits = logits is not None and ood is not None
+        return task.score(
+            test[0][:, evaluation],
+            y[evaluation],
+            ood,
+            corrupted,
+            logits=test[1][:, evaluation] if with_logits else None,
+            ood_logits=inputs.part(logits, "ood") if with_logits else None,
+        )
 
-    base_params = predictive(model)
-    base, base_arrays = score(base_params)
+    fit = posthoc_methods.Fit(learner, x, y, calibration, evaluation, inputs, num_samples, predict)
+    base, base_arrays = score(fit.base)
     start = time.perf_counter()
-    extra = {}
-    if method == "temperature":
-        logits = _log_mean_probs(base_params[0])
-        scaler = posthoc_lib.TemperatureScaling(vector=vector_scaling)
-        scaler.fit(logits[calibration], y[calibration])
-        params = [scaler.predict_proba(logits)[None]]
-        extra = {"temperature": scaler.temperature} if not vector_scaling else {}
-    elif method == "laplace":
-        _refuse_random_weights(model, "Laplace", "linearizes a deterministic network at its MAP")
-        laplace = _Laplace(model, "classification")
-        laplace.fit(data.train.batch(learner.eval_batch_size))
-        if laplace_prior == "val_nll":
-            laplace.optimize_prior_precision("val_nll", val_data=(x[calibration], y[calibration]))
-        else:
-            laplace.optimize_prior_precision(laplace_prior)
-        params = [laplace.predict(inputs.x)[None]]
-        extra = {"prior_precision": laplace.prior_precision}
-    elif method == "swag":
-        params = _swag(
-            learner, inputs.x, num_samples, swag_epochs, swag_learning_rate, swag_max_rank
-        )
-    elif method == "ensemble":
-        draws = [base_params]
-        for member in members:
-            try:
-                member_learner, _ = restore(member)
-            except runs.CheckpointMismatchError as error:
-                raise ValueError(
-                    f"posthoc: the ensemble member {member} is not a run of this model "
-                    f"({run.path}'s): {runs.first_line(error)}"
-                ) from None
-            draws.append(predictive(member_learner.model))
-        params = [np.concatenate(parts) for parts in zip(*draws)]
-        extra = {"ensemble_size": len(draws)}
-    else:
-        params = base_params
+    method.fit(fit)
+    params = method.predictive(fit)
     fit_seconds = time.perf_counter() - start
-    if method == "conformal":
-        final, arrays = dict(base), base_arrays
-        final.update(
-            _conformal(
-                classification,
-                [p[:, : len(x)] for p in base_params],
-                calibration,
-                evaluation,
-                y,
-                alpha,
-                conformal_method,
-                data.target_scale,
-            )
-        )
-    else:
-        final, arrays = score(params)
-    final.update(extra)
+    final, arrays = score(params) if params is not fit.base else (dict(base), base_arrays)
+    final.update(method.metrics(fit))
+    for line in method.notes:
+        logging.info("%s", line)
     summary = {
         "status": "finished",
-        "method": method,
+        "method": name,
+        "label": method.label or name,
+        "notes": list(method.notes),
         "run": run.path,
         "checkpoint": getattr(learner, "scored_checkpoint", None),
         "num_calibration": len(calibration),
@@ -257,30 +190,6 @@ class _Inputs:
         return values[:, begin:end]
 
 
-def _conformal(classification, params, calibration, evaluation, y, alpha, method, scale):
-    if classification:
-        probs = np.mean(params[0], 0)
-        conformal = posthoc_lib.SplitConformalClassifier(alpha=alpha, method=method)
-        conformal.fit(probs[calibration], y[calibration])
-        sets = conformal.predict_set(probs[evaluation])
-        covered = sets[np.arange(len(evaluation)), y[evaluation].astype(int)]
-        return {
-            "conformal_coverage": float(np.mean(covered)),
-            "conformal_set_size": float(np.mean(np.sum(sets, -1))),
-            "conformal_target_coverage": 1.0 - alpha,
-        }
-    means, stddevs = metrics_lib.mixture_moments(params[0], params[1])
-    conformal = posthoc_lib.SplitConformalRegressor(alpha=alpha)
-    conformal.fit(means[calibration], y[calibration], stddevs[calibration])
-    lower, upper = conformal.predict_interval(means[evaluation], stddevs[evaluation])
-    inside = (y[evaluation] >= lower) & (y[evaluation] <= upper)
-    return {
-        "conformal_coverage": float(np.mean(inside)),
-        "conformal_width": float(np.mean(upper - lower) * scale),
-        "conformal_target_coverage": 1.0 - alpha,
-    }
-
-
 def _refuse_random_weights(model, method, why):
     """A method that needs a deterministic network, refused on a run with random weights."""
     from blayers.layers.base import BayesianLayer
@@ -294,28 +203,9 @@ def _refuse_random_weights(model, method, why):
         raise ValueError(
             f"posthoc: {method} {why}; this run's model has random weights in {bayesian[:3]} "
             "(train with deterministic layers, e.g. mlp.dense_layer = 'Dense'; a Bayesian "
-            "run's own predictive is already a posterior: temperature, conformal and "
+            "run's own predictive is already a posterior: the calibration maps, conformal and "
             "ensemble take it)."
         )
-
-
-def _swag(learner, inputs, num_samples, epochs, learning_rate, max_rank):
-    import keras
-
-    model, task, data = learner.model, learner.data.task, learner.data
-    _refuse_random_weights(model, "SWAG", "continues training a deterministic network")
-    model.compile(
-        optimizer=keras.optimizers.SGD(learning_rate, momentum=0.9),
-        loss=lambda y_true, outputs: task.negative_log_likelihood(outputs, y_true),
-    )
-    swag = _SWAG(model, max_rank=max_rank)
-    train = data.train.shuffle(data.num_train, seed=0).batch(learner.batch_size)
-    swag.fit(train, epochs=epochs, verbose=0, shuffle=False)  # the dataset shuffles
-    draws = []
-    for _ in swag.draws(num_samples):
-        draws.append(task.predictive_samples(model, _dataset(inputs), 1, learner.eval_batch_size))
-    swag.assign_swa()
-    return [np.concatenate([d[i] for d in draws]) for i in range(len(draws[0]))]
 
 
 def restore(model_dir):

@@ -14,14 +14,15 @@ from blayers.lab import cli_env
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("model_dir", None, "A finished run's folder.")
-flags.DEFINE_enum(
+flags.DEFINE_string(
     "method",
     None,
-    ["temperature", "conformal", "laplace", "swag", "ensemble"],
-    "The post-hoc method (ensemble: with posthoc.members, the other runs' folders).",
+    "The post-hoc method: temperature, vector, matrix, dirichlet, histogram, isotonic, "
+    "conformal, laplace, swag, ensemble (with Ensemble.members, the other runs' folders), or "
+    "one a gin file's `import` defines (blayers.lab.posthoc_methods).",
 )
 flags.DEFINE_multi_string("gin_file", [], "Extra gin files (after the run's operative config).")
-flags.DEFINE_multi_string("gin_param", [], "Extra gin bindings, e.g. 'posthoc.alpha = 0.05'.")
+flags.DEFINE_multi_string("gin_param", [], "Extra gin bindings, e.g. 'Conformal.alpha = 0.05'.")
 flags.DEFINE_bool(
     "refuse_gin_imports",
     False,
@@ -43,7 +44,7 @@ def output_folder(model_dir, method, gin_files=(), gin_params=()):
 
 def main(argv):
     del argv
-    from blayers.lab import config, runs
+    from blayers.lab import config, posthoc_methods, runs
     from blayers.lab import posthoc as posthoc_lib
     from blayers.lab.runs import files
 
@@ -61,8 +62,9 @@ def main(argv):
             FLAGS.gin_param,
             refuse_imports=FLAGS.refuse_gin_imports,
         )
+        method = posthoc_methods.get(FLAGS.method)()  # an unknown name fails before the restore
         learner, run = posthoc_lib.restore(FLAGS.model_dir)
-        summary, arrays = posthoc_lib.posthoc(learner, run, FLAGS.method)
+        summary, arrays = posthoc_lib.posthoc(learner, run, method)
     except ValueError as error:
         logging.error("%s", error)
         sys.exit(2)
@@ -88,6 +90,8 @@ def main(argv):
         base = summary["base"].get(key)
         base = f"{base:10.4f}" if isinstance(base, float) else f"{'':10s}"
         print(f"{key:{width}s}  {base}  {value:12.4f}")
+    for line in summary["notes"]:
+        print(line)
     print(f"Scored {summary.get('checkpoint')}; wrote {out.path}.")
     print(json.dumps({"model_dir": out.path, "final": summary["final"]}))
 

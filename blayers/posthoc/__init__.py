@@ -11,6 +11,9 @@
   callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
   the logits, fitted by NLL on held-out data (Guo et al., 2017).
+* `MatrixScaling`, `DirichletScaling` (Kull et al., 2019, with their off-diagonal and
+  intercept regularization), `HistogramBinning`, `IsotonicCalibration` (one-vs-rest,
+  renormalized): calibration maps fitted on held-out logits.
 * `SplitConformalRegressor`, `SplitConformalClassifier`: prediction intervals and sets with
   finite-sample coverage `P(y in C(x)) >= 1 - alpha` under exchangeability (Vovk et al., 2005;
   Angelopoulos et al., 2021 for APS and RAPS).
@@ -25,6 +28,10 @@ import importlib
 # loads after the command line has set its logging up).
 _MODULES = {
     "AllWeightsLaplace": "blayers.posthoc.all_weights",
+    "DirichletScaling": "blayers.posthoc.calibration",
+    "HistogramBinning": "blayers.posthoc.calibration",
+    "IsotonicCalibration": "blayers.posthoc.calibration",
+    "MatrixScaling": "blayers.posthoc.calibration",
     "AllWeightsLaplacePredictive": "blayers.posthoc.all_weights",
     "Laplace": "blayers.posthoc.laplace",
     "LaplacePredictive": "blayers.posthoc.laplace",
@@ -37,8 +44,12 @@ __all__ = [
     "SWAG",
     "AllWeightsLaplace",
     "AllWeightsLaplacePredictive",
+    "DirichletScaling",
+    "HistogramBinning",
+    "IsotonicCalibration",
     "Laplace",
     "LaplacePredictive",
+    "MatrixScaling",
     "SplitConformalClassifier",
     "SplitConformalRegressor",
     "TemperatureScaling",

@@ -73,6 +73,10 @@ class SWAG(keras.callbacks.Callback):
     def _variables(self):
         return self.model.trainable_variables
 
+    def weights_vector(self):
+        """The model's trainable weights now, flat, in the order of `mean` and `variance`."""
+        return self._flat()
+
     def _flat(self):
         return np.concatenate(
             [

@@ -64,7 +64,10 @@ def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
     assert summary["status"] == "finished" and summary["method"] == "temperature"
     assert summary["num_calibration"] + summary["num_evaluation"] == 360
     final, base = summary["final"], summary["base"]
-    assert set(base) <= set(final)  # the run's metric names, and the method's own
+    # The run's metric names and the method's own; the logit OOD scores need logits, which a
+    # map of probabilities does not have.
+    logit_scores = {f"ood_{m}_{s}" for m in ("auroc", "fpr95") for s in ("energy", "max_logit")}
+    assert logit_scores <= set(base) and set(base) - logit_scores <= set(final)
     assert final["accuracy"] == base["accuracy"]  # one temperature keeps every argmax
     assert final["temperature"] > 0
     # Scored on the run's OOD set and shifted copies too, like the trainer's own metrics.
@@ -90,7 +93,7 @@ def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
 
 
 def test_conformal_sets_cover_at_the_promised_rate(finished_run):
-    summary, _ = _in_process(finished_run, "conformal", ["posthoc.alpha = 0.1"])
+    summary, _ = _in_process(finished_run, "conformal", ["Conformal.alpha = 0.1"])
     n = summary["num_evaluation"]
     coverage = summary["final"]["conformal_coverage"]
     # Marginal coverage >= 0.9 (and <= 0.9 + 1/(n_cal + 1)), to 3 standard errors of n examples.
@@ -104,16 +107,14 @@ def test_laplace_and_swag_add_uncertainty_without_losing_accuracy(finished_run):
     assert laplace["final"]["entropy"] > laplace["base"]["entropy"]
     assert abs(laplace["final"]["accuracy"] - laplace["base"]["accuracy"]) <= 0.02
     assert arrays["probs"].shape == (1, laplace["num_evaluation"], 10)
-    swag, arrays = _in_process(
-        finished_run, "swag", ["posthoc.swag_epochs = 4", "posthoc.num_samples = 4"]
-    )
+    swag, arrays = _in_process(finished_run, "swag", ["SWAG.epochs = 4", "posthoc.num_samples = 4"])
     assert arrays["probs"].shape[0] == 4
     assert swag["final"]["mutual_information"] > 1e-6  # the draws disagree (MAP: 0)
     assert swag["final"]["accuracy"] > swag["base"]["accuracy"] - 0.05
 
 
 def test_methods_refuse_what_they_cannot_do(finished_run):
-    with pytest.raises(ValueError, match="method 'bayes' is not one of"):
+    with pytest.raises(ValueError, match="no method 'bayes'; the methods are .*laplace"):
         _in_process(finished_run, "bayes")
 
 
@@ -122,7 +123,7 @@ def test_ensemble_mixes_finished_runs(finished_run, tmp_path):
     other = _train(tmp_path / "other", seed=1)
     single, _ = _in_process(other, "conformal")  # the other run scored alone
     summary, arrays = _in_process(
-        finished_run, "ensemble", [f"posthoc.members = ['{other}']", "posthoc.num_samples = 2"]
+        finished_run, "ensemble", [f"Ensemble.members = ['{other}']", "posthoc.num_samples = 2"]
     )
     final, base = summary["final"], summary["base"]
     assert final["ensemble_size"] == 2
@@ -198,17 +199,17 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
             "blayers.posthoc",
             f"--model_dir={run}",
             "--method=conformal",
-            "--gin_param=posthoc.alpha = 0.05",
+            "--gin_param=Conformal.alpha = 0.05",
         ]
     )
     assert done.returncode == 0, done.stderr[-2000:]
     (output,) = (run / "posthoc").iterdir()  # not posthoc/conformal: the defaults' folder
     assert output.name.startswith("conformal-") and "Scored ckpt-1" in done.stdout
-    assert str(output) == output_folder(str(run), "conformal", (), ["posthoc.alpha = 0.05"])
+    assert str(output) == output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.05"])
     assert output_folder(str(run), "conformal") == str(run / "posthoc" / "conformal")
-    assert output_folder(str(run), "conformal", (), ["posthoc.alpha = 0.1"]) != str(output)
+    assert output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.1"]) != str(output)
     record = json.loads((output / "command.json").read_text())
-    assert record["gin_param"] == ["posthoc.alpha = 0.05"]
+    assert record["gin_param"] == ["Conformal.alpha = 0.05"]
     final = json.loads((output / "metrics.json").read_text())["final"]
     assert final["conformal_target_coverage"] == pytest.approx(0.95)
     assert _snapshot(run) == before
@@ -221,3 +222,76 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+_PLUGIN = '''
+import numpy as np
+
+from blayers.lab.posthoc_methods import Method
+
+
+class Sharpen(Method):
+    """Raises the run's probabilities to a power and renormalizes."""
+
+    name, label = "{name}", "sharpen"
+    tasks = ("classification",)
+
+    def __init__(self, power=2.0):
+        super().__init__()
+        self.power = power
+
+    def predictive(self, fit):
+        p = np.mean(fit.base[0], 0) ** self.power
+        return [(p / p.sum(-1, keepdims=True))[None]]
+
+    def metrics(self, fit):
+        return {{"power": self.power}}
+'''
+
+
+def test_a_method_is_one_new_file(finished_run, tmp_path, monkeypatch):
+    """A `Method` subclass in a module of its own is found by name: one dropped into the
+    methods' package path, and one a gin file imports for the command line, whose settings
+    are gin parameters like the shipped methods'."""
+    from blayers.lab import posthoc_methods
+
+    folder = tmp_path / "package_part"
+    folder.mkdir()
+    (folder / "sharpen_here.py").write_text(_PLUGIN.format(name="sharpen_here"))
+    monkeypatch.setattr(posthoc_methods, "__path__", [*posthoc_methods.__path__, str(folder)])
+    assert "sharpen_here" in posthoc_methods.methods()
+    summary, _ = _in_process(finished_run, "sharpen_here", ["Sharpen.power = 3.0"])
+    assert summary["final"]["power"] == 3.0 and summary["label"] == "sharpen"
+    assert summary["final"]["accuracy"] == summary["base"]["accuracy"]  # argmax kept
+    assert summary["final"]["entropy"] < summary["base"]["entropy"]
+
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "my_posthoc_methods.py").write_text(_PLUGIN.format(name="sharpen_user"))
+    (user / "methods.gin").write_text("import my_posthoc_methods\n")
+    monkeypatch.setenv("PYTHONPATH", str(user))
+    result = _run(
+        [
+            "blayers.posthoc",
+            f"--model_dir={finished_run}",
+            "--method=sharpen_user",
+            f"--gin_file={user / 'methods.gin'}",
+            "--gin_param=Sharpen.power = 0.5",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    (out,) = (finished_run / "posthoc").glob("sharpen_user-*")
+    final = json.loads((out / "metrics.json").read_text())
+    assert final["final"]["power"] == 0.5 and final["final"]["entropy"] > final["base"]["entropy"]
+    unknown = _run(["blayers.posthoc", f"--model_dir={finished_run}", "--method=sharpen_user"])
+    assert unknown.returncode == 2 and "no method 'sharpen_user'" in unknown.stderr
+
+
+def test_each_method_s_settings_are_gin_parameters_of_its_class(finished_run):
+    laplace, _ = _in_process(finished_run, "laplace", ["Laplace.prior_precision = 5.0"])
+    assert laplace["final"]["prior_precision"] == 5.0
+    assert laplace["final"]["prior_precision_by_evidence"] == 0.0
+    vector, _ = _in_process(finished_run, "vector")
+    assert vector["final"]["nll"] != vector["base"]["nll"] and vector["label"] == "vector scaling"
+    with pytest.raises(ValueError, match="Laplace.prior_precision must be"):
+        _in_process(finished_run, "laplace", ["Laplace.prior_precision = 'evidence'"])

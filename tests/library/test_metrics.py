@@ -5,6 +5,7 @@ import math
 import numpy as np
 import pytest
 import scipy.stats
+from scipy.special import logsumexp, softmax
 
 from blayers import metrics
 
@@ -157,3 +158,98 @@ def test_ood_auroc_by_mutual_information_is_left_out_when_the_draws_agree():
     noisy /= noisy.sum(-1, keepdims=True)
     varied = metrics.classification_metrics(noisy, labels, ood_probs=ood)
     assert 0.0 <= varied["ood_auroc_mutual_information"] <= 1.0
+
+
+def test_smooth_ece_matches_the_authors_relplot():
+    """SmoothECE and its bandwidth against `relplot.smECE` (Blasiok & Nakkiran's package, which
+    discretizes the kernel on a grid: agreement to its discretization)."""
+    relplot = pytest.importorskip("relplot")
+    rng = np.random.default_rng(0)
+    for n, sharpness in ((300, 1.0), (2000, 2.5), (2000, 0.5)):
+        labels = rng.integers(0, 10, n)
+        logits = rng.normal(size=(n, 10))
+        logits[np.arange(n), labels] += 2.0
+        probs = softmax(sharpness * logits, -1)
+        ours, width = metrics.smooth_ece(probs[None], labels, return_width=True)
+        confidence = probs.max(-1)
+        correct = (probs.argmax(-1) == labels).astype(float)
+        theirs, their_width = relplot.smECE(confidence, correct, return_width=True)
+        assert ours == pytest.approx(theirs, abs=1e-3)
+        assert width == pytest.approx(their_width, abs=2e-3)
+
+
+def test_smooth_ece_vanishes_for_calibrated_predictions_and_not_otherwise():
+    rng = np.random.default_rng(1)
+    n = 20000
+    confidence = rng.uniform(0.5, 1.0, n)
+    correct = rng.uniform(size=n) < confidence  # calibrated by construction
+    probs = np.stack([confidence, 1.0 - confidence], -1)
+    labels = np.where(correct, 0, 1)
+    # The estimator's own noise at n examples is O(n^-1/2).
+    assert metrics.smooth_ece(probs[None], labels) < 0.02
+    over = np.stack([np.minimum(confidence + 0.2, 1.0), 1 - np.minimum(confidence + 0.2, 1.0)], -1)
+    assert metrics.smooth_ece(over[None], labels) > 0.1
+
+
+def test_classwise_ece_averages_each_class_s_calibration_error():
+    probs = np.array([[0.7, 0.2, 0.1], [0.1, 0.8, 0.1], [0.3, 0.3, 0.4], [0.6, 0.3, 0.1]])
+    labels = np.array([0, 2, 2, 1])
+    expected = np.mean(
+        [metrics.calibration_error(probs[:, k], labels == k, num_bins=15) for k in range(3)]
+    )
+    assert metrics.classwise_ece(probs[None], labels) == pytest.approx(expected)
+    # By hand for class 0: 15 bins hold each probability alone (labels 1, 0, 0, 0).
+    class0 = (abs(1 - 0.7) + abs(0 - 0.1) + abs(0 - 0.3) + abs(0 - 0.6)) / 4
+    assert metrics.calibration_error(probs[:, 0], labels == 0, 15) == pytest.approx(class0)
+
+
+def test_augrc_is_the_mean_joint_risk_over_coverages():
+    rng = np.random.default_rng(2)
+    n, rate = 20000, 0.2
+    correct = rng.uniform(size=n) > rate
+    confidence = rng.uniform(size=n)  # no ties, a random ranking
+    probs = np.stack([confidence, 1 - confidence], -1)
+    probs = np.where(probs[:, :1] >= 0.5, probs, probs[:, ::-1])  # class 0 is the argmax
+    labels = np.where(correct, 0, 1)
+    top = probs.max(-1)
+    order = np.argsort(-top)
+    brute = np.mean(np.cumsum(~correct[order]) / n)
+    assert metrics.augrc(probs[None], labels) == pytest.approx(brute, rel=1e-12)
+    r = np.mean(~correct)
+    # A random ranking: r / 2 to sampling noise (the curve's mean has sd ~ r / sqrt(n)).
+    assert abs(metrics.augrc(probs[None], labels) - r / 2) < 5 * r / np.sqrt(n)
+    # Errors ranked last: r^2 / 2 (plus O(1/n)).
+    perfect = np.where(correct, 1.0, 0.6)
+    ranked = np.stack([perfect, 1 - perfect], -1)
+    assert metrics.augrc(ranked[None], labels) == pytest.approx(r**2 / 2, abs=2.0 / n)
+
+
+def test_ood_scores_and_their_aurocs():
+    rng = np.random.default_rng(3)
+    logits_in = rng.normal(size=(1, 500, 5)) * 3
+    logits_in[..., 0] += 6.0  # confident
+    logits_out = rng.normal(size=(1, 500, 5))  # diffuse and small
+    p_in, p_out = softmax(logits_in, -1), softmax(logits_out, -1)
+    scores = metrics.ood_scores(p_in, logits_in)
+    assert set(scores) == {"max_softmax", "entropy", "max_logit", "energy"}  # one draw: no MI
+    np.testing.assert_allclose(scores["max_softmax"], 1 - p_in[0].max(-1))
+    np.testing.assert_allclose(scores["energy"], -logsumexp(logits_in[0], -1))
+    np.testing.assert_allclose(scores["max_logit"], -logits_in[0].max(-1))
+    # Logit scores see a shift of every logit that softmax cannot.
+    shifted = metrics.ood_scores(p_in, logits_in + 10.0)
+    np.testing.assert_allclose(shifted["max_softmax"], scores["max_softmax"])
+    np.testing.assert_allclose(shifted["energy"], scores["energy"] - 10.0)
+    result = metrics.classification_metrics(
+        p_in, np.zeros(500, int), p_out, logits=logits_in, ood_logits=logits_out
+    )
+    for name in ("max_softmax", "entropy", "max_logit", "energy"):
+        assert result[f"ood_auroc_{name}"] > 0.9, name
+        assert result[f"ood_fpr95_{name}"] < 0.5, name
+    from sklearn.metrics import roc_auc_score
+
+    truth = np.r_[np.zeros(500), np.ones(500)]
+    ranked = np.r_[1 - p_in[0].max(-1), 1 - p_out[0].max(-1)]
+    assert result["ood_auroc_max_softmax"] == pytest.approx(roc_auc_score(truth, ranked))
+    assert "ood_auroc_mutual_information" not in result
+    without_logits = metrics.classification_metrics(p_in, np.zeros(500, int), p_out)
+    assert "ood_auroc_energy" not in without_logits  # n/a without logits

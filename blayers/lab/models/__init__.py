@@ -24,6 +24,7 @@ from blayers.lab.models.sequence import lstm_sequence_model
 from blayers.lab.models.transformer import transformer, transformer_lm, transformer_schedule
 from blayers.lab.models.vae import VAE, VQVAE, vae, vqvae
 from blayers.lab.tasks import Regression
+from blayers.layers.base import BayesianLayer
 from blayers.registry import get_layer as get_layer_class
 from blayers.replicas import ReplicaL2
 
@@ -65,6 +66,7 @@ def mlp(
     noise_variance=None,
     learn_noise=True,
     layer_kwargs=None,
+    prior_precision=None,
     name="mlp",
     replicas=None,
 ):
@@ -82,6 +84,12 @@ def mlp(
         (default) leaves the task's output layout (the heteroscedastic mean and scale).
       learn_noise: whether that likelihood's variance is trained (else it stays fixed).
       layer_kwargs: extra keyword arguments for every dense layer (e.g. initializers).
+      prior_precision: for layers with deterministic weights (`'Dense'`), the precision
+        `lambda` of a Gaussian prior `N(0, I / lambda)` on their kernels and biases: an L2
+        penalty `lambda / 2 ||W||^2`, which the trainer divides by the number of training
+        examples `N`, so the trained weights are the MAP of `mean NLL + lambda ||W||^2 / (2N)`
+        (weight decay `lambda / N` per example). Laplace and SWAG then approximate the posterior
+        of that prior. Layers with random weights ignore it (their prior is in their KL).
       replicas: None, or the `blayers.lab.data.Replica`s of replicated data: every layer then
         has `replicas=R` (`blayers.replicas`; `'Dense'` is the blayers dense layer with Keras'
         deterministic initializer) and a replica's `hparams` may set its own `dropout_rate`
@@ -99,6 +107,7 @@ def mlp(
     hidden_cls = get_layer_class(dense_layer)
     output_cls = get_layer_class(output_layer or dense_layer)
     kwargs = dict(layer_kwargs or {})
+    hidden_kwargs, output_kwargs = _map_prior(prior_precision, hidden_cls, output_cls, replicas)
     group = {}
     if replicas is not None:
         if len(input_shape) > 1:
@@ -117,19 +126,42 @@ def mlp(
     if input_dropout and dropout:
         model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
     for units in hidden_units:
-        model_layers.append(hidden_cls(units, activation=activation, **kwargs, **group))
+        model_layers.append(
+            hidden_cls(units, activation=activation, **kwargs, **hidden_kwargs, **group)
+        )
         if dropout:
             model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
     if noise_variance is None:
-        model_layers.append(output_cls(num_outputs, **kwargs, **group))
+        model_layers.append(output_cls(num_outputs, **kwargs, **output_kwargs, **group))
     else:
-        model_layers.append(output_cls(Regression.target_dim(num_outputs), **kwargs, **group))
+        model_layers.append(
+            output_cls(Regression.target_dim(num_outputs), **kwargs, **output_kwargs, **group)
+        )
         model_layers.append(
             blayers_layers.GaussianLikelihood(
                 noise_variance, trainable=learn_noise, name="likelihood", **group
             )
         )
     return keras.Sequential(model_layers, name=name)
+
+
+def _map_prior(prior_precision, hidden_cls, output_cls, replicas):
+    """The L2 regularizers of `mlp.prior_precision` for the hidden and the output layers (none
+    for layers with random weights)."""
+    if prior_precision is None:
+        return {}, {}
+    if not float(prior_precision) > 0:
+        raise ValueError(f"mlp.prior_precision must be positive, got {prior_precision!r}.")
+    if replicas is not None:
+        raise ValueError("mlp.prior_precision is not available with replicas.")
+
+    def kwargs(cls):
+        if isinstance(cls, type) and issubclass(cls, BayesianLayer):
+            return {}
+        penalty = keras.regularizers.L2(float(prior_precision) / 2.0)
+        return {"kernel_regularizer": penalty, "bias_regularizer": penalty}
+
+    return kwargs(hidden_cls), kwargs(output_cls)
 
 
 def _per_replica(replicas, key, default):

@@ -41,23 +41,35 @@ class Classification(Task):
 
     def evaluate(self, model, data, num_samples=10, batch_size=500):
         def predict(dataset):
-            return self.predictive_samples(model, dataset, num_samples, batch_size)[0]
+            return self.predictive_samples(
+                model, dataset, num_samples, batch_size, parameters=probs_and_logits
+            )
 
         # Draws in this order (test, OOD, shifted sets), so seeded runs keep their numbers.
-        probs = predict(data.test)
-        ood_probs = predict(data.ood) if data.ood is not None else None
+        probs, *logits = predict(data.test)
+        ood_probs, *ood_logits = predict(data.ood) if data.ood is not None else (None,)
         corrupted = {
-            key: (predict(dataset), targets(dataset))
+            key: (predict(dataset)[0], targets(dataset))
             for key, dataset in (data.corrupted or {}).items()
         }
-        return self.score(probs, targets(data.test), ood_probs, corrupted)
+        return self.score(
+            probs,
+            targets(data.test),
+            ood_probs,
+            corrupted,
+            logits=logits[0] if logits else None,
+            ood_logits=ood_logits[0] if ood_logits else None,
+        )
 
-    def score(self, probs, labels, ood_probs=None, corrupted=None):
+    def score(self, probs, labels, ood_probs=None, corrupted=None, logits=None, ood_logits=None):
         """`(metrics, arrays)` of predictive samples `probs [S, n, K]` against `labels [n]`, with
-        the OOD AUROC from `ood_probs [S, m, K]` and the shift table from `corrupted`
+        the OOD scores' AUROCs from `ood_probs [S, m, K]` (and the logit scores' from `logits`
+        and `ood_logits`, when the predictive has logits) and the shift table from `corrupted`
         (`{name: (probs, labels)}`). Shared by `evaluate` and the post-hoc methods, so both
         report the same names."""
-        result = metrics_lib.classification_metrics(probs, labels, ood_probs)
+        result = metrics_lib.classification_metrics(
+            probs, labels, ood_probs, logits=logits, ood_logits=ood_logits
+        )
         arrays = {"probs": probs, "labels": labels}
         if corrupted:
             table = {"clean": _shift_metrics(probs, labels)}
@@ -82,6 +94,16 @@ class Classification(Task):
             plots.corruption_curves(arrays["corruptions"], curves)
             paths.append(curves)
         return paths
+
+
+def probs_and_logits(distribution):
+    """A categorical's probabilities and logits (the logit OOD scores, energy and max logit,
+    need the logits: softmax forgets their shift); probabilities alone for a distribution
+    without logits."""
+    probs = distribution.probs_parameter()
+    if not hasattr(distribution, "logits_parameter"):
+        return (probs,)
+    return probs, distribution.logits_parameter()
 
 
 def _shift_metrics(probs, labels):

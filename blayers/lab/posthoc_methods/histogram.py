@@ -1,0 +1,18 @@
+"""`--method=histogram`: one-vs-rest histogram binning (Zadrozny & Elkan, 2001)."""
+
+from blayers import posthoc as library
+from blayers.lab.posthoc_methods import Calibrator
+
+
+class HistogramBinning(Calibrator):
+    """Each class's probability replaced by its bin's frequency on the calibration part,
+    renormalized (see `blayers.posthoc.HistogramBinning` for the arguments)."""
+
+    name, label = "histogram", "histogram binning"
+
+    def __init__(self, num_bins=10, prior_strength=2.0, floor=1e-4):
+        super().__init__()
+        self.settings = {"num_bins": num_bins, "prior_strength": prior_strength, "floor": floor}
+
+    def make(self):
+        return library.HistogramBinning(**self.settings)
