@@ -58,7 +58,17 @@ def posthoc_methods():
 
 
 METHODS = ("map", *posthoc_methods(), "flipout")
-LABELS = {"map": "MAP", "flipout": "Flipout (mean-field VI)"}
+
+
+def _labels():
+    from blayers.lab import posthoc_methods as registry
+
+    labels = {name: cls.label or name for name, cls in registry.methods().items()}
+    labels.update(map="MAP", flipout="Flipout (mean-field VI)", ensemble="deep ensemble of 4")
+    return labels
+
+
+LABELS = _labels()  # a method's run replaces its class's label with its own (its settings)
 METRICS = ("accuracy", "nll", "ece", "aurc", "ood_auroc_entropy")
 SEVERITIES = (1, 2, 3, 4, 5)
 
@@ -132,7 +142,7 @@ def one_case(name, seed, work_dir, members, params, posthoc_params):
         for method in posthoc_methods()
     }
     for method, summary in summaries.items():
-        LABELS.setdefault(method, summary.get("label", method))
+        LABELS[method] = summary.get("label", LABELS.get(method, method))
     base = summaries["temperature"]  # the run's own model, scored on the same examples
     rows["map"] = _row(base["base"], base["shift"]["base"], trained[0]["train_seconds"], 0.0)
     for method, summary in summaries.items():

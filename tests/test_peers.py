@@ -85,6 +85,9 @@ def test_temperature_and_ece_agree_with_netcal(tmp_path):
     assert table["max_relative_difference/temperature"] < 1e-3
     assert table["max_abs_difference/temperature/nll_cal"] < 1e-6
     assert table["max_abs_difference/ece_metric"] < 1e-9
+    # The one-vs-rest maps give netcal's probabilities (netcal clips inputs to float eps).
+    assert table["max_abs_difference/histogram/probs"] < 1e-9
+    assert table["max_abs_difference/isotonic/probs"] < 1e-6
     # Both maximize the same likelihood; blayers' optimum is no worse than netcal's.
     ours, theirs = table["blayers/vector/nll_cal"][0], table["netcal/vector/nll_cal"][0]
     assert ours <= theirs + 1e-4

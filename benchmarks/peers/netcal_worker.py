@@ -4,7 +4,8 @@ Reads a case file written by `calibration_compare.py`: the held-out softmax prob
 (netcal takes probabilities and works on their logarithms, which softmax maps back to the same
 predictive) and labels of a calibration part and an evaluation part. Fits netcal 1.4's
 temperature scaling and its multiclass logistic calibration (vector scaling: a weight and a
-bias per class), both by maximum likelihood (`method='mle'`), and measures netcal's ECE (15
+bias per class), both by maximum likelihood (`method='mle'`), its one-vs-rest histogram
+binning (10 equal-width bins) and isotonic regression, and measures netcal's ECE (15
 equal-width bins) of each probability array it is handed. Saves the calibrated probabilities
 and prints `RESULT {json}`: the temperature and the ECEs."""
 
@@ -13,6 +14,7 @@ import sys
 
 import numpy as np
 import torch
+from netcal.binning import HistogramBinning, IsotonicRegression
 from netcal.metrics import ECE
 from netcal.scaling import LogisticCalibration, TemperatureScaling
 
@@ -26,7 +28,13 @@ def main(path, out_path):
     temperature.fit(cal, y_cal)
     vector = LogisticCalibration(method="mle")
     vector.fit(cal, y_cal)
+    histogram = HistogramBinning(bins=10)
+    histogram.fit(cal, y_cal)
+    isotonic = IsotonicRegression()
+    isotonic.fit(cal, y_cal)
     arrays = {
+        "histogram_eval": histogram.transform(ev),
+        "isotonic_eval": isotonic.transform(ev),
         "temperature_cal": temperature.transform(cal),
         "temperature_eval": temperature.transform(ev),
         "vector_cal": vector.transform(cal),

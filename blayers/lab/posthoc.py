@@ -152,6 +152,12 @@ def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_sa
     params = method.predictive(fit)
     fit_seconds = time.perf_counter() - start
     final, arrays = score(params) if params is not fit.base else (dict(base), base_arrays)
+    if classification and "ood" in inputs.parts:
+        # The network's own features: the same for the run and any method that keeps them.
+        begin, end = inputs.parts["ood"]
+        scores = task.feature_scores(model, data, x[evaluation], inputs.x[begin:end])
+        base.update(scores)
+        final.update({k: v for k, v in scores.items() if k not in final})
     final.update(method.metrics(fit))
     for line in method.notes:
         logging.info("%s", line)

@@ -16,7 +16,10 @@
   renormalized): calibration maps fitted on held-out logits.
 * `SplitConformalRegressor`, `SplitConformalClassifier`: prediction intervals and sets with
   finite-sample coverage `P(y in C(x)) >= 1 - alpha` under exchangeability (Vovk et al., 2005;
-  Angelopoulos et al., 2021 for APS and RAPS).
+  Angelopoulos et al., 2021 for APS and RAPS); `ConformalizedQuantileRegressor` (CQR, Romano
+  et al., 2019) and `CrossConformalRegressor` (jackknife+ and CV+, Barber et al., 2021).
+* `MahalanobisScore`, `FeatureDensity`: out-of-distribution scores of a classifier's
+  penultimate features (Lee et al., 2018; DDU, Mukhoti et al., 2023).
 
 They work on NumPy arrays of a model's outputs (logits, class probabilities, predictive means
 and standard deviations), so any Keras model, Bayesian or not, can be wrapped.
@@ -33,6 +36,10 @@ _MODULES = {
     "IsotonicCalibration": "blayers.posthoc.calibration",
     "MatrixScaling": "blayers.posthoc.calibration",
     "AllWeightsLaplacePredictive": "blayers.posthoc.all_weights",
+    "ConformalizedQuantileRegressor": "blayers.posthoc.conformal",
+    "CrossConformalRegressor": "blayers.posthoc.conformal",
+    "FeatureDensity": "blayers.posthoc.feature_density",
+    "MahalanobisScore": "blayers.posthoc.feature_density",
     "Laplace": "blayers.posthoc.laplace",
     "LaplacePredictive": "blayers.posthoc.laplace",
     "SWAG": "blayers.posthoc.swag",
@@ -44,11 +51,15 @@ __all__ = [
     "SWAG",
     "AllWeightsLaplace",
     "AllWeightsLaplacePredictive",
+    "ConformalizedQuantileRegressor",
+    "CrossConformalRegressor",
     "DirichletScaling",
+    "FeatureDensity",
     "HistogramBinning",
     "IsotonicCalibration",
     "Laplace",
     "LaplacePredictive",
+    "MahalanobisScore",
     "MatrixScaling",
     "SplitConformalClassifier",
     "SplitConformalRegressor",

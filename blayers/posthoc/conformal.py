@@ -16,7 +16,13 @@ import math
 
 import numpy as np
 
-__all__ = ["SplitConformalClassifier", "SplitConformalRegressor", "conformal_quantile"]
+__all__ = [
+    "ConformalizedQuantileRegressor",
+    "CrossConformalRegressor",
+    "SplitConformalClassifier",
+    "SplitConformalRegressor",
+    "conformal_quantile",
+]
 
 
 def conformal_quantile(scores, alpha):
@@ -73,6 +79,124 @@ class SplitConformalRegressor:
         means = np.asarray(means, np.float64)
         half = self.quantile * self._scale(means, stddevs)
         return means - half, means + half
+
+
+class ConformalizedQuantileRegressor:
+    """Conformalized quantile regression (CQR, Romano et al., 2019): a model's lower and upper
+    quantile predictions `(lo, hi)` (e.g. the 5% and 95% of a pinball-loss network,
+    `blayers.layers.QuantileOutput`) widened by the conformal quantile `q` of the calibration
+    scores `max(lo - y, y - hi)`: `[lo - q, hi + q]` covers with probability at least
+    `1 - alpha` whatever the quantiles' quality, and adapts its width to the input as they do
+    (`q` may be negative: intervals that over-cover shrink). With `symmetric=False`, Romano et
+    al.'s asymmetric variant: the lower end moves by the `1 - alpha / 2` conformal quantile of
+    `lo - y` and the upper by that of `y - hi`, each end then miscovering at most `alpha / 2`.
+
+    Args:
+      alpha: miscoverage.
+      symmetric: one correction for both ends (default) or one each.
+    """
+
+    def __init__(self, alpha=0.1, symmetric=True):
+        self.alpha, self.symmetric = float(alpha), bool(symmetric)
+        self.quantile = None
+
+    @staticmethod
+    def _pair(lower, upper):
+        lower, upper = np.asarray(lower, np.float64), np.asarray(upper, np.float64)
+        if lower.shape != upper.shape:
+            raise ValueError(
+                f"ConformalizedQuantileRegressor: lower {lower.shape} and upper {upper.shape} "
+                "quantiles must have one shape."
+            )
+        return lower, upper
+
+    def fit(self, lower, upper, targets):
+        """Calibrates on held-out quantile predictions and targets."""
+        lower, upper = self._pair(lower, upper)
+        targets = np.asarray(targets, np.float64).reshape(lower.shape)
+        if self.symmetric:
+            q = conformal_quantile(np.maximum(lower - targets, targets - upper), self.alpha)
+            self.quantile = (q, q)
+        else:
+            self.quantile = (
+                conformal_quantile(lower - targets, self.alpha / 2),
+                conformal_quantile(targets - upper, self.alpha / 2),
+            )
+        return self
+
+    def predict_interval(self, lower, upper):
+        """`(lower - q, upper + q)` (each end's own `q` when not symmetric)."""
+        if self.quantile is None:
+            raise ValueError("ConformalizedQuantileRegressor: call fit on a calibration set first.")
+        lower, upper = self._pair(lower, upper)
+        return lower - self.quantile[0], upper + self.quantile[1]
+
+
+class CrossConformalRegressor:
+    """Jackknife+ and CV+ intervals (Barber et al., 2021) from `K` models, model `k` trained
+    without fold `k` of the training set (`K = n` folds of one example each: the jackknife+).
+    With the out-of-fold residuals `R_i = |y_i - mu_{-k(i)}(x_i)|`, a new input's interval is
+
+        [ q-_alpha { mu_{-k(i)}(x) - R_i },  q+_alpha { mu_{-k(i)}(x) + R_i } ]
+
+    over the `n` training examples `i`, `q-` the `floor(alpha (n + 1))`-th smallest value and
+    `q+` the `ceil((1 - alpha)(n + 1))`-th smallest; coverage is at least `1 - 2 alpha` in the
+    worst case and about `1 - alpha` in practice, without a held-out calibration set. Every
+    model's prediction of the new input enters, not an average (`method='plus'`); `'minmax'`
+    (jackknife-minmax) uses the smallest and largest of them, guaranteed `1 - alpha`.
+
+    Args:
+      alpha: miscoverage.
+      method: `'plus'` or `'minmax'`.
+    """
+
+    def __init__(self, alpha=0.1, method="plus"):
+        if method not in ("plus", "minmax"):
+            raise ValueError(
+                f"CrossConformalRegressor: method {method!r} is not 'plus' or 'minmax'."
+            )
+        if not 0.0 < alpha < 1.0:
+            raise ValueError(f"alpha must be in (0, 1), got {alpha!r}.")
+        self.alpha, self.method = float(alpha), method
+        self.residuals = None
+
+    def fit(self, out_of_fold, targets, folds):
+        """Takes the training set's out-of-fold predictions `[n]` (example `i` predicted by the
+        model trained without its fold), targets `[n]` and fold indices `[n]` in `[0, K)`."""
+        out_of_fold = np.asarray(out_of_fold, np.float64).reshape(-1)
+        targets = np.asarray(targets, np.float64).reshape(-1)
+        folds = np.asarray(folds).reshape(-1).astype(int)
+        if not out_of_fold.shape == targets.shape == folds.shape:
+            raise ValueError(
+                "CrossConformalRegressor.fit: out_of_fold, targets and folds need one length; "
+                f"got {out_of_fold.shape}, {targets.shape} and {folds.shape}."
+            )
+        self.residuals, self.folds = np.abs(targets - out_of_fold), folds
+        self.num_folds = int(folds.max()) + 1
+        return self
+
+    def predict_interval(self, fold_predictions):
+        """`(lower, upper)` of new inputs from every fold model's predictions `[K, m]`."""
+        if self.residuals is None:
+            raise ValueError("CrossConformalRegressor: call fit on the out-of-fold predictions.")
+        predictions = np.asarray(fold_predictions, np.float64)
+        if predictions.ndim != 2 or len(predictions) != self.num_folds:
+            raise ValueError(
+                f"CrossConformalRegressor: fold_predictions must be [K={self.num_folds}, m]; got "
+                f"{predictions.shape}."
+            )
+        n = len(self.residuals)
+        if self.method == "minmax":
+            low = predictions.min(0)[:, None] - self.residuals[None]
+            high = predictions.max(0)[:, None] + self.residuals[None]
+        else:
+            per_example = predictions[self.folds].T  # [m, n]: mu_{-k(i)}(x)
+            low, high = per_example - self.residuals, per_example + self.residuals
+        k_low = math.floor(self.alpha * (n + 1))
+        k_high = math.ceil((1.0 - self.alpha) * (n + 1))
+        lower = np.sort(low, -1)[:, k_low - 1] if k_low >= 1 else np.full(len(low), -math.inf)
+        upper = np.sort(high, -1)[:, k_high - 1] if k_high <= n else np.full(len(high), math.inf)
+        return lower, upper
 
 
 class SplitConformalClassifier:

@@ -166,3 +166,71 @@ def test_raps_sets_are_mapie_s_given_its_tuned_penalty_and_calibration_part(alph
     np.testing.assert_array_equal(our_sets, sets[:, :, 0])
     _, aps_sets = calibrated("aps")
     assert (aps_sets != our_sets).any()  # the penalty changes sets, so the check can fail
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("alpha", [0.05, 0.1, 0.2])
+def test_cqr_intervals_are_mapie_s(alpha, symmetric):
+    """Conformalized quantile regression on the same lower, upper (and, for MAPIE, median)
+    quantile predictions: identical intervals, with one correction for both ends or one each
+    (MAPIE's `symmetric_correction`)."""
+    from blayers.posthoc import ConformalizedQuantileRegressor
+
+    rng = np.random.default_rng(4)
+    n = 800
+    x = rng.uniform(-2, 2, n)
+    targets = np.sin(x) + (0.2 + 0.3 * np.abs(x)) * rng.normal(size=n)
+    lower, upper = np.sin(x) - 0.4 * (1 + np.abs(x)), np.sin(x) + 0.3 * (1 + np.abs(x))
+    index = np.arange(n)[:, None]
+    cal, test = slice(0, 500), slice(500, n)
+    ours = ConformalizedQuantileRegressor(alpha=alpha, symmetric=symmetric)
+    ours.fit(lower[cal], upper[cal], targets[cal])
+    estimators = [
+        _FixedRegressor(v).fit(index, targets) for v in (lower, upper, (lower + upper) / 2)
+    ]
+    theirs = mapie_regression.ConformalizedQuantileRegressor(
+        estimators, confidence_level=1 - alpha, prefit=True
+    )
+    theirs.conformalize(index[cal], targets[cal])
+    _, intervals = theirs.predict_interval(index[test], symmetric_correction=symmetric)
+    our_lower, our_upper = ours.predict_interval(lower[test], upper[test])
+    np.testing.assert_allclose(our_lower, intervals[:, 0, 0], rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(our_upper, intervals[:, 1, 0], rtol=1e-10, atol=1e-12)
+    # Adaptive: wider where the quantiles are wide, and covering on held-out data.
+    inside = (targets[test] >= our_lower) & (targets[test] <= our_upper)
+    assert abs(inside.mean() - (1 - alpha)) < 4 * np.sqrt(alpha * (1 - alpha) / 300) + 1 / 501
+
+
+@pytest.mark.parametrize("method", ["plus", "minmax"])
+@pytest.mark.parametrize("alpha", [0.1, 0.2])
+def test_cv_plus_intervals_are_mapie_s(method, alpha):
+    """CV+ and CV-minmax from K ridge models, each trained without its fold: blayers
+    aggregates the same folds' predictions MAPIE's CrossConformalRegressor makes itself."""
+    from sklearn.linear_model import Ridge
+    from sklearn.model_selection import KFold
+
+    from blayers.posthoc import CrossConformalRegressor
+
+    rng = np.random.default_rng(5)
+    n, d, k = 300, 4, 5
+    x = rng.normal(size=(n, d))
+    y = x @ rng.normal(size=d) + rng.standard_t(3, size=n)
+    x_test = rng.normal(size=(60, d))
+    folds = np.empty(n, int)
+    out_of_fold = np.empty(n)
+    fold_predictions = []
+    cv = KFold(k)
+    for fold, (train, held_out) in enumerate(cv.split(x)):
+        model = Ridge(alpha=1.0).fit(x[train], y[train])
+        folds[held_out] = fold
+        out_of_fold[held_out] = model.predict(x[held_out])
+        fold_predictions.append(model.predict(x_test))
+    ours = CrossConformalRegressor(alpha=alpha, method=method).fit(out_of_fold, y, folds)
+    lower, upper = ours.predict_interval(np.stack(fold_predictions))
+    theirs = mapie_regression.CrossConformalRegressor(
+        Ridge(alpha=1.0), confidence_level=1 - alpha, method=method, cv=cv
+    )
+    theirs.fit_conformalize(x, y)
+    _, intervals = theirs.predict_interval(x_test)
+    np.testing.assert_allclose(lower, intervals[:, 0, 0], rtol=1e-9)
+    np.testing.assert_allclose(upper, intervals[:, 1, 0], rtol=1e-9)

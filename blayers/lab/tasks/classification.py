@@ -52,7 +52,7 @@ class Classification(Task):
             key: (predict(dataset)[0], targets(dataset))
             for key, dataset in (data.corrupted or {}).items()
         }
-        return self.score(
+        result, arrays = self.score(
             probs,
             targets(data.test),
             ood_probs,
@@ -60,6 +60,31 @@ class Classification(Task):
             logits=logits[0] if logits else None,
             ood_logits=ood_logits[0] if ood_logits else None,
         )
+        if data.ood is not None:
+            result.update(self.feature_scores(model, data, data.test.batch(batch_size)))
+        return result, arrays
+
+    # The training examples the feature scores' Gaussians are fitted on (at most).
+    feature_fit_examples = 10000
+
+    def feature_scores(self, model, data, test_inputs, ood_inputs=None, batch_size=500):
+        """The OOD AUROC and FPR at 95% TPR of the penultimate-feature scores (Mahalanobis,
+        DDU's feature density; `blayers.posthoc.feature_density`), fitted on up to
+        `feature_fit_examples` training examples: `ood_auroc_mahalanobis`,
+        `ood_auroc_feature_density`, ... (none for a model whose last layer's input cannot
+        be read)."""
+        from blayers.posthoc import feature_density
+
+        train = data.train.take(self.feature_fit_examples)
+        ood = data.ood.batch(batch_size) if ood_inputs is None else ood_inputs
+        scores = feature_density.feature_ood_scores(
+            model, (train.batch(batch_size), targets(train)), test_inputs, ood, batch_size
+        )
+        result = {}
+        for name, (inside, outside) in scores.items():
+            result[f"ood_auroc_{name}"] = metrics_lib.ood_auroc(inside, outside)
+            result[f"ood_fpr95_{name}"] = metrics_lib.fpr_at_tpr(inside, outside)
+        return result
 
     def score(self, probs, labels, ood_probs=None, corrupted=None, logits=None, ood_logits=None):
         """`(metrics, arrays)` of predictive samples `probs [S, n, K]` against `labels [n]`, with
