@@ -87,19 +87,68 @@ class Method:
 class Calibrator(Method):
     """A map of the run's predictive logits (the log of its Monte Carlo mean probabilities)
     fitted on the calibration part: subclasses return the library's calibrator from `make()`
-    (anything with `fit(logits, labels)` and `predict_proba(logits)`)."""
+    (anything with `fit(logits, labels)` and `predict_proba(logits)`).
+
+    A map with many parameters overfits a small calibration part (vector scaling's scales grow
+    without bound on a part the network classifies almost perfectly), so by default
+    (`fallback=True`) the map is checked by 5-fold cross-validation on the calibration part
+    against temperature scaling, and temperature scaling is used instead when the map's
+    cross-validated NLL is higher (`notes` says so, `fell_back` is 1).
+
+    Args:
+      fallback: check the map against temperature scaling and fall back to it.
+    """
 
     tasks = ("classification",)
+    checked = True  # temperature scaling itself is not checked against itself
+
+    def __init__(self, fallback=True):
+        super().__init__()
+        self.fallback = bool(fallback)
 
     def make(self):
         raise NotImplementedError
 
     def fit(self, fit):
+        from blayers import posthoc as library
+
         self.logits = fit.log_mean_probs(fit.base)
-        self.calibrator = self.make().fit(self.logits[fit.calibration], fit.y[fit.calibration])
+        logits, labels = self.logits[fit.calibration], fit.y[fit.calibration].astype(int)
+        self.fell_back = False
+        if self.fallback and self.checked:
+            mine = _cross_validated_nlls(self.make, logits, labels)
+            theirs = _cross_validated_nlls(library.TemperatureScaling, logits, labels)
+            difference = mine - theirs
+            se = float(np.std(difference, ddof=1) / np.sqrt(len(difference)))
+            if np.mean(difference) > 0:
+                self.fell_back = True
+                self.note(
+                    f"{type(self).__name__}: temperature scaling used instead: on the "
+                    f"calibration part's 5-fold cross-validation the map's NLL is "
+                    f"{np.mean(mine):.4g} against temperature scaling's {np.mean(theirs):.4g} "
+                    f"(difference {np.mean(difference):.3g}, standard error {se:.2g}); "
+                    f"{len(labels)} calibration examples are too few for its parameters."
+                )
+                self.calibrator = library.TemperatureScaling().fit(logits, labels)
+                return
+        self.calibrator = self.make().fit(logits, labels)
 
     def predictive(self, fit):
         return [self.calibrator.predict_proba(self.logits)[None]]
+
+    def metrics(self, fit):
+        return {"fell_back": float(self.fell_back)} if self.fallback and self.checked else {}
+
+
+def _cross_validated_nlls(make, logits, labels, folds=5):
+    """Per-example NLLs of calibrators from `make()` fitted on 4 folds and scored on the fifth."""
+    order = np.random.default_rng(0).permutation(len(labels))
+    nlls = np.empty(len(labels))
+    for part in np.array_split(order, folds):
+        rest = np.setdiff1d(order, part)
+        probs = make().fit(logits[rest], labels[rest]).predict_proba(logits[part])
+        nlls[part] = -np.log(np.maximum(probs[np.arange(len(part)), labels[part]], 1e-300))
+    return nlls
 
 
 def methods():

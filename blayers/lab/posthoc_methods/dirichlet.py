@@ -10,9 +10,9 @@ class DirichletScaling(MatrixScaling):
 
     name, label = "dirichlet", "Dirichlet calibration (ODIR)"
 
-    def __init__(self, off_diagonal="cv", bias=None):
-        # Both passed on, so `MatrixScaling`'s own bindings do not reach this class.
-        super().__init__(off_diagonal=off_diagonal, bias=bias)
+    def __init__(self, off_diagonal="cv", bias=None, fallback=True):
+        # Every argument passed on, so `MatrixScaling`'s own bindings do not reach this class.
+        super().__init__(off_diagonal=off_diagonal, bias=bias, fallback=fallback)
 
     def make(self):
         return library.DirichletScaling(self.off_diagonal, self.bias)

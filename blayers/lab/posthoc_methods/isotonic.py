@@ -9,12 +9,13 @@ class IsotonicRegression(Calibrator):
 
     Args:
       floor: the smallest calibrated probability (see `blayers.posthoc.IsotonicCalibration`).
+      fallback: see `Calibrator`.
     """
 
     name, label = "isotonic", "isotonic regression"
 
-    def __init__(self, floor=1e-3):
-        super().__init__()
+    def __init__(self, floor=1e-3, fallback=True):
+        super().__init__(fallback=fallback)
         self.floor = floor
 
     def make(self):

@@ -8,9 +8,10 @@ class Temperature(Calibrator):
     """`softmax(z / T)`, `T` fitted by the calibration part's NLL (accuracy unchanged)."""
 
     name, label = "temperature", "temperature scaling"
+    checked = False
 
     def make(self):
         return library.TemperatureScaling()
 
     def metrics(self, fit):
-        return {"temperature": self.calibrator.temperature}
+        return {"temperature": self.calibrator.temperature}  # nothing to fall back to
