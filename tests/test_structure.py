@@ -361,6 +361,9 @@ def test_the_architecture_map_matches_the_code():
     assert named <= concrete | {"Learner", "KerasLearner"}, named - concrete
     for entry in ("blayers/train.py", "blayers/posthoc/__main__.py", "posthoc/", "posthoc_cli"):
         assert entry in doc, entry
+    # A post-hoc method is one file (tests/lab/test_posthoc_cli.py finds one added elsewhere).
+    assert "| a post-hoc method | `blayers/lab/posthoc_methods/<method>.py` (1) |" in doc
+    assert "posthoc_methods/" in doc
     families = sorted(
         path.name
         for path in (root / "blayers" / "layers").glob("*.py")

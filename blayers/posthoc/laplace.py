@@ -270,6 +270,41 @@ class Laplace(_LaplaceBase):
         self._set_state(head.state())
         return self
 
+    def joint_functional_covariance(self, x):
+        """`f* [n, K]` and the joint covariance of every output of every input,
+        `Cov(f_n,k, f_m,l)` as `[n, K, n, K]` (the marginal `functional_variance` is its
+        diagonal blocks). With KFAC it never forms the `(D+1)K`-square posterior covariance:
+        in the factors' eigenbases `Cov = sum_j u_g,j u_g,j^T (x) Phi' diag(1 / e_.j) Phi'^T`,
+        `Phi' = phi~ U_a`, `O(n^2 D K)` (laplace-torch's `joint=True` predictive)."""
+        self._check_fitted()
+        phi = self._cache(x)
+        d, k = self.theta.shape
+        inverse = 1.0 / self._precision_eigenvalues(self.prior_precision, self.sigma_noise)
+        inverse = inverse.reshape(d, k) if self.structure != "full" else inverse
+        if self.structure == "kron":
+            rotated = phi @ self._eig_a[1]
+            per_g = np.einsum("nd,dj,md->jnm", rotated, inverse, rotated)
+            u_g = self._eig_g[1]
+            cov = np.einsum("kj,jnm,lj->nkml", u_g, per_g, u_g)
+        elif self.structure == "full":
+            u = self._eig_h[1]
+            posterior = ((u * inverse) @ u.T).reshape(d, k, d, k)
+            cov = np.einsum("nd,dkel,me->nkml", phi, posterior, phi)
+        else:
+            per_k = np.einsum("nd,dk,md->knm", phi, inverse, phi)
+            cov = np.einsum("knm,kl->nkml", per_k, np.eye(k))
+        return phi @ self.theta, cov
+
+    def sample_functions(self, x, num_samples, seed=0):
+        """Joint draws of the outputs of the inputs `x` from the linear model's posterior,
+        `[num_samples, n, K]` (one function a draw, not independent per input)."""
+        f, cov = self.joint_functional_covariance(x)
+        n, k = f.shape
+        flat = cov.reshape(n * k, n * k)
+        chol = np.linalg.cholesky(flat + 1e-10 * np.mean(np.diag(flat)) * np.eye(n * k))
+        eps = np.random.default_rng(seed).normal(size=(num_samples, n * k))
+        return f + (eps @ chol.T).reshape(num_samples, n, k)
+
     def sample(self, num_samples, seed=0):
         """Draws of the last layer's `[D+1, K]` weights (`[W; b]`) from the posterior."""
         self._check_fitted()

@@ -295,3 +295,30 @@ def test_each_method_s_settings_are_gin_parameters_of_its_class(finished_run):
     assert vector["final"]["nll"] != vector["base"]["nll"] and vector["label"] == "vector scaling"
     with pytest.raises(ValueError, match="Laplace.prior_precision must be"):
         _in_process(finished_run, "laplace", ["Laplace.prior_precision = 'evidence'"])
+
+
+def test_swag_measures_its_spread_and_warns_when_the_snapshots_collapse(finished_run):
+    moving, _ = _in_process(finished_run, "swag", ["SWAG.epochs = 3", "posthoc.num_samples = 3"])
+    final = moving["final"]
+    assert final["swag_relative_spread"] > 1e-3 and final["swag_distance"] > 0
+    assert final["swag_learning_rate"] == pytest.approx(0.005)  # the run's own rate
+    assert "spread" in moving["notes"][0]
+    frozen, _ = _in_process(
+        finished_run,
+        "swag",
+        ["SWAG.epochs = 2", "SWAG.learning_rate = 1e-12", "posthoc.num_samples = 2"],
+    )
+    assert frozen["final"]["swag_relative_spread"] < 1e-3
+    assert "collapsed" in frozen["notes"][0]
+    assert frozen["final"]["nll"] == pytest.approx(frozen["base"]["nll"], rel=1e-4)
+
+
+def test_laplace_says_which_prior_precision_it_chose_and_why(finished_run):
+    summary, _ = _in_process(finished_run, "laplace")
+    (note,) = summary["notes"]
+    by_evidence = summary["final"]["prior_precision_by_evidence"]
+    assert ("by the evidence" in note) == (by_evidence == 1.0)
+    assert f"{summary['final']['prior_precision']:.3g}" in note
+    # At or below the run's NLL on the part it was checked on is what the check is for; on
+    # the evaluation part it stays close.
+    assert summary["final"]["nll"] <= summary["base"]["nll"] + 0.05

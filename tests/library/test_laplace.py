@@ -211,3 +211,49 @@ def test_fitted_posterior_round_trips_through_a_keras_file(tmp_path, likelihood,
     np.testing.assert_allclose(cov, cov0, rtol=1e-8)
     with pytest.raises(TypeError, match="LaplacePredictive"):
         Laplace.from_model(model)
+
+
+@pytest.mark.parametrize("structure", ["kron", "full", "diag"])
+def test_the_joint_functional_covariance_is_j_sigma_j_transposed(structure):
+    """Against the posterior covariance written out, `J Sigma J^T` with `J_n = phi~_n (x) I`:
+    the fast KFAC path included; its diagonal blocks are the marginal covariances, and joint
+    function draws have that covariance."""
+    import keras
+
+    from blayers.posthoc import Laplace
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(200, 4)).astype("float32")
+    y = (x[:, 0] + x[:, 1] > 0).astype(int) + (x[:, 2] > 1).astype(int)
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((4,)), keras.layers.Dense(6, activation="tanh"), keras.layers.Dense(3)]
+    )
+    model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    model.fit(x, y, epochs=5, verbose=0)
+    laplace = Laplace(model, "classification", hessian_structure=structure).fit((x, y))
+    laplace.prior_precision = 0.7
+    test = x[:5]
+    f, cov = laplace.joint_functional_covariance(test)
+    np.testing.assert_allclose(f, model.predict(test, verbose=0), rtol=1e-5, atol=1e-5)
+    # The posterior covariance of the weights written out.
+    if structure == "diag":
+        weight_cov = np.diag(1.0 / laplace._precision_eigenvalues(0.7, 1.0))
+    elif structure == "kron":
+        basis = np.kron(laplace._eig_a[1], laplace._eig_g[1])
+        weight_cov = (basis / laplace._precision_eigenvalues(0.7, 1.0)) @ basis.T
+    else:
+        u = laplace._eig_h[1]
+        weight_cov = (u / laplace._precision_eigenvalues(0.7, 1.0)) @ u.T
+    phi = laplace._cache(test)
+    jacobian = np.einsum("nd,kl->nkdl", phi, np.eye(3)).reshape(5 * 3, -1)
+    expected = (jacobian @ weight_cov @ jacobian.T).reshape(5, 3, 5, 3)
+    np.testing.assert_allclose(cov, expected, rtol=1e-8, atol=1e-12)
+    _, marginal = laplace.functional_variance(test)
+    for n in range(5):
+        np.testing.assert_allclose(cov[n, :, n, :], marginal[n], rtol=1e-8, atol=1e-12)
+    functions = laplace.sample_functions(test, 40000, seed=2).reshape(40000, -1)
+    sd = np.sqrt(np.diag(expected.reshape(15, 15)))
+    # Sample covariances to sampling noise: sd_i sd_j sqrt(2 / S) at most, times 5.
+    tolerance = 5 * np.outer(sd, sd) * np.sqrt(2 / 40000)
+    assert np.all(np.abs(np.cov(functions, rowvar=False) - expected.reshape(15, 15)) < tolerance)

@@ -63,7 +63,7 @@ class Method:
                 f"{known.__qualname__} and {cls.__module__}.{cls.__qualname__}."
             )
         # Decorated in place: the class itself takes its bindings (`SWAG.epochs = 20`).
-        gin.configurable(cls.__name__, module="blayers.posthoc")(cls)
+        gin.configurable(cls.__name__, module=cls.__module__)(cls)
         _REGISTRY[name] = cls
 
     def __init__(self):
