@@ -6,7 +6,8 @@
   2021). `Laplace.to_model()` is a Keras model of the predictive, saved with its posterior as a
   `.keras` file. With `subset_of_weights='all'` it is an `AllWeightsLaplace`: KFAC or diagonal
   over every dense and convolutional layer, with the linearized network's predictive (also a
-  `.keras` model with `to_model()`).
+  `.keras` model with `to_model()`). `SubnetworkLaplace`: a full covariance over the weights
+  of largest marginal variance (Daxberger et al., 2021b).
 * `SWAG`: SWA and SWA-Gaussian moments of the weights visited by continued training, as a
   callback or a wrapper, with Monte Carlo predictives (Maddox et al., 2019).
 * `TemperatureScaling` (and vector scaling): one temperature (or a per-class scale and bias) on
@@ -43,6 +44,7 @@ _MODULES = {
     "Laplace": "blayers.posthoc.laplace",
     "LaplacePredictive": "blayers.posthoc.laplace",
     "SWAG": "blayers.posthoc.swag",
+    "SubnetworkLaplace": "blayers.posthoc.subnetwork",
     "SplitConformalClassifier": "blayers.posthoc.conformal",
     "SplitConformalRegressor": "blayers.posthoc.conformal",
     "TemperatureScaling": "blayers.posthoc.temperature",
@@ -63,6 +65,7 @@ __all__ = [
     "MatrixScaling",
     "SplitConformalClassifier",
     "SplitConformalRegressor",
+    "SubnetworkLaplace",
     "TemperatureScaling",
 ]
 

@@ -29,9 +29,11 @@ predictive one Keras model (`AllWeightsLaplacePredictive`) to save as a `.keras`
 """
 
 import contextlib
+import math
 
 import keras
 import numpy as np
+import scipy.optimize
 import tensorflow as tf
 from scipy.special import softmax
 
@@ -224,7 +226,9 @@ class AllWeightsLaplace(_LaplaceBase):
         noise stddev `sigma_noise`).
       hessian_structure: `'kron'` (KFAC) or `'diag'` (see the module's docstring); `'full'` is
         for the last layer only.
-      prior_precision: `delta` of the prior `N(0, I / delta)` on the weights.
+      prior_precision: `delta` of the prior `N(0, I / delta)` on the weights, or one a covered
+        layer (a per-layer prior, in the order of `blocks`; `optimize_prior_precision(
+        layerwise=True)` fits one a layer by the evidence).
       sigma_noise: the regression's noise standard deviation.
       dtype: `'float64'` (default) or `'float32'` for the accumulated curvature (the network's
         Jacobians are computed in its own dtype).
@@ -248,13 +252,13 @@ class AllWeightsLaplace(_LaplaceBase):
                 "AllWeightsLaplace: hessian_structure 'full' is for the last layer only; over all "
                 "weights use 'kron' or 'diag'."
             )
-        self._init_common(likelihood, hessian_structure, prior_precision, sigma_noise, dtype)
         layers = [
             layer
             for layer in model._flatten_layers(include_self=False, recursive=True)
             if layer.trainable and layer.name not in exclude and _kind(layer) is not None
         ]
-        self._cover(model, layers)
+        self._cover(model, layers)  # first: a per-layer prior precision is checked against it
+        self._init_common(likelihood, hessian_structure, prior_precision, sigma_noise, dtype)
 
     def _cover(self, model, layers):
         """Puts the posterior on `layers` (dense and convolutional layers of `model`)."""
@@ -352,13 +356,69 @@ class AllWeightsLaplace(_LaplaceBase):
     def _map_vector(self):
         return np.concatenate([theta.reshape(-1) for theta in self.thetas])
 
+    # The output curvature enters every layer's G factor: per-output noise would change them.
+    per_output_noise_structures = ()
+
+    def _checked_precision(self, prior_precision):
+        if np.ndim(prior_precision) == 0:
+            return super()._checked_precision(prior_precision)
+        deltas = np.asarray(prior_precision, np.float64).reshape(-1)
+        if len(deltas) != len(self.blocks) or not np.all(deltas > 0):
+            raise ValueError(
+                f"AllWeightsLaplace: per-layer prior_precision needs one positive number a "
+                f"covered layer ({len(self.blocks)}: {[b.layer.name for b in self.blocks]}), got "
+                f"{prior_precision!r}."
+            )
+        return deltas
+
+    def _deltas(self, prior_precision):
+        """The prior precision of each block."""
+        return np.broadcast_to(np.asarray(prior_precision, np.float64), (len(self.blocks),))
+
+    def _prior_terms(self, delta):
+        quadratic = log_delta = 0.0
+        for d, theta in zip(self._deltas(delta), self.thetas, strict=True):
+            quadratic += d * float(np.sum(theta**2))
+            log_delta += theta.size * math.log(d)
+        return quadratic, log_delta
+
+    def optimize_prior_precision(self, method="marglik", val_data=None, grid=None, layerwise=False):
+        """As `Laplace.optimize_prior_precision`; with `layerwise=True` (evidence only), one
+        precision a covered layer, maximizing the evidence jointly (with the noise, for
+        regression) by L-BFGS over their logarithms. Returns the prior precision."""
+        if not layerwise:
+            return super().optimize_prior_precision(method, val_data, grid)
+        if method != "marglik":
+            raise ValueError(
+                "AllWeightsLaplace: layerwise prior precisions are fitted by 'marglik'."
+            )
+        self._check_fitted()
+        count = len(self.blocks)
+        regression = self.likelihood == "regression"
+        start = np.log(self._deltas(self.prior_precision))
+        if regression:
+            start = np.r_[start, math.log(self.sigma_noise)]
+
+        def objective(params):
+            sigma = math.exp(params[count]) if regression else None
+            return -self.log_marginal_likelihood(np.exp(params[:count]), sigma)
+
+        bounds = [(-12.0, 12.0)] * len(start)
+        result = scipy.optimize.minimize(objective, start, method="L-BFGS-B", bounds=bounds)
+        self.prior_precision = np.exp(result.x[:count])
+        if regression:
+            self.sigma_noise = float(math.exp(result.x[count]))
+        return self.prior_precision
+
     def _block_eigenvalues(self, prior_precision, sigma_noise):
         scale = self._curvature_scale(sigma_noise)
         return [
-            precision_eigenvalues(np, self.structure, state, prior_precision, scale).reshape(
+            precision_eigenvalues(np, self.structure, state, float(delta), scale).reshape(
                 theta.shape
             )
-            for state, theta in zip(self._states, self.thetas, strict=True)
+            for state, theta, delta in zip(
+                self._states, self.thetas, self._deltas(prior_precision), strict=True
+            )
         ]
 
     def _precision_eigenvalues(self, prior_precision, sigma_noise):
@@ -457,11 +517,14 @@ class AllWeightsLaplace(_LaplaceBase):
             for i, state in enumerate(self._states)
             for key, value in state.items()
         }
+        scalars = _scalars(self)
+        deltas = np.asarray(scalars.pop("prior_precision"), np.float64).reshape(-1)
         np.savez(
             path,
             **arrays,
             names=np.array([block.layer.name for block in self.blocks]),
-            scalars=np.array(list(_scalars(self).values())),
+            prior_precisions=deltas,  # one, or one a layer
+            scalars=np.array([np.nan, *scalars.values()]),
             likelihood=np.array(self.likelihood),
             structure=np.array(self.structure),
         )
@@ -477,6 +540,9 @@ class AllWeightsLaplace(_LaplaceBase):
                 for i in range(len(names))
             ]
             scalars = dict(zip(_SCALARS, saved["scalars"].tolist(), strict=True))
+            if "prior_precisions" in saved:
+                deltas = saved["prior_precisions"]
+                scalars["prior_precision"] = float(deltas[0]) if deltas.size == 1 else deltas
             likelihood = str(saved["likelihood"])
         return cls._restored(model, likelihood, structure, names, scalars, states, str(path))
 
@@ -484,10 +550,10 @@ class AllWeightsLaplace(_LaplaceBase):
     def _restored(cls, model, likelihood, structure, names, scalars, states, source):
         """A fitted posterior over `model` from its saved parts (`source` names them in errors)."""
         self = cls.__new__(cls)
+        self._cover(model, _named_layers(model, names, source))
         self._init_common(
             likelihood, structure, scalars["prior_precision"], scalars["sigma_noise"], "float64"
         )
-        self._cover(model, _named_layers(model, names, source))
         self.num_data = int(scalars["num_data"])
         self.log_likelihood_sum, self.sse = (
             float(scalars["log_likelihood_sum"]),
@@ -549,8 +615,12 @@ _SCALARS = ("prior_precision", "sigma_noise", "num_data", "log_likelihood_sum", 
 
 
 def _scalars(posterior):
-    """What a saved posterior keeps besides its arrays, by name."""
-    return {name: getattr(posterior, name) for name in _SCALARS}
+    """What a saved posterior keeps besides its arrays, by name (per-layer precisions as a
+    list)."""
+    values = {name: getattr(posterior, name) for name in _SCALARS}
+    if np.ndim(values["prior_precision"]):
+        values["prior_precision"] = [float(d) for d in values["prior_precision"]]
+    return values
 
 
 _STATE_KEYS = {
@@ -625,7 +695,12 @@ class AllWeightsLaplacePredictive(keras.Model):
         self.network = model
         self.likelihood, self.hessian_structure = likelihood, hessian_structure
         self.layer_names = list(layer_names)
-        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.prior_precision = (
+            float(prior_precision)
+            if np.ndim(prior_precision) == 0
+            else [float(d) for d in prior_precision]
+        )
+        self.sigma_noise = float(sigma_noise)
         self.num_data, self.log_likelihood_sum, self.sse = (
             int(num_data),
             float(log_likelihood_sum),
@@ -673,14 +748,15 @@ class AllWeightsLaplacePredictive(keras.Model):
         k = logits.shape[-1]
         scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
         cov = tf.zeros([tf.shape(logits)[0], k, k], tf.float64)
-        for (a, g), variables in zip(blocks, self._variables, strict=True):
+        deltas = np.broadcast_to(np.asarray(self.prior_precision), (len(self._variables),))
+        for (a, g), variables, delta in zip(blocks, self._variables, deltas, strict=True):
             state = {key: tf.convert_to_tensor(v) for key, v in variables.items()}
             inverse = 1.0 / tf.reshape(
                 precision_eigenvalues(
                     keras.ops,
                     self.hessian_structure,
                     state,
-                    self.prior_precision,
+                    float(delta),
                     scale,
                 ),
                 [a.shape[-1], g.shape[-1]],

@@ -57,7 +57,8 @@ class Laplace(_LaplaceBase):
         noise stddev `sigma_noise`).
       hessian_structure: `'full'`, `'kron'` or `'diag'` (see the module's docstring).
       prior_precision: `delta` of the prior `N(0, I / delta)` on the last layer's weights.
-      sigma_noise: the regression's noise standard deviation.
+      sigma_noise: the regression's noise standard deviation, or one an output (with `'kron'`
+        or `'diag'`; the evidence then fits each).
       features: optional `fn(x) -> phi(x)` computing the last layer's inputs.
       dtype: `'float64'` (default) or `'float32'` for the accumulated curvature.
       subset_of_weights: `'last_layer'` (this class) or `'all'`, which returns an
@@ -130,6 +131,7 @@ class Laplace(_LaplaceBase):
         self.theta = self._map()
         d, k = self.theta.shape
         self.num_outputs = k
+        self.sigma_noise = self._checked_noise(self.sigma_noise)  # one an output: K of them
         if self.structure == "full":
             hessian = np.zeros((d, k, d, k), self.dtype)
         elif self.structure == "diag":
@@ -159,7 +161,10 @@ class Laplace(_LaplaceBase):
             # The likelihood's curvature enters through G; regression's 1/sigma^2 is applied
             # at use so that the noise can be re-estimated.
             self._eig_a = np.linalg.eigh(factor_a.astype(np.float64))
-            self._eig_g = np.linalg.eigh(factor_g.astype(np.float64) / self.num_data)
+            if self.likelihood == "regression":  # G = I exactly: keep the outputs' basis
+                self._eig_g = (np.ones(k), np.eye(k))
+            else:
+                self._eig_g = np.linalg.eigh(factor_g.astype(np.float64) / self.num_data)
         elif self.structure == "full":
             flat = hessian.reshape(d * k, d * k).astype(np.float64)
             self._eig_h = np.linalg.eigh((flat + flat.T) / 2)
@@ -234,10 +239,13 @@ class Laplace(_LaplaceBase):
             hessian_structure=self.structure,
             num_outputs=self.num_outputs,
             prior_precision=self.prior_precision,
-            sigma_noise=self.sigma_noise,
+            sigma_noise=(
+                self.sigma_noise if np.ndim(self.sigma_noise) == 0 else list(self.sigma_noise)
+            ),
             num_data=self.num_data,
             log_likelihood_sum=self.log_likelihood_sum,
             sse=self.sse,
+            sse_outputs=None if self.sse_outputs is None else list(self.sse_outputs),
             name="laplace_predictive",
         )
         head.build(tuple(features.shape))
@@ -257,7 +265,11 @@ class Laplace(_LaplaceBase):
         self = cls.__new__(cls)
         self.model, self.last = predictive, head
         self.likelihood, self.structure = head.likelihood, head.hessian_structure
-        self.prior_precision, self.sigma_noise = head.prior_precision, head.sigma_noise
+        self.prior_precision = head.prior_precision
+        self.sigma_noise = (
+            head.sigma_noise if np.ndim(head.sigma_noise) == 0 else np.asarray(head.sigma_noise)
+        )
+        self.sse_outputs = None if head.sse_outputs is None else np.asarray(head.sse_outputs)
         self.dtype = np.dtype("float64")
         self.num_data, self.log_likelihood_sum, self.sse = (
             head.num_data,
@@ -359,18 +371,23 @@ class LaplacePredictive(keras.layers.Layer):
         num_data=0,
         log_likelihood_sum=0.0,
         sse=0.0,
+        sse_outputs=None,
         **kwargs,
     ):
         kwargs["dtype"] = "float64"
         super().__init__(**kwargs)
         self.likelihood, self.hessian_structure = likelihood, hessian_structure
         self.num_outputs = num_outputs
-        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.prior_precision = float(prior_precision)
+        self.sigma_noise = (
+            float(sigma_noise) if np.ndim(sigma_noise) == 0 else [float(s) for s in sigma_noise]
+        )
         self.num_data, self.log_likelihood_sum, self.sse = (
             int(num_data),
             float(log_likelihood_sum),
             float(sse),
         )
+        self.sse_outputs = None if sse_outputs is None else [float(s) for s in sse_outputs]
 
     def build(self, input_shape):
         d = int(np.prod(input_shape[1:])) + 1
@@ -408,11 +425,12 @@ class LaplacePredictive(keras.layers.Layer):
         )
         phi = keras.ops.concatenate([phi, keras.ops.ones_like(phi[:, :1])], axis=1)
         state = {name: keras.ops.convert_to_tensor(getattr(self, name)) for name in self._names}
-        scale = 1.0 / self.sigma_noise**2 if self.likelihood == "regression" else 1.0
+        sigma = np.asarray(self.sigma_noise, np.float64)
+        scale = 1.0 / np.square(sigma) if self.likelihood == "regression" else 1.0
         f, cov = output_moments(
             keras.ops, self.hessian_structure, state, phi, self.prior_precision, scale
         )
-        return probit_or_gaussian(keras.ops, self.likelihood, f, cov, self.sigma_noise)
+        return probit_or_gaussian(keras.ops, self.likelihood, f, cov, sigma)
 
     def get_config(self):
         config = super().get_config()
@@ -427,6 +445,7 @@ class LaplacePredictive(keras.layers.Layer):
             "num_data": self.num_data,
             "log_likelihood_sum": self.log_likelihood_sum,
             "sse": self.sse,
+            "sse_outputs": self.sse_outputs,
         }
 
 

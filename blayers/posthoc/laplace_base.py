@@ -39,9 +39,55 @@ class _LaplaceBase:
                 f"{self.structures}."
             )
         self.likelihood, self.structure = likelihood, hessian_structure
-        self.prior_precision, self.sigma_noise = float(prior_precision), float(sigma_noise)
+        self.prior_precision = self._checked_precision(prior_precision)
+        self.sigma_noise = self._checked_noise(sigma_noise)
         self.dtype = np.dtype(dtype)
         self.fitted = False
+
+    def _checked_precision(self, prior_precision):
+        """A positive float (one precision for every weight); a subclass with per-layer
+        precisions also takes one a layer."""
+        if np.ndim(prior_precision) != 0:
+            raise ValueError(
+                f"{type(self).__name__}: prior_precision must be one number, got "
+                f"{prior_precision!r} (per-layer precisions: AllWeightsLaplace)."
+            )
+        if not float(prior_precision) > 0:
+            raise ValueError(f"{type(self).__name__}: prior_precision must be > 0.")
+        return float(prior_precision)
+
+    # Per-output noise scales the likelihood's curvature output by output, which KFAC's and
+    # the diagonal's eigenbases keep (the Gaussian's output curvature is the identity).
+    per_output_noise_structures = ("kron", "diag")
+
+    def _checked_noise(self, sigma_noise):
+        """A positive float, or for regression with `'kron'` or `'diag'` one an output."""
+        if np.ndim(sigma_noise) == 0:
+            if not float(sigma_noise) > 0:
+                raise ValueError(f"{type(self).__name__}: sigma_noise must be > 0.")
+            return float(sigma_noise)
+        sigma = np.asarray(sigma_noise, np.float64).reshape(-1)
+        if self.likelihood != "regression" or self.structure not in (
+            self.per_output_noise_structures
+        ):
+            raise ValueError(
+                f"{type(self).__name__}: one noise an output is for regression with "
+                f"hessian_structure in {self.per_output_noise_structures} (for a Gaussian "
+                "likelihood 'kron' is exact, as 'full' is)."
+            )
+        if not np.all(sigma > 0):
+            raise ValueError(f"{type(self).__name__}: every sigma_noise must be > 0.")
+        if getattr(self, "num_outputs", None) not in (None, len(sigma)):
+            raise ValueError(
+                f"{type(self).__name__}: {len(sigma)} noise scales for {self.num_outputs} outputs."
+            )
+        return sigma
+
+    def _prior_terms(self, delta):
+        """`(delta ||theta*||^2, p log delta)` of the evidence (a sum over layers for per-layer
+        precisions)."""
+        theta = self._map_vector()
+        return delta * float(np.sum(theta**2)), theta.size * math.log(delta)
 
     @staticmethod
     def _check_last_layer(layer):
@@ -76,16 +122,19 @@ class _LaplaceBase:
 
     def _start_fit(self):
         self.num_data, self.log_likelihood_sum, self.sse = 0, 0.0, 0.0
+        self.sse_outputs = None
 
     def _accumulate_fit(self, f, y):
         if self.likelihood == "classification":
             y = y.reshape(-1).astype(int)
             self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
         else:
-            self.sse += float(np.sum(np.square(y.reshape(f.shape) - f)))
+            squares = np.sum(np.square(y.reshape(f.shape) - f), 0)
+            self.sse += float(np.sum(squares))
+            self.sse_outputs = squares if self.sse_outputs is None else self.sse_outputs + squares
 
     def _curvature_scale(self, sigma_noise):
-        return 1.0 / sigma_noise**2 if self.likelihood == "regression" else 1.0
+        return 1.0 / np.square(sigma_noise) if self.likelihood == "regression" else 1.0
 
     def log_likelihood(self, sigma_noise=None):
         """`log p(D | theta*)` over the fitted data."""
@@ -94,19 +143,30 @@ class _LaplaceBase:
             return self.log_likelihood_sum
         sigma = self.sigma_noise if sigma_noise is None else sigma_noise
         n_out = self.num_data * self.num_outputs
+        if np.ndim(sigma):  # one noise an output: each output's own squared errors
+            if self.sse_outputs is None:
+                raise ValueError(
+                    f"{type(self).__name__}: the per-output squared errors are unknown (a "
+                    "posterior saved without them); refit to use per-output noise."
+                )
+            return float(
+                np.sum(-0.5 * self.sse_outputs / np.square(sigma) - self.num_data * np.log(sigma))
+                - 0.5 * n_out * math.log(2 * math.pi)
+            )
         return -0.5 * self.sse / sigma**2 - n_out * (math.log(sigma) + 0.5 * math.log(2 * math.pi))
 
     def log_marginal_likelihood(self, prior_precision=None, sigma_noise=None):
         """The Laplace approximation of the evidence `log p(D | delta, sigma)`."""
         self._check_fitted()
-        delta = self.prior_precision if prior_precision is None else float(prior_precision)
-        sigma = self.sigma_noise if sigma_noise is None else float(sigma_noise)
+        delta = self.prior_precision if prior_precision is None else prior_precision
+        delta = self._checked_precision(delta)
+        sigma = self._checked_noise(self.sigma_noise if sigma_noise is None else sigma_noise)
         eigenvalues = self._precision_eigenvalues(delta, sigma)
-        theta = self._map_vector()
+        quadratic, log_delta = self._prior_terms(delta)
         return (
             self.log_likelihood(sigma)
-            - 0.5 * delta * float(np.sum(theta**2))
-            - 0.5 * (float(np.sum(np.log(eigenvalues))) - theta.size * math.log(delta))
+            - 0.5 * quadratic
+            - 0.5 * (float(np.sum(np.log(eigenvalues))) - log_delta)
         )
 
     def optimize_prior_precision(self, method="marglik", val_data=None, grid=None):
@@ -120,6 +180,20 @@ class _LaplaceBase:
                 def objective(params):
                     return -self.log_marginal_likelihood(math.exp(params[0]), math.exp(params[1]))
 
+                if np.ndim(self.sigma_noise):  # one noise an output: L-BFGS over K + 1 logs
+
+                    def objective(params):
+                        return -self.log_marginal_likelihood(
+                            math.exp(params[0]), np.exp(params[1:])
+                        )
+
+                    start = np.r_[math.log(self.prior_precision), np.log(self.sigma_noise)]
+                    result = scipy.optimize.minimize(
+                        objective, start, method="L-BFGS-B", bounds=[(-12.0, 12.0)] * len(start)
+                    )
+                    self.prior_precision = float(math.exp(result.x[0]))
+                    self.sigma_noise = np.exp(result.x[1:])
+                    return self.prior_precision
                 start = [math.log(self.prior_precision), math.log(self.sigma_noise)]
                 result = scipy.optimize.minimize(
                     objective, start, method="Nelder-Mead", options={"xatol": 1e-6, "fatol": 1e-9}
@@ -201,9 +275,14 @@ def precision_eigenvalues(ops, structure, state, prior_precision, scale):
     for `'kron'` and `'diag'`), with `ops` NumPy or `keras.ops`."""
     if structure == "kron":
         outer = ops.outer(ops.maximum(state["values_a"], 0), ops.maximum(state["values_g"], 0))
-        return ops.reshape(outer, [-1]) * scale + prior_precision
+        # A per-output scale [K] multiplies G's eigenvalues: its eigenbasis is the outputs'.
+        return ops.reshape(outer * scale, [-1]) + prior_precision
     if structure == "full":
         return ops.maximum(state["values_h"], 0) * scale + prior_precision
+    if np.ndim(scale):
+        return ops.reshape(ops.reshape(state["diag_h"], [-1, len(scale)]) * scale, [-1]) + (
+            prior_precision
+        )
     return state["diag_h"] * scale + prior_precision
 
 
@@ -213,5 +292,5 @@ def probit_or_gaussian(ops, likelihood, f, cov, sigma_noise):
     regression's `(mean, stddev)` with `stddev^2 = diag(Sigma_f) + sigma_noise^2`."""
     variance = ops.diagonal(cov, axis1=1, axis2=2)
     if likelihood == "regression":
-        return f, ops.sqrt(variance + sigma_noise**2)
+        return f, ops.sqrt(variance + np.square(sigma_noise))
     return ops.softmax(f / ops.sqrt(1.0 + math.pi / 8.0 * variance), axis=-1)

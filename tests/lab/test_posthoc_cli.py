@@ -322,3 +322,14 @@ def test_laplace_says_which_prior_precision_it_chose_and_why(finished_run):
     # At or below the run's NLL on the part it was checked on is what the check is for; on
     # the evaluation part it stays close.
     assert summary["final"]["nll"] <= summary["base"]["nll"] + 0.05
+
+
+def test_subnetwork_laplace_on_a_run(finished_run):
+    summary, arrays = _in_process(
+        finished_run,
+        "laplace",
+        ["Laplace.subset_of_weights = 'subnetwork'", "Laplace.num_weights = 50"],
+    )
+    assert summary["label"] == "subnetwork Laplace (50 weights)"
+    assert summary["final"]["prior_precision"] > 0 and summary["notes"]
+    assert abs(summary["final"]["accuracy"] - summary["base"]["accuracy"]) <= 0.02

@@ -28,8 +28,10 @@ class Laplace(Method):
     Args:
       prior_precision: `'auto'`, `'marglik'` (the evidence), `'val_nll'` (the calibration
         part's NLL over a log grid) or a number.
-      hessian_structure: `'kron'`, `'full'` or `'diag'`.
-      subset_of_weights: `'last_layer'` or `'all'`.
+      hessian_structure: `'kron'`, `'full'` or `'diag'` (a subnetwork's is full).
+      subset_of_weights: `'last_layer'`, `'all'` or `'subnetwork'` (`SubnetworkLaplace`: a
+        full covariance over the `num_weights` weights of largest diagonal-Laplace variance).
+      num_weights: the subnetwork's size.
       link_approx: `'probit'` or `'mc'`.
     """
 
@@ -43,6 +45,7 @@ class Laplace(Method):
         hessian_structure="kron",
         subset_of_weights="last_layer",
         link_approx="probit",
+        num_weights=1000,
     ):
         super().__init__()
         if not isinstance(prior_precision, numbers.Real) and prior_precision not in (
@@ -59,13 +62,21 @@ class Laplace(Method):
             "hessian_structure": hessian_structure,
             "subset_of_weights": subset_of_weights,
         }
-        if subset_of_weights == "all":
+        self.num_weights = num_weights
+        if subset_of_weights == "subnetwork":
+            self.label = f"subnetwork Laplace ({num_weights} weights)"
+        elif subset_of_weights == "all":
             self.label = f"all-weights Laplace ({hessian_structure})"
         elif hessian_structure != "kron":
             self.label = f"last-layer Laplace ({hessian_structure})"
 
     def fit(self, fit):
-        laplace = library.Laplace(fit.model, "classification", **self.settings)
+        if self.settings["subset_of_weights"] == "subnetwork":
+            laplace = library.SubnetworkLaplace(
+                fit.model, "classification", num_weights=self.num_weights
+            )
+        else:
+            laplace = library.Laplace(fit.model, "classification", **self.settings)
         laplace.fit(fit.data.train.batch(fit.learner.eval_batch_size))
         self.laplace = laplace
         x_cal, y_cal = fit.x[fit.calibration], fit.y[fit.calibration]
