@@ -331,5 +331,6 @@ def test_subnetwork_laplace_on_a_run(finished_run):
         ["Laplace.subset_of_weights = 'subnetwork'", "Laplace.num_weights = 50"],
     )
     assert summary["label"] == "subnetwork Laplace (50 weights)"
+    assert arrays["probs"].shape == (1, summary["num_evaluation"], 10)
     assert summary["final"]["prior_precision"] > 0 and summary["notes"]
     assert abs(summary["final"]["accuracy"] - summary["base"]["accuracy"]) <= 0.02

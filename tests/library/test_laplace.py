@@ -291,6 +291,7 @@ def test_per_output_noise_for_multi_output_regression(structure, tmp_path):
     per_output.to_model().save(path)
     mean, sd = keras.models.load_model(path).predict(x[:50], verbose=0)
     np.testing.assert_allclose(sd, stddev, rtol=1e-5)
+    np.testing.assert_allclose(mean, model.predict(x[:50], verbose=0), rtol=1e-4, atol=1e-5)
     with pytest.raises(ValueError, match="one noise an output is for regression"):
         Laplace(model, "regression", "full", sigma_noise=[1.0, 1.0])
     with pytest.raises(ValueError, match="3 noise scales for 2 outputs"):
