@@ -53,8 +53,10 @@ class Laplace(_LaplaceBase):
         (for classification its outputs are logits; a softmax activation is read as logits).
         Functional and sequential models work as they are; for a subclassed model pass
         `features`.
-      likelihood: `'classification'` (softmax, integer labels) or `'regression'` (Gaussian with
-        noise stddev `sigma_noise`).
+      likelihood: `'classification'` (softmax, integer labels), `'regression'` (Gaussian with
+        noise stddev `sigma_noise`) or `'heteroscedastic'` (a Gaussian whose mean and scale the
+        network outputs: `[mu, rho]` a target, `sigma = softplus(rho) + 1e-3`, the regression
+        task's layout; its curvature is the Gaussian's Fisher in `(mu, rho)`).
       hessian_structure: `'full'`, `'kron'` or `'diag'` (see the module's docstring).
       prior_precision: `delta` of the prior `N(0, I / delta)` on the last layer's weights.
       sigma_noise: the regression's noise standard deviation, or one an output (with `'kron'`

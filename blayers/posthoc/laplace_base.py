@@ -14,9 +14,40 @@ from blayers.posthoc.batches import arrays
 
 __all__ = ["precision_eigenvalues", "probit_or_gaussian"]
 
-_LIKELIHOODS = ("classification", "regression")
+_LIKELIHOODS = ("classification", "regression", "heteroscedastic")
+
+# The heteroscedastic network's smallest noise scale, as the regression task's likelihood.
+MIN_SCALE = 1e-3
+
+
+def _sigmoid(x):
+    return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+def heteroscedastic_parts(ops, f, cov):
+    """A heteroscedastic Gaussian's predictive from the outputs `f = [mu, rho]` (`[n, 2K]`,
+    `sigma = softplus(rho) + MIN_SCALE`) and their covariance: the mean `mu*` and the standard
+    deviation of `y = mu + sigma(rho) eps`, `Var(mu) + E[sigma(rho)^2]`, the expectation to
+    second order in `rho`'s variance,
+    `E[sigma^2] ~ sigma*^2 + Var(rho) (sigma'^2 + sigma sigma'')`."""
+    k = f.shape[-1] // 2
+    variance = ops.diagonal(cov, axis1=1, axis2=2)
+    mu, rho = f[:, :k], f[:, k:]
+    slope = 0.5 * (1.0 + ops.tanh(0.5 * rho))  # softplus' = sigmoid
+    scale = ops.softplus(rho) + MIN_SCALE
+    noise = ops.square(scale) + variance[:, k:] * (ops.square(slope) + scale * slope * (1 - slope))
+    return mu, ops.sqrt(variance[:, :k] + noise)
+
+
 # The operations `probit_or_gaussian` needs, in NumPy (the saved predictives pass `keras.ops`).
-_NUMPY = types.SimpleNamespace(diagonal=np.diagonal, sqrt=np.sqrt, softmax=softmax)
+_NUMPY = types.SimpleNamespace(
+    diagonal=np.diagonal,
+    sqrt=np.sqrt,
+    softmax=softmax,
+    tanh=np.tanh,
+    square=np.square,
+    softplus=lambda x: np.logaddexp(0.0, x),
+)
 _STRUCTURES = ("full", "kron", "diag")
 
 
@@ -104,8 +135,19 @@ class _LaplaceBase:
                 "it must be linear (or softmax, read as logits)."
             )
 
+    def _heteroscedastic_fisher(self, f):
+        """The Fisher of `N(mu, sigma(rho)^2)` in `[mu, rho]`: `1 / sigma^2` and
+        `2 sigma'(rho)^2 / sigma^2`, diagonal `[n, 2K]` (the expected Hessian of the NLL, PSD
+        where the Hessian itself need not be)."""
+        k = f.shape[1] // 2
+        rho = f[:, k:]
+        scale = np.logaddexp(0.0, rho) + MIN_SCALE
+        return np.concatenate([1.0 / scale**2, 2.0 * _sigmoid(rho) ** 2 / scale**2], 1)
+
     def _output_curvature(self, f):
         """`Lambda_n` per example `[n, K, K]` (regression: for unit noise)."""
+        if self.likelihood == "heteroscedastic":
+            return np.einsum("nk,kl->nkl", self._heteroscedastic_fisher(f), np.eye(f.shape[1]))
         if self.likelihood == "regression":
             return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
         p = softmax(f, -1)
@@ -114,6 +156,9 @@ class _LaplaceBase:
     def _output_curvature_root(self, f):
         """`L_n` with `L_n L_n^T = Lambda_n`, `[n, K, K]`: for a softmax
         `L = diag(sqrt p) - p sqrt(p)^T` (exact, as `sum p = 1`); the identity for regression."""
+        if self.likelihood == "heteroscedastic":
+            root = np.sqrt(self._heteroscedastic_fisher(f))
+            return np.einsum("nk,kl->nkl", root, np.eye(f.shape[1]))
         if self.likelihood == "regression":
             return np.broadcast_to(np.eye(f.shape[1]), (len(f), f.shape[1], f.shape[1]))
         p = softmax(f.astype(np.float64), -1)
@@ -128,6 +173,18 @@ class _LaplaceBase:
         if self.likelihood == "classification":
             y = y.reshape(-1).astype(int)
             self.log_likelihood_sum += float(np.sum(log_softmax(f, -1)[np.arange(len(y)), y]))
+        elif self.likelihood == "heteroscedastic":
+            if f.shape[1] % 2:
+                raise ValueError(
+                    f"Laplace: a heteroscedastic network outputs a mean and a raw scale a "
+                    f"target ([n, 2K]); its last layer has {f.shape[1]} outputs."
+                )
+            k = f.shape[1] // 2
+            scale = np.logaddexp(0.0, f[:, k:]) + MIN_SCALE
+            z = (y.reshape(len(f), k) - f[:, :k]) / scale
+            self.log_likelihood_sum += float(
+                np.sum(-0.5 * z**2 - np.log(scale) - 0.5 * math.log(2 * math.pi))
+            )
         else:
             squares = np.sum(np.square(y.reshape(f.shape) - f), 0)
             self.sse += float(np.sum(squares))
@@ -139,7 +196,7 @@ class _LaplaceBase:
     def log_likelihood(self, sigma_noise=None):
         """`log p(D | theta*)` over the fitted data."""
         self._check_fitted()
-        if self.likelihood == "classification":
+        if self.likelihood in ("classification", "heteroscedastic"):
             return self.log_likelihood_sum
         sigma = self.sigma_noise if sigma_noise is None else sigma_noise
         n_out = self.num_data * self.num_outputs
@@ -240,14 +297,16 @@ class _LaplaceBase:
         Classification: class probabilities `[n, K]` by the probit approximation
         (`link_approx='probit'`) or a Monte Carlo average of `softmax(f)` over `num_samples`
         draws of `f ~ N(f*, Sigma_f)` (`'mc'`). Regression: `(mean, stddev)` of the Gaussian
-        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`.
+        predictive, `stddev^2 = diag(Sigma_f) + sigma_noise^2`. Heteroscedastic regression
+        (a network of `[mu, rho]` outputs a target): `(mean, stddev)` of `y = mu +
+        sigma(rho) eps` (`heteroscedastic_parts`).
         """
         self._check_fitted()
         return self._predictive(self._cache(x), link_approx, num_samples, seed)
 
     def _predictive(self, cache, link_approx="probit", num_samples=100, seed=0):
         f, cov = self._moments(cache)
-        if self.likelihood == "regression" or link_approx == "probit":
+        if self.likelihood != "classification" or link_approx == "probit":
             return probit_or_gaussian(_NUMPY, self.likelihood, f, cov, self.sigma_noise)
         if link_approx == "mc":
             rng = np.random.default_rng(seed)
@@ -290,6 +349,8 @@ def probit_or_gaussian(ops, likelihood, f, cov, sigma_noise):
     """The saved predictives' last step, from the output moments `f [n, K]`, `Sigma_f [n, K, K]`:
     probit-approximated class probabilities `softmax(f / sqrt(1 + pi/8 diag(Sigma_f)))`, or a
     regression's `(mean, stddev)` with `stddev^2 = diag(Sigma_f) + sigma_noise^2`."""
+    if likelihood == "heteroscedastic":
+        return heteroscedastic_parts(ops, f, cov)
     variance = ops.diagonal(cov, axis1=1, axis2=2)
     if likelihood == "regression":
         return f, ops.sqrt(variance + np.square(sigma_noise))

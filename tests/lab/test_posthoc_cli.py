@@ -334,3 +334,31 @@ def test_subnetwork_laplace_on_a_run(finished_run):
     assert arrays["probs"].shape == (1, summary["num_evaluation"], 10)
     assert summary["final"]["prior_precision"] > 0 and summary["notes"]
     assert abs(summary["final"]["accuracy"] - summary["base"]["accuracy"]) <= 0.02
+
+
+@pytest.mark.slow  # a regression run and a post-hoc pass
+def test_laplace_on_a_heteroscedastic_regression_run(tmp_path):
+    """A regression run whose MLP outputs a mean and a raw scale: Laplace's posterior is the
+    heteroscedastic Gaussian's, its predictive at least as wide as the network's own noise."""
+    model_dir = tmp_path / "diabetes"
+    result = _run(
+        [
+            "blayers.train",
+            "--gin_file=base",
+            "--gin_param=SupervisedLearner.data = @diabetes()",
+            "--gin_param=SupervisedLearner.model = @mlp",
+            "--gin_param=mlp.hidden_units = (32,)",
+            "--gin_param=mlp.dense_layer = 'Dense'",
+            "--gin_param=train.train_steps = 300",
+            "--gin_param=train.eval_every = None",
+            "--gin_param=train.progress = False",
+            f"--model_dir={model_dir}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary, arrays = _in_process(model_dir, "laplace")
+    assert arrays["stddevs"].shape == arrays["means"].shape == (1, summary["num_evaluation"], 1)
+    base, final = summary["base"], summary["final"]
+    assert final["rmse"] == pytest.approx(base["rmse"], rel=1e-4)  # the mean is the network's
+    assert final["noise_stddev"] >= base["noise_stddev"] * (1 - 1e-6)
+    assert final["nlpd"] <= base["nlpd"] + 0.05 and summary["notes"]

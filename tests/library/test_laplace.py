@@ -296,3 +296,61 @@ def test_per_output_noise_for_multi_output_regression(structure, tmp_path):
         Laplace(model, "regression", "full", sigma_noise=[1.0, 1.0])
     with pytest.raises(ValueError, match="3 noise scales for 2 outputs"):
         Laplace(model, "regression", structure, sigma_noise=[1.0, 1.0, 1.0]).fit((x, y))
+
+
+def test_heteroscedastic_regression_laplace():
+    """A network of mean and raw scale: the curvature is the Gaussian's Fisher (the Monte Carlo
+    mean of the NLL's Hessian in `(mu, rho)` over `y` from the model), the fit's likelihood is
+    the network's, and the predictive follows the input-dependent noise."""
+    import keras
+
+    from blayers.posthoc import Laplace
+
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-2, 2, (2000, 1)).astype("float32")
+    noise = 0.05 + 0.3 * np.abs(x[:, 0])
+    y = (np.sin(2 * x[:, 0]) + noise * rng.normal(size=2000)).astype("float32")
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [keras.Input((1,)), keras.layers.Dense(32, activation="tanh"), keras.layers.Dense(2)]
+    )
+
+    def nll(t, out):
+        scale = keras.ops.softplus(out[:, 1]) + 1e-3
+        return 0.5 * keras.ops.square((t[:, 0] - out[:, 0]) / scale) + keras.ops.log(scale)
+
+    model.compile(keras.optimizers.Adam(0.01), nll)
+    model.fit(x, y[:, None], epochs=60, batch_size=100, verbose=0)
+    laplace = Laplace(model, "heteroscedastic", "kron").fit((x, y))
+    # The Fisher against the expected Hessian of -log N(y; mu, softplus(rho)^2), by sampling y.
+    f = np.array([[0.3, -0.4]])
+    mu, rho = f[0]
+    s, ds = np.logaddexp(0, rho) + 1e-3, 1 / (1 + np.exp(-rho))
+    d2s = ds * (1 - ds)
+    draws = mu + s * rng.normal(size=400000)
+    r = draws - mu
+    h_mumu = 1 / s**2
+    h_rhorho = (3 * r**2 / s**4 - 1 / s**2) * ds**2 + (1 / s - r**2 / s**3) * d2s
+    fisher = laplace._output_curvature(f)[0]
+    assert fisher[0, 0] == pytest.approx(h_mumu)
+    assert fisher[1, 1] == pytest.approx(np.mean(h_rhorho), rel=0.02)
+    assert fisher[0, 1] == 0.0
+    out = model.predict(x, verbose=0).astype(np.float64)
+    scale = np.logaddexp(0, out[:, 1]) + 1e-3
+    expected = np.sum(
+        -0.5 * ((y - out[:, 0]) / scale) ** 2 - np.log(scale) - 0.5 * np.log(2 * np.pi)
+    )
+    assert laplace.log_likelihood() == pytest.approx(expected, rel=1e-5)
+    laplace.optimize_prior_precision()
+    grid = np.array([[-1.8], [0.0], [1.8]], "float32")
+    mean, stddev = laplace.predict(grid)
+    assert mean.shape == stddev.shape == (3, 1)
+    np.testing.assert_allclose(mean, model.predict(grid, verbose=0)[:, :1], atol=1e-5)
+    assert stddev[1, 0] < 0.5 * stddev[0, 0] and stddev[1, 0] < 0.5 * stddev[2, 0]
+    held_out = rng.uniform(-2, 2, (1000, 1)).astype("float32")
+    truth = 0.05 + 0.3 * np.abs(held_out[:, 0])
+    _, sd = laplace.predict(held_out)
+    assert np.corrcoef(sd[:, 0], truth)[0, 1] > 0.9
+    assert np.all(
+        sd[:, 0] >= np.logaddexp(0, model.predict(held_out, verbose=0)[:, 1]) + 1e-3 - 1e-9
+    )

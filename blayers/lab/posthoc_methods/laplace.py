@@ -8,14 +8,22 @@ from blayers import posthoc as library
 from blayers.lab.posthoc_methods import Method
 
 
-def _nlls(probs, labels):
-    """Per-example `-log p(y)` of probabilities `[n, K]`."""
-    return -np.log(np.maximum(probs[np.arange(len(labels)), labels.astype(int)], 1e-300))
+def _nlls(predictive, targets):
+    """Per-example `-log p(y)` of class probabilities `[n, K]`, or of a Gaussian predictive's
+    `(mean, stddev)` (summed over the target's dimensions)."""
+    if isinstance(predictive, tuple):
+        mean, stddev = predictive
+        z = (targets.reshape(mean.shape) - mean) / stddev
+        return np.sum(0.5 * z**2 + np.log(stddev) + 0.5 * np.log(2 * np.pi), -1)
+    labels = targets.astype(int)
+    return -np.log(np.maximum(predictive[np.arange(len(labels)), labels], 1e-300))
 
 
 class Laplace(Method):
     """A Gaussian posterior over the last layer's weights (or all of them) with the
-    generalized Gauss-Newton curvature of the training set, and its probit predictive.
+    generalized Gauss-Newton curvature of the training set, and its probit predictive; for a
+    regression run, the heteroscedastic Gaussian's (a network of a mean and a raw scale a
+    target, the regression task's layout) and its Gaussian predictive.
 
     The prior precision `delta` of `N(0, I / delta)`: by default (`'auto'`) the evidence's
     optimum, checked on the calibration part against the precision that minimizes that part's
@@ -36,7 +44,6 @@ class Laplace(Method):
     """
 
     name, label = "laplace", "last-layer Laplace (KFAC)"
-    tasks = ("classification",)
     needs_deterministic = "linearizes a deterministic network at its MAP"
 
     def __init__(
@@ -71,12 +78,11 @@ class Laplace(Method):
             self.label = f"last-layer Laplace ({hessian_structure})"
 
     def fit(self, fit):
+        likelihood = "classification" if fit.classification else "heteroscedastic"
         if self.settings["subset_of_weights"] == "subnetwork":
-            laplace = library.SubnetworkLaplace(
-                fit.model, "classification", num_weights=self.num_weights
-            )
+            laplace = library.SubnetworkLaplace(fit.model, likelihood, num_weights=self.num_weights)
         else:
-            laplace = library.Laplace(fit.model, "classification", **self.settings)
+            laplace = library.Laplace(fit.model, likelihood, **self.settings)
         laplace.fit(fit.data.train.batch(fit.learner.eval_batch_size))
         self.laplace = laplace
         x_cal, y_cal = fit.x[fit.calibration], fit.y[fit.calibration]
@@ -113,7 +119,10 @@ class Laplace(Method):
             )
 
     def predictive(self, fit):
-        return [self.laplace.predict(fit.inputs.x, self.link_approx)[None]]
+        predictive = self.laplace.predict(fit.inputs.x, self.link_approx)
+        if isinstance(predictive, tuple):  # regression: the task's means and stddevs
+            return [part[None] for part in predictive]
+        return [predictive[None]]
 
     def metrics(self, fit):
         return {
