@@ -92,8 +92,9 @@ class Calibrator(Method):
     A map with many parameters overfits a small calibration part (vector scaling's scales grow
     without bound on a part the network classifies almost perfectly), so by default
     (`fallback=True`) the map is checked by 5-fold cross-validation on the calibration part
-    against temperature scaling, and temperature scaling is used instead when the map's
-    cross-validated NLL is higher (`notes` says so, `fell_back` is 1).
+    against temperature scaling, the simpler map, and kept only when its cross-validated NLL
+    is lower by more than one standard error of the paired per-example difference; otherwise
+    temperature scaling is used (`notes` says why, `fell_back` is 1).
 
     Args:
       fallback: check the map against temperature scaling and fall back to it.
@@ -120,14 +121,15 @@ class Calibrator(Method):
             theirs = _cross_validated_nlls(library.TemperatureScaling, logits, labels)
             difference = mine - theirs
             se = float(np.std(difference, ddof=1) / np.sqrt(len(difference)))
-            if np.mean(difference) > 0:
+            if not np.mean(difference) < -se:
                 self.fell_back = True
                 self.note(
                     f"{type(self).__name__}: temperature scaling used instead: on the "
                     f"calibration part's 5-fold cross-validation the map's NLL is "
                     f"{np.mean(mine):.4g} against temperature scaling's {np.mean(theirs):.4g} "
-                    f"(difference {np.mean(difference):.3g}, standard error {se:.2g}); "
-                    f"{len(labels)} calibration examples are too few for its parameters."
+                    f"(difference {np.mean(difference):.3g}, standard error {se:.2g}: not lower "
+                    f"by a standard error); {len(labels)} calibration examples do not support "
+                    "its parameters."
                 )
                 self.calibrator = library.TemperatureScaling().fit(logits, labels)
                 return
