@@ -146,7 +146,13 @@ def smooth_ece(probs, labels, return_width=False, grid_points=200):
     `y - f` (correctness minus confidence) kernel-smoothed with a reflected Gaussian of width
     `sigma`, `smECE_sigma = int |r_sigma(t)| delta_sigma(t) dt` over the smoothed density of
     confidences, at the fixed point `smECE_sigma = sigma` (found by bisection, as the authors'
-    `relplot` does). Consistent and continuous in the predictions, unlike binned ECE."""
+    `relplot` does). Consistent and continuous in the predictions, unlike binned ECE.
+
+    The kernel is evaluated exactly (a confidence of exactly 1 is mirrored onto itself, so
+    every example keeps unit mass in [0, 1]); `relplot` rounds confidences to a grid and mirrors
+    the last grid node's mass once, not twice, so where many confidences sit within a grid step
+    of 1 (a saturated network) its value is somewhat larger; elsewhere the two agree to its
+    grid's resolution."""
     confidence, correct = _confidence_and_correct(probs, labels)
     residual = confidence - correct.astype(np.float64)
     grid = np.linspace(0.0, 1.0, max(grid_points, 10))

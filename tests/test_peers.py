@@ -93,3 +93,26 @@ def test_temperature_and_ece_agree_with_netcal(tmp_path):
     assert ours <= theirs + 1e-4
     # Temperature scaling never raises the NLL of the set it was fitted on.
     assert table["blayers/temperature/nll_cal"][0] <= table["map/nll_cal"][0] + 1e-12
+
+
+@pytest.mark.slow
+def test_metrics_and_ood_scores_agree_with_torch_uncertainty(tmp_path):
+    """torch-uncertainty 0.13 in its own environment measures the same probabilities: the
+    classwise and adaptive calibration errors and each OOD score's FPR at 95% TPR agree to
+    rounding, AUGRC and AURC to rounding under its trapezoid rule (blayers' mean over the
+    coverages is O(1/n) from it), SmoothECE to its grid's treatment of saturated confidences."""
+    import metrics_compare
+
+    table = metrics_compare.main(
+        ["--datasets", "digits", "--seeds", "1", "--out", str(tmp_path / "metrics.json")]
+    )["digits"]
+    assert table["seeds"] == 1, "torch-uncertainty did not run"
+    for metric in ("augrc", "aurc", "classwise_ece", "adaptive_ece"):
+        assert table[f"max_abs_difference/{metric}"] < 1e-6, metric
+    assert table["max_abs_difference/smooth_ece"] < 0.01
+    scores = [k.split("/")[-1] for k in table if k.startswith("max_abs_difference/fpr95/")]
+    assert {"max_softmax", "energy", "mahalanobis", "feature_density"} <= set(scores)
+    for score in scores:
+        assert table[f"max_abs_difference/fpr95/{score}"] < 1e-6, score
+    # On uniform noise, the feature scores see what the softmax does not.
+    assert table["blayers/auroc/mahalanobis"] > table["blayers/auroc/max_softmax"]

@@ -177,9 +177,18 @@ def posthoc_rows(output):
 
 
 def _posthoc_title(output):
+    """The output's folder and its method's label: the summary's (its settings), else the
+    registry's (`blayers.lab.posthoc_methods`, which the trainer and the table share)."""
     metrics = output["metrics"]
     scored = f", {metrics['checkpoint']}" if metrics.get("checkpoint") else ""
-    return f"Post-hoc `{os.path.basename(output['dir'])}` ({metrics.get('method')}{scored})"
+    method = metrics.get("method")
+    label = metrics.get("label")
+    if label is None and method:
+        from blayers.lab import posthoc_methods
+
+        known = posthoc_methods.methods().get(method)
+        label = (known.label if known else None) or method
+    return f"Post-hoc `{os.path.basename(output['dir'])}` ({label}{scored})"
 
 
 def _command_of(run):
@@ -238,6 +247,7 @@ def render_markdown(assigned, root, link=None):
                     "",
                     f"Command: `{_command_of(output)}`",
                     "",
+                    *(f"{note}\n" for note in output["metrics"].get("notes", ())),
                     f"| metric | the run's model | {method} |",
                     "|---|---|---|",
                 ]

@@ -182,6 +182,7 @@ def test_post_hoc_outputs_sit_under_their_run_beside_its_model(tmp_path):
             {
                 "method": "temperature",
                 "checkpoint": "ckpt-30",
+                "notes": ["T chosen on 180 digits."],
                 "base": {"nll": 1.1, "ece": 0.08},
                 "final": {"nll": 0.9, "ece": 0.02, "temperature": 1.7},
             }
@@ -194,7 +195,9 @@ def test_post_hoc_outputs_sit_under_their_run_beside_its_model(tmp_path):
     assert [os.path.basename(r["dir"]) for r in assigned["fig1"][0]] == ["rnn"]
     assert not assigned["other"][0]  # not a loose run
     text = (tmp_path / "report.md").read_text()
-    assert "#### Post-hoc `temperature` (temperature, ckpt-30)" in text
+    # The label of the method's class in the registry, and what the method said it chose.
+    assert "#### Post-hoc `temperature` (temperature scaling, ckpt-30)" in text
+    assert "T chosen on 180 digits." in text
     assert "| ece | 0.08 | 0.02 |" in text and "| temperature |  | 1.7 |" in text
     assert "no command.json" not in text
     assert "<td>0.08</td><td>0.02</td>" in (tmp_path / "report.html").read_text()

@@ -253,3 +253,14 @@ def test_ood_scores_and_their_aurocs():
     assert "ood_auroc_mutual_information" not in result
     without_logits = metrics.classification_metrics(p_in, np.zeros(500, int), p_out)
     assert "ood_auroc_energy" not in without_logits  # n/a without logits
+
+
+def test_smooth_ece_s_reflected_kernel_keeps_every_example_s_mass():
+    """The reflected Gaussian integrates to 1 over [0, 1] wherever its example sits, the
+    boundary included (a saturated confidence of 1 is mirrored onto itself)."""
+    from blayers.metrics import _reflected_gaussian
+
+    grid = np.linspace(0.0, 1.0, 200001)
+    for f in (0.0, 0.3, 0.999, 1.0):
+        density = _reflected_gaussian(grid, np.array([f]), 0.05)[:, 0]
+        assert np.trapezoid(density, grid) == pytest.approx(1.0, abs=1e-6)
