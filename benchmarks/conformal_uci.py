@@ -31,15 +31,6 @@ from common import write_results
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-DATASETS = (
-    "bostonHousing",
-    "concrete",
-    "energy",
-    "wine-quality-red",
-    "yacht",
-    "power-plant",
-    "protein-tertiary-structure",
-)
 METHODS = ("split_conformal", "cqr", "cv_plus")
 LABELS = {"split_conformal": "split conformal", "cqr": "CQR", "cv_plus": "CV+"}
 
@@ -296,6 +287,8 @@ def markdown(table, alpha):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--uci_dir", required=True, help="your folder of UCI data-set folders")
+    from blayers.experiments.uci_regression import DATASETS  # the UCI table's seven sets
+
     parser.add_argument("--datasets", default=",".join(DATASETS))
     parser.add_argument("--splits", type=int, default=5, help="the first N splits of each set")
     parser.add_argument("--alpha", type=float, default=0.1)

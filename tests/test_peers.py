@@ -100,7 +100,7 @@ def test_metrics_and_ood_scores_agree_with_torch_uncertainty(tmp_path):
     """torch-uncertainty 0.13 in its own environment measures the same probabilities: the
     classwise and adaptive calibration errors and each OOD score's FPR at 95% TPR agree to
     rounding, AUGRC and AURC to rounding under its trapezoid rule (blayers' mean over the
-    coverages is O(1/n) from it), SmoothECE to its grid's treatment of saturated confidences."""
+    coverages is O(1/n) from it), SmoothECE to its float32 grid."""
     import metrics_compare
 
     table = metrics_compare.main(
@@ -109,7 +109,7 @@ def test_metrics_and_ood_scores_agree_with_torch_uncertainty(tmp_path):
     assert table["seeds"] == 1, "torch-uncertainty did not run"
     for metric in ("augrc", "aurc", "classwise_ece", "adaptive_ece"):
         assert table[f"max_abs_difference/{metric}"] < 1e-6, metric
-    assert table["max_abs_difference/smooth_ece"] < 0.01
+    assert table["max_abs_difference/smooth_ece"] < 1e-4  # its float32 grid
     scores = [k.split("/")[-1] for k in table if k.startswith("max_abs_difference/fpr95/")]
     assert {"max_softmax", "energy", "mahalanobis", "feature_density"} <= set(scores)
     for score in scores:

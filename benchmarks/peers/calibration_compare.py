@@ -14,9 +14,7 @@ environment (CPU PyTorch), created once and cached like the other peers (`--venv
 Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -39,14 +37,8 @@ def one_case(name, seed, python, timeout):
     from blayers import metrics
     from blayers.posthoc import HistogramBinning, IsotonicCalibration, TemperatureScaling
 
-    x, y = laplace_compare.load(name)
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    train_idx, test_idx = order[:cut], order[cut:]
-    epochs = 30 if name == "digits" else 20
-    model = laplace_compare.train(x[train_idx], y[train_idx], seed, epochs)
-    logits = np.asarray(model.predict(x[test_idx], verbose=0), np.float64)
-    labels = y[test_idx]
+    _, _, x_test, labels, model = laplace_compare.trained_split(name, seed)
+    logits = np.asarray(model.predict(x_test, verbose=0), np.float64)
     half = len(labels) // 2
     cal, ev = slice(0, half), slice(half, None)
     row = {
@@ -94,18 +86,10 @@ def one_case(name, seed, python, timeout):
             y_eval=labels[ev],
             **ece_inputs,
         )
-        result = subprocess.run(  # noqa: PLW1510 - the output is read below
-            [python, os.path.join(HERE, "netcal_worker.py"), case, out],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-        if not lines:
-            tail = " / ".join(result.stderr.strip().splitlines()[-2:])[:400]
-            row["netcal"] = f"error: the worker failed (exit {result.returncode}): {tail}"
+        peer = peers.call_worker(python, "netcal_worker.py", [case, out], timeout)
+        if isinstance(peer, str):
+            row["netcal"] = peer
             return row
-        peer = json.loads(lines[-1][len("RESULT ") :])
         arrays = np.load(out)
         theirs = {
             label: score(arrays[f"{label}_cal"], arrays[f"{label}_eval"])

@@ -15,9 +15,7 @@ Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
 import functools
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +46,19 @@ def load(name):
     return (x / 255.0).astype("float32"), y.astype("int64")
 
 
+def trained_split(name, seed):
+    """The data set's seeded 80/20 split and the MLP trained on its first part (30 epochs on
+    digits, 20 on MNIST-5k): `(x_train, y_train, x_test, y_test, model)`, shared by every
+    comparison on these networks."""
+    x, y = load(name)
+    order = np.random.default_rng(seed).permutation(len(x))
+    cut = int(0.8 * len(x))
+    train_idx, test_idx = order[:cut], order[cut:]
+    x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
+    model = train(x_train, y_train, seed, epochs=30 if name == "digits" else 20)
+    return x_train, y_train, x_test, y_test, model
+
+
 def train(x, y, seed, epochs):
     import keras
 
@@ -74,12 +85,7 @@ def one_case(name, seed, python, timeout):
     from blayers import metrics
     from blayers.posthoc import Laplace
 
-    x, y = load(name)
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    train_idx, test_idx = order[:cut], order[cut:]
-    x_train, y_train, x_test, y_test = x[train_idx], y[train_idx], x[test_idx], y[test_idx]
-    model = train(x_train, y_train, seed, epochs=30 if name == "digits" else 20)
+    x_train, y_train, x_test, y_test, model = trained_split(name, seed)
     row = {"dataset": name, "seed": seed}
 
     def score(label, probs, seconds=None, prior=None):
@@ -110,18 +116,10 @@ def one_case(name, seed, python, timeout):
             arrays[f"kernel{i}"], arrays[f"bias{i}"] = kernel, bias
         np.savez(case, **arrays)
         probs_path = os.path.join(tmp, "probs.npy")
-        result = subprocess.run(  # noqa: PLW1510 - the output is read below
-            [python, os.path.join(HERE, "laplace_torch_worker.py"), case, probs_path],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-        lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-        if not lines:
-            tail = " / ".join(result.stderr.strip().splitlines()[-2:])[:400]
-            row["laplace_torch"] = f"error: the worker failed (exit {result.returncode}): {tail}"
+        peer = peers.call_worker(python, "laplace_torch_worker.py", [case, probs_path], timeout)
+        if isinstance(peer, str):
+            row["laplace_torch"] = peer
             return row
-        peer = json.loads(lines[-1][len("RESULT ") :])
         score("laplace_torch", np.load(probs_path), peer["fit_seconds"], peer["prior_precision"])
     return row
 

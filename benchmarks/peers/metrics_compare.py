@@ -20,9 +20,7 @@ must be rounding.
 Writes the JSON and, beside it, the Markdown table (`.md`).
 """
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -57,20 +55,14 @@ def one_case(name, seed, python, timeout):
     from blayers import metrics
     from blayers.posthoc.feature_density import feature_ood_scores
 
-    x, y = laplace_compare.load(name)
-    order = np.random.default_rng(seed).permutation(len(x))
-    cut = int(0.8 * len(x))
-    train_idx, test_idx = order[:cut], order[cut:]
-    epochs = 30 if name == "digits" else 20
-    model = laplace_compare.train(x[train_idx], y[train_idx], seed, epochs)
-    noise = np.random.default_rng(seed + 100).uniform(size=(len(test_idx), x.shape[1]))
-    noise = noise.astype("float32")
-    logits = np.asarray(model.predict(x[test_idx], verbose=0), np.float64)
+    x_train, y_train, x_test, labels, model = laplace_compare.trained_split(name, seed)
+    noise = np.random.default_rng(seed + 100).uniform(size=x_test.shape).astype("float32")
+    logits = np.asarray(model.predict(x_test, verbose=0), np.float64)
     ood_logits = np.asarray(model.predict(noise, verbose=0), np.float64)
-    probs, labels = softmax(logits, -1), y[test_idx]
+    probs = softmax(logits, -1)
     inside = metrics.ood_scores(probs[None], logits[None])
     outside = metrics.ood_scores(softmax(ood_logits, -1)[None], ood_logits[None])
-    features = feature_ood_scores(model, (x[train_idx], y[train_idx]), x[test_idx], noise)
+    features = feature_ood_scores(model, (x_train, y_train), x_test, noise)
     for key, (a, b) in features.items():
         inside[key], outside[key] = a, b
     ours = {
@@ -97,18 +89,9 @@ def one_case(name, seed, python, timeout):
             **{f"in_{k}": v for k, v in inside.items()},
             **{f"out_{k}": v for k, v in outside.items()},
         )
-        result = subprocess.run(  # noqa: PLW1510 - the output is read below
-            [python, os.path.join(HERE, "torch_uncertainty_worker.py"), case],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
+        row["torch_uncertainty"] = peers.call_worker(
+            python, "torch_uncertainty_worker.py", [case], timeout
         )
-    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
-    if not lines:
-        tail = " / ".join(result.stderr.strip().splitlines()[-2:])[:400]
-        row["torch_uncertainty"] = f"error: the worker failed (exit {result.returncode}): {tail}"
-        return row
-    row["torch_uncertainty"] = json.loads(lines[-1][len("RESULT ") :])
     return row
 
 

@@ -137,6 +137,19 @@ def compare_main(argv, doc, venv, requirements, default_out, one_case, summarize
     return table
 
 
+def call_worker(python, worker, args, timeout):
+    """Runs `worker` (a script beside this one) with the peer's `python`: its last
+    `RESULT {json}` line as a dict, or an `error: ...` string naming its exit and stderr."""
+    result = subprocess.run(  # noqa: PLW1510 - the output is read below
+        [python, os.path.join(HERE, worker), *args], capture_output=True, text=True, timeout=timeout
+    )
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if not lines:
+        tail = " / ".join(result.stderr.strip().splitlines()[-2:])[:400]
+        return f"error: the worker failed (exit {result.returncode}): {tail}"
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
 def run_worker(python, framework, names, repeats, timeout):
     spec = FRAMEWORKS[framework]
     env = {**os.environ, **spec.get("env", {}), "PYTHONPATH": REPO}

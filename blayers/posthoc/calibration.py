@@ -14,7 +14,8 @@ from scipy.special import log_softmax, softmax
 __all__ = ["DirichletScaling", "HistogramBinning", "IsotonicCalibration", "MatrixScaling"]
 
 
-def _check(name, logits, labels):
+def check_logits(name, logits, labels):
+    """Float64 logits `[n, K]` and integer labels `[n]`, or a ValueError naming `name`."""
     logits = np.asarray(logits, np.float64)
     labels = np.asarray(labels).astype(int)
     if logits.ndim != 2 or labels.shape != logits.shape[:1]:
@@ -97,7 +98,7 @@ class MatrixScaling:
 
     def fit(self, logits, labels):
         """Fits on held-out `logits [n, K]` and integer `labels [n]`; returns `self`."""
-        logits, labels = _check(type(self).__name__, logits, labels)
+        logits, labels = check_logits(type(self).__name__, logits, labels)
         features = self._features(logits)
         off_diagonal = self.off_diagonal
         if off_diagonal == "cv":
@@ -181,7 +182,7 @@ class _OneVsRest:
 
     def fit(self, logits, labels):
         """Fits on held-out `logits [n, K]` and integer `labels [n]`; returns `self`."""
-        logits, labels = _check(type(self).__name__, logits, labels)
+        logits, labels = check_logits(type(self).__name__, logits, labels)
         probs = softmax(logits, -1)
         self.maps = [
             self._fit_one(probs[:, k], (labels == k).astype(np.float64))

@@ -5,6 +5,8 @@ import numpy as np
 import scipy.optimize
 from scipy.special import log_softmax, softmax
 
+from blayers.posthoc.calibration import check_logits
+
 __all__ = ["TemperatureScaling"]
 
 
@@ -48,19 +50,7 @@ class TemperatureScaling:
 
     def fit(self, logits, labels):
         """Fits on held-out `logits [n, K]` and integer `labels [n]`; returns `self`."""
-        logits = np.asarray(logits, np.float64)
-        labels = np.asarray(labels).astype(int)
-        if logits.ndim != 2 or labels.shape != logits.shape[:1]:
-            raise ValueError(
-                f"TemperatureScaling.fit: logits must be [n, K] and labels [n]; got "
-                f"{logits.shape} and {labels.shape}."
-            )
-        if not np.all(np.isfinite(logits)):
-            raise ValueError(
-                "TemperatureScaling.fit: the logits are not all finite (log-probabilities of "
-                "saturated float32 probabilities hold log 0 = -inf); pass the network's logits "
-                "or float64 log-probabilities."
-            )
+        logits, labels = check_logits("TemperatureScaling", logits, labels)
         k = logits.shape[1]
         identity = np.zeros(2 * k if self.vector else 1)
         result = scipy.optimize.minimize(
