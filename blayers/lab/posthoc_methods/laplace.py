@@ -106,8 +106,8 @@ class Laplace(Method):
             self.note(
                 f"Laplace: prior precision {held_out:.3g} by the calibration part's NLL: the "
                 f"evidence's optimum {evidence:.3g} gives an NLL {worse:.3g} higher there "
-                f"(more than 2 standard errors, {se:.2g}); a network not trained as the MAP of "
-                "a Gaussian prior (no weight decay) is the usual cause."
+                f"(more than 2 standard errors, {se:.2g}): the evidence's posterior is too "
+                "wide for this network's predictive."
             )
         else:
             laplace.prior_precision = evidence
