@@ -109,23 +109,7 @@ class Task:
         `parameters(distribution)` -> a tuple of tensors replaces `predictive_parameters`
         (the post-hoc methods read float64 probabilities, which do not saturate)."""
         parameters = parameters or self.predictive_parameters
-
-        def one_draw(x):
-            distribution = self.likelihood(model(x, training=False))
-            if not isinstance(distribution, EnsembleMixture):
-                return tuple(t[None] for t in parameters(distribution))
-            member_axis = distribution.batch_shape.rank  # members: the last batch axis
-            return tuple(_move_axis_first(t, member_axis) for t in parameters(distribution.members))
-
-        @tf.function
-        def several_draws(x, count):
-            first = one_draw(x)
-            arrays = [tf.TensorArray(t.dtype, size=count, element_shape=t.shape) for t in first]
-            arrays = [a.write(0, t) for a, t in zip(arrays, first)]
-            for i in tf.range(1, count):
-                arrays = [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
-            return tuple(a.stack() for a in arrays)
-
+        several_draws = self._draws_function(model, parameters)
         batched = dataset.batch(batch_size)
         chunks = []
         done = 0
@@ -144,6 +128,33 @@ class Task:
             )
             done += count
         return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
+
+    def _draws_function(self, model, parameters):
+        """The traced `several_draws(x, count)` of `model` and `parameters`, kept for the last
+        pair asked for: an evaluation's several data sets and a method that predicts many times
+        with new weights (SWAG's draws) reuse one graph instead of tracing one a call."""
+        cached = getattr(self, "_draws_function_cache", None)
+        if cached is not None and cached[0] is model and cached[1] == parameters:
+            return cached[2]
+
+        def one_draw(x):
+            distribution = self.likelihood(model(x, training=False))
+            if not isinstance(distribution, EnsembleMixture):
+                return tuple(t[None] for t in parameters(distribution))
+            member_axis = distribution.batch_shape.rank  # members: the last batch axis
+            return tuple(_move_axis_first(t, member_axis) for t in parameters(distribution.members))
+
+        @tf.function
+        def several_draws(x, count):
+            first = one_draw(x)
+            arrays = [tf.TensorArray(t.dtype, size=count, element_shape=t.shape) for t in first]
+            arrays = [a.write(0, t) for a, t in zip(arrays, first)]
+            for i in tf.range(1, count):
+                arrays = [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
+            return tuple(a.stack() for a in arrays)
+
+        self._draws_function_cache = (model, parameters, several_draws)
+        return several_draws
 
     def predictive_parameters(self, distribution):
         """The per-example parameters an evaluation keeps from one posterior draw."""
