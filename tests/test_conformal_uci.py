@@ -5,6 +5,7 @@ import os
 import sys
 
 import numpy as np
+import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
@@ -12,6 +13,7 @@ sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 import conformal_uci
 
 
+@pytest.mark.slow  # nine small trainings; the unit tests compare each method with MAPIE
 def test_the_table_matches_mapie_on_a_small_uci_folder(toy_uci, tmp_path):
     table = conformal_uci.main(
         [

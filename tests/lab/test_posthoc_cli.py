@@ -287,6 +287,7 @@ def test_a_method_is_one_new_file(finished_run, tmp_path, monkeypatch):
     assert unknown.returncode == 2 and "no method 'sharpen_user'" in unknown.stderr
 
 
+@pytest.mark.slow  # two more post-hoc passes; the plugin test binds a method's setting too
 def test_each_method_s_settings_are_gin_parameters_of_its_class(finished_run):
     laplace, _ = _in_process(finished_run, "laplace", ["Laplace.prior_precision = 5.0"])
     assert laplace["final"]["prior_precision"] == 5.0
@@ -324,6 +325,7 @@ def test_laplace_says_which_prior_precision_it_chose_and_why(finished_run):
     assert summary["final"]["nll"] <= summary["base"]["nll"] + 0.05
 
 
+@pytest.mark.slow  # a diagonal Laplace pass over every weight, then the subnetwork's
 def test_subnetwork_laplace_on_a_run(finished_run):
     summary, arrays = _in_process(
         finished_run,

@@ -45,7 +45,17 @@ def test_the_registry_holds_every_shipped_method_with_its_contract():
             name = "temperature"
 
 
-@pytest.mark.parametrize("name", ["vector", "matrix", "dirichlet", "histogram", "isotonic"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "vector",
+        # ODIR's cross-validation inside the fallback's: seconds each, in the slow suite.
+        pytest.param("matrix", marks=pytest.mark.slow),
+        pytest.param("dirichlet", marks=pytest.mark.slow),
+        "histogram",
+        "isotonic",
+    ],
+)
 def test_a_map_that_overfits_a_small_calibration_part_falls_back_to_temperature(name):
     """A network that classifies 60 calibration examples almost perfectly: the richer maps'
     cross-validated NLL loses to one temperature, which is used instead (and said)."""
