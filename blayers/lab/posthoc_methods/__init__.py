@@ -108,7 +108,8 @@ class Calibrator(Method):
         self.fallback = bool(fallback)
 
     def make(self):
-        raise NotImplementedError
+        """The library's calibrator of this method (a subclass says which)."""
+        raise NotImplementedError(f"{type(self).__name__}.make")  # abstract; intentional
 
     def fit(self, fit):
         from blayers import posthoc as library
