@@ -8,6 +8,8 @@ Both are fitted on the training set's features and labels; `score(features)` is 
 inputs that look out of distribution, as `blayers.metrics.ood_scores`.
 """
 
+import weakref
+
 import keras
 import numpy as np
 from scipy.special import logsumexp
@@ -160,18 +162,27 @@ def feature_ood_scores(model, train, test, ood, batch_size=500, max_elements=5e7
     return result
 
 
+_EXTRACTORS = weakref.WeakKeyDictionary()
+
+
 def penultimate_features(model, x, batch_size=500):
     """The inputs of `model`'s last layer for inputs `x` (an array, or a batched `tf.data`
     dataset of inputs or `(inputs, labels)`) of a functional or sequential Keras model (a
     stochastic layer below gives one draw), or None when the model has no such layer to read."""
-    try:
-        inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-        extractor = keras.Model(inputs, model.layers[-1].input)
-    except (AttributeError, ValueError, TypeError, IndexError):
-        return None
+    extractor = _EXTRACTORS.get(model)
+    if extractor is None:  # one feature model (and its traced predict) per network
+        try:
+            inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
+            extractor = keras.Model(inputs, model.layers[-1].input)
+        except (AttributeError, ValueError, TypeError, IndexError):
+            return None
+        _EXTRACTORS[model] = extractor
     if hasattr(x, "element_spec"):  # a dataset: already batched
-        features = extractor.predict(x, verbose=0)
+        batches = (b[0] if isinstance(b, tuple) else b for b in x)
     else:
-        features = extractor.predict(x, batch_size=batch_size, verbose=0)
-    features = np.asarray(features, np.float64)
+        batches = (x[i : i + batch_size] for i in range(0, len(x), batch_size))
+    # Direct calls: `predict`'s set-up costs more than these small passes.
+    features = np.concatenate(
+        [keras.ops.convert_to_numpy(extractor(b, training=False)) for b in batches]
+    ).astype(np.float64)
     return features.reshape(len(features), -1)

@@ -151,8 +151,9 @@ def _write_lock(model_dir, pid):
 
 @pytest.mark.parametrize(
     "kind",
-    # The mesh learner's graph build makes its case the suite's longest (about 50 s): slow.
-    [pytest.param(k, marks=pytest.mark.slow) if k == "mesh" else k for k in LEARNERS],
+    # The mesh learner's graph build and PlaNet's episodes make theirs the suite's longest
+    # cases (about 50 s and 40 s): slow. Their smoke configs train in the fast suite.
+    [pytest.param(k, marks=pytest.mark.slow) if k in ("mesh", "planet") else k for k in LEARNERS],
 )
 def test_every_learner_keeps_the_run_folder_promises(kind, tmp_path, caplog, capsys):
     if kind == "planet":
