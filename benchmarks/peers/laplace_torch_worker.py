@@ -17,8 +17,8 @@ from laplace import Laplace
 torch.set_num_threads(2)
 
 
-def main(path, probs_path):
-    case = np.load(path)
+def torch_mlp(case):
+    """The case's Keras MLP (`kernel{i}`, `bias{i}`, ReLU between) as a PyTorch module."""
     layers, i = [], 0
     while f"kernel{i}" in case:
         kernel, bias = case[f"kernel{i}"], case[f"bias{i}"]
@@ -28,7 +28,12 @@ def main(path, probs_path):
             linear.bias.copy_(torch.from_numpy(bias))
         layers += [linear, torch.nn.ReLU()]
         i += 1
-    model = torch.nn.Sequential(*layers[:-1]).eval()
+    return torch.nn.Sequential(*layers[:-1]).eval()
+
+
+def main(path, probs_path):
+    case = np.load(path)
+    model = torch_mlp(case)
     x_train, y_train = torch.from_numpy(case["x_train"]), torch.from_numpy(case["y_train"])
     loader = torch.utils.data.DataLoader(
         torch.utils.data.TensorDataset(x_train, y_train.long()), batch_size=256

@@ -17,27 +17,15 @@ import sys
 import numpy as np
 import torch
 from laplace import Laplace
+from laplace_torch_worker import torch_mlp  # the same MLP as the Laplace comparison's
 
 torch.set_num_threads(2)
-
-
-def _model(case):
-    layers, i = [], 0
-    while f"kernel{i}" in case:
-        kernel, bias = case[f"kernel{i}"], case[f"bias{i}"]
-        linear = torch.nn.Linear(*kernel.shape)
-        with torch.no_grad():
-            linear.weight.copy_(torch.from_numpy(kernel.T.copy()))
-            linear.bias.copy_(torch.from_numpy(bias))
-        layers += [linear, torch.nn.ReLU()]
-        i += 1
-    return torch.nn.Sequential(*layers[:-1]).double().eval()
 
 
 def main(path, out_path):
     case = np.load(path)
     torch.set_default_dtype(torch.float64)
-    model = _model(case)
+    model = torch_mlp(case).double()
     x_train = torch.from_numpy(case["x_train"]).double()
     y_train = torch.from_numpy(case["y_train"]).long()
     loader = torch.utils.data.DataLoader(

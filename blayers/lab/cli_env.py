@@ -20,6 +20,8 @@ module imports nothing heavy itself.
 """
 
 import atexit
+import contextlib
+import logging
 import os
 import shutil
 import sys
@@ -162,3 +164,20 @@ def run_app(main, doc):
         print(help_text(doc))
         sys.exit(0)
     app.run(main)
+
+
+@contextlib.contextmanager
+def dropped_records(logger, drop):
+    """Within the block, `logger` drops the records for which `drop(record)` is true (a known,
+    harmless message a library repeats), and only those."""
+
+    class _Drop(logging.Filter):
+        def filter(self, record):
+            return not drop(record)
+
+    quiet = _Drop()
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)

@@ -7,7 +7,6 @@ every name a gin file may use is registered before parsing. Nothing in the libra
 the top with the CLIs (`blayers.train`, `launch.sweep`, experiment scripts).
 """
 
-import contextlib
 import inspect
 import io
 import logging
@@ -19,6 +18,7 @@ import gin
 import keras
 
 from blayers.lab import (  # noqa: F401 - registers configurables
+    cli_env,
     configurables,
     data,
     loop,
@@ -147,22 +147,13 @@ def validate_bindings(files=()):
                 )
 
 
-class _QuietGinSearch(logging.Filter):
-    """Drops gin's 'Path not found' errors, logged for every search-path miss of an include."""
-
-    def filter(self, record):
-        return not record.pathname.endswith(os.path.join("gin", "resource_reader.py"))
-
-
-@contextlib.contextmanager
 def _quiet_gin_search():
-    """Gin logs its include misses on the root logger; filter them only while parsing."""
-    root, quiet = logging.getLogger(), _QuietGinSearch()
-    root.addFilter(quiet)
-    try:
-        yield
-    finally:
-        root.removeFilter(quiet)
+    """Gin logs a 'Path not found' error on the root logger for every search-path miss of an
+    include; they are dropped only while parsing."""
+    return cli_env.dropped_records(
+        logging.getLogger(),
+        lambda record: record.pathname.endswith(os.path.join("gin", "resource_reader.py")),
+    )
 
 
 def _open_brackets(text, before_line=None):

@@ -19,8 +19,6 @@ the training set. `posthoc`'s arguments and each method's own are gin parameters
 `--gin_param="Laplace.hessian_structure = 'full'"`).
 """
 
-import contextlib
-import logging as std_logging
 import os
 import time
 
@@ -30,7 +28,7 @@ import tensorflow as tf
 from absl import logging
 
 from blayers import metrics as metrics_lib
-from blayers.lab import posthoc_methods, runs
+from blayers.lab import cli_env, posthoc_methods, runs
 from blayers.lab.tasks.base import features, targets
 from blayers.posthoc.batches import input_batches
 
@@ -182,21 +180,12 @@ def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_sa
     return summary, arrays
 
 
-class _RetracingFilter(std_logging.Filter):
-    def filter(self, record):
-        return "triggered tf.function retracing" not in record.getMessage()
-
-
-@contextlib.contextmanager
 def _expected_retracing():
     """Without TensorFlow's warning that a function traced again: an ensemble's members each
     trace their own predictive graph, by design, not by a leak."""
-    logger, quiet = tf.get_logger(), _RetracingFilter()
-    logger.addFilter(quiet)
-    try:
-        yield
-    finally:
-        logger.removeFilter(quiet)
+    return cli_env.dropped_records(
+        tf.get_logger(), lambda record: "triggered tf.function retracing" in record.getMessage()
+    )
 
 
 class _Inputs:
