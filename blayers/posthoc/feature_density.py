@@ -165,6 +165,17 @@ def feature_ood_scores(model, train, test, ood, batch_size=500, max_elements=5e7
 _EXTRACTORS = weakref.WeakKeyDictionary()
 
 
+def _one_batch(extractor, inputs):
+    """A batch's features `[b, d]`; an efficient ensemble's member-major batch (`E` copies of
+    the batch, BatchEnsemble, rank-1) gives its members' mean."""
+    features = keras.ops.convert_to_numpy(extractor(inputs, training=False))
+    rows = int(keras.ops.shape(inputs)[0])
+    features = features.reshape(len(features), -1)
+    if len(features) != rows and len(features) % rows == 0:
+        features = features.reshape(len(features) // rows, rows, -1).mean(0)
+    return features
+
+
 def penultimate_features(model, x, batch_size=500):
     """The inputs of `model`'s last layer for inputs `x` (an array, or a batched `tf.data`
     dataset of inputs or `(inputs, labels)`) of a functional or sequential Keras model (a
@@ -182,7 +193,5 @@ def penultimate_features(model, x, batch_size=500):
     else:
         batches = (x[i : i + batch_size] for i in range(0, len(x), batch_size))
     # Direct calls: `predict`'s set-up costs more than these small passes.
-    features = np.concatenate(
-        [keras.ops.convert_to_numpy(extractor(b, training=False)) for b in batches]
-    ).astype(np.float64)
+    features = np.concatenate([_one_batch(extractor, b) for b in batches]).astype(np.float64)
     return features.reshape(len(features), -1)

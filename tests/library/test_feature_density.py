@@ -83,3 +83,24 @@ def test_feature_scores_separate_far_inputs_on_a_trained_network():
             return x
 
     assert feature_ood_scores(Subclassed(), (features, labels), features, far) == {}
+
+
+def test_an_efficient_ensemble_s_member_major_features_are_averaged():
+    """BatchEnsemble's layers tile the batch by member: the features are each input's members'
+    mean, one row an input."""
+    from blayers.layers import DenseBatchEnsemble, EnsembleTile
+
+    keras.utils.set_random_seed(0)
+    x = np.random.default_rng(0).normal(size=(30, 4)).astype("float32")
+    model = keras.Sequential(
+        [
+            keras.Input((4,)),
+            EnsembleTile(3),
+            DenseBatchEnsemble(8, ensemble_size=3, activation="relu"),
+            DenseBatchEnsemble(2, ensemble_size=3),
+        ]
+    )
+    features = penultimate_features(model, x, batch_size=7)
+    assert features.shape == (30, 8)
+    members = keras.ops.convert_to_numpy(model.layers[1](model.layers[0](x))).reshape(3, 30, 8)
+    np.testing.assert_allclose(features, members.mean(0), rtol=1e-5, atol=1e-6)
