@@ -76,13 +76,17 @@ class Learner:
 
     @property
     def step(self):
-        raise NotImplementedError(f"{type(self).__name__} does not count its steps.")
+        raise NotImplementedError(
+            f"{type(self).__name__} does not count its steps."
+        )  # abstract; intentional
 
     def build(self, context):
-        raise NotImplementedError(f"{type(self).__name__} does not build.")
+        raise NotImplementedError(f"{type(self).__name__} does not build.")  # abstract; intentional
 
     def state(self):
-        raise NotImplementedError(f"{type(self).__name__} has no checkpoint state.")
+        raise NotImplementedError(
+            f"{type(self).__name__} has no checkpoint state."
+        )  # abstract; intentional
 
     def restored(self):
         """After the Checkpointer restored `state()` (or found no checkpoint)."""
@@ -107,10 +111,12 @@ class Learner:
         return Steps(count, sums, last)
 
     def batches(self):
-        raise NotImplementedError(f"{type(self).__name__} has no batches.")
+        raise NotImplementedError(f"{type(self).__name__} has no batches.")  # abstract; intentional
 
     def train_step(self, batch):
-        raise NotImplementedError(f"{type(self).__name__} has no train step.")
+        raise NotImplementedError(
+            f"{type(self).__name__} has no train step."
+        )  # abstract; intentional
 
     def diagnose_non_finite(self, batch):
         del batch

@@ -82,7 +82,7 @@ class _CounterRandom(mtf.Operation):
     def lower(self, lowering):
         impl = lowering.mesh_impl(self)
         if not isinstance(impl, mtf.placement_mesh_impl.PlacementMeshImpl):
-            raise NotImplementedError(
+            raise NotImplementedError(  # intentional: SIMD (TPU) meshes are not supported
                 "NoiseSource lowers on placement meshes (CPU or GPU devices); "
                 f"got {type(impl).__name__}."
             )
