@@ -95,19 +95,42 @@ def replica_keys(replica_seeds):
 _MIX_1, _MIX_2 = 0x85EBCA6B, 0xC2B2AE35
 
 
-def _replica_words(shape, seed, keys):
-    """`uint32 [R, *shape[1:]]`: one Philox draw of a replica's shape, mixed with each key."""
-    shape = tf.convert_to_tensor(shape, tf.int32)
-    words = tf.random.stateless_uniform(shape[1:], seed, minval=None, maxval=None, dtype=tf.uint32)
-    keys = tf.reshape(
-        tf.convert_to_tensor(keys, tf.uint32), tf.concat([[-1], tf.ones_like(shape[1:])], 0)
-    )
+def _mix(words, keys):
+    """Each word under its replica's bijective mix: MurmurHash3's 32-bit finalizer of the word
+    XOR the key (`keys` broadcast against `words[None]`)."""
     h = tf.bitwise.bitwise_xor(words[None], keys)
     h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
     h = h * tf.constant(_MIX_1, tf.uint32)
     h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(13, tf.uint32)))
     h = h * tf.constant(_MIX_2, tf.uint32)
     return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
+
+
+# The mix is seven integer passes over `[R, ...]`; compiled, XLA fuses them (and the conversion
+# to a uniform) into one, exactly (integer arithmetic and an exact float conversion): a
+# replicated dropout mask of MC dropout's kin8nm grid ([240, 128, 58]) took 2.8 ms unfused and
+# 1.0 ms fused on a 2-core CPU. Philox itself stays outside XLA, whose CPU generators are slow.
+_fused_mix = tf.function(_mix, jit_compile=True, reduce_retracing=True)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _fused_uniform(words, keys):
+    high = tf.bitwise.right_shift(_mix(words, keys), tf.constant(8, tf.uint32))
+    return (tf.cast(high, tf.float32) + 0.5) * (1.0 / (1 << 24))
+
+
+def _philox_and_keys(shape, seed, keys):
+    shape = tf.convert_to_tensor(shape, tf.int32)
+    words = tf.random.stateless_uniform(shape[1:], seed, minval=None, maxval=None, dtype=tf.uint32)
+    keys = tf.reshape(
+        tf.convert_to_tensor(keys, tf.uint32), tf.concat([[-1], tf.ones_like(shape[1:])], 0)
+    )
+    return words, keys
+
+
+def _replica_words(shape, seed, keys):
+    """`uint32 [R, *shape[1:]]`: one Philox draw of a replica's shape, mixed with each key."""
+    return _fused_mix(*_philox_and_keys(shape, seed, keys))
 
 
 def _check_keys(shape, keys):
@@ -130,8 +153,7 @@ def uniform(shape, seed, dtype=tf.float32, keys=None):
         tiny = 0.5 * float(np.finfo(dtype.as_numpy_dtype).eps)
         return tf.random.stateless_uniform(shape, seed, minval=tiny, maxval=1.0, dtype=dtype)
     _check_keys(shape, keys)
-    high = tf.bitwise.right_shift(_replica_words(shape, seed, keys), tf.constant(8, tf.uint32))
-    return tf.cast((tf.cast(high, tf.float32) + 0.5) * (1.0 / (1 << 24)), dtype)
+    return tf.cast(_fused_uniform(*_philox_and_keys(shape, seed, keys)), dtype)
 
 
 def standard_normal(shape, seed, dtype=tf.float32, keys=None):
