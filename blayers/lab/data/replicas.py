@@ -62,7 +62,7 @@ class Replicas:
         if any(r.data.task != self.task for r in self.members):
             raise ValueError("Replicas: every replica's data needs the same task.")
         self.name = first.name if len(self.members) == 1 else f"{first.name} (+{len(self) - 1})"
-        self.x_train = self.y_train = self.tests = None
+        self.x_train = self.y_train = self.tests = self.table = self.source = None
         self._moments = None  # (model, its traced predictive moments), made once
 
     def _moments_fn(self, model):
@@ -84,11 +84,13 @@ class Replicas:
         folded = [dataclasses.replace(r, seed=fold(seed, r.seed)) for r in self.members]
         copy = Replicas(folded)
         copy.x_train, copy.y_train, copy.tests = self.x_train, self.y_train, self.tests
+        copy.table, copy.source = self.table, self.source
         return copy
 
     def load(self):
         """Reads every replica's rows once: `x_train [R, N, d]`, `y_train [R, N, t]` and each
-        replica's test `(x, y)`."""
+        replica's test `(x, y)`; `table` `[U N, d + t]`, the rows of the `U` distinct data sets
+        once (grid points of a split share theirs), and `source` `[R]`, each replica's."""
         if self.x_train is None:
             arrays = {}
             for replica in self.members:  # a split shared by grid points is read once
@@ -101,10 +103,27 @@ class Replicas:
                         (features(test).astype(np.float32), targets(test).astype(np.float32)),
                     )
             rows = [arrays[id(r.data)] for r in self.members]
+            sources = list(arrays)
+            self.source = np.array([sources.index(id(r.data)) for r in self.members], np.int32)
+            # Each data set once, features and targets side by side: `[U N, d + t]`.
+            self.table = np.concatenate(
+                [np.concatenate([x, y.reshape(len(x), -1)], -1) for x, y, _ in arrays.values()]
+            )
             self.x_train = np.stack([x for x, _, _ in rows])
             self.y_train = np.stack([y for _, y, _ in rows]).reshape(len(self), self.num_train, -1)
             self.tests = [test for _, _, test in rows]
         return self
+
+    def gather(self, table, order_rows):
+        """`([R, B, d], [R, B, t])` in the graph: the rows `order_rows` (`[R, B]`, positions in
+        each replica's training rows) of `table` (`self.table` as a tensor). A gather of
+        scattered rows is bound by memory latency, not size: one gather of features and
+        targets side by side from each data set's single copy (MC dropout's kin8nm grid reads
+        20 splits, not 240 replicas' copies, and fits the cache) took 0.7 ms a step where two
+        gathers from `[R, N, d]` and `[R, N, t]` took 2.6."""
+        offsets = tf.constant(self.source * self.num_train, tf.int32)[:, None]
+        rows = tf.gather(table, order_rows + offsets)
+        return tuple(tf.split(rows, [self.input_shape[0], -1], -1))
 
     def epoch_order(self, epoch):
         """`[R, N]`: each replica's order of its training rows in `epoch` (from its seed)."""

@@ -484,18 +484,15 @@ class SupervisedLearner(KerasLearner):
             return scalars
 
         if replicated:
-            x_train, y_train = tf.constant(self.data.x_train), tf.constant(self.data.y_train)
-            replicas = len(self.data)
+            data, table = self.data, tf.constant(self.data.table)
+            replicas = len(data)
 
             def next_batch(i, order, start):
                 """Batch `start + i` of the epoch: each replica's rows in its own order,
                 gathered from the resident data in the graph."""
                 rows = order[:, (start + i) * batch_size : (start + i + 1) * batch_size]
                 rows = tf.reshape(rows, [replicas, batch_size])
-                return tf.constant(True), lambda: (
-                    tf.gather(x_train, rows, batch_dims=1),
-                    tf.gather(y_train, rows, batch_dims=1),
-                )
+                return tf.constant(True), lambda: data.gather(table, rows)
 
             names = (*STEP_SCALARS, "bad_replica")
         else:
