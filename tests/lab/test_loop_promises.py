@@ -217,12 +217,19 @@ def test_every_learner_keeps_the_run_folder_promises(kind, tmp_path, caplog, cap
     assert len(list((moved / "checkpoints").glob("ckpt-*.index"))) <= 3
 
 
-def test_a_stop_inside_a_call_of_several_steps_resumes_exactly(tmp_path):
+@pytest.mark.parametrize(
+    "kind",
+    [
+        "supervised",
+        # PlaNet's batches drawn ahead and stacked, several steps a graph call (a minute)
+        pytest.param("planet", marks=pytest.mark.slow),
+    ],
+)
+def test_a_stop_inside_a_call_of_several_steps_resumes_exactly(kind, tmp_path):
     """Steps run several to a call (here 3: calls end at the log cadence, and an epoch of the
-    smoke config is longer). A SIGTERM during the call's second step stops at the call's end
-    with a checkpoint there; the resumed run ends as the uninterrupted one, and the records are
-    the same whatever the steps a call."""
-    kind = "supervised"
+    smoke config, or PlaNet's collection interval, is no shorter). A SIGTERM during the call's
+    second step stops at the call's end with a checkpoint there; the resumed run ends as the
+    uninterrupted one, and the records are the same whatever the steps a call."""
     calls = ["train.log_every = 3", "train.checkpoint_every = 6"]
     straight, cut, single = tmp_path / "straight", tmp_path / "cut", tmp_path / "single"
     _run(kind, straight, *calls)

@@ -133,8 +133,31 @@ def test_ensemble_mixes_finished_runs(finished_run, tmp_path):
     assert final["corrupted_nll"] <= (base["corrupted_nll"] + single["base"]["corrupted_nll"]) / 2
     assert final["mutual_information"] > 1e-4  # two seeds disagree; one MAP network cannot
     assert base["mutual_information"] < 1e-9
-    with pytest.raises(ValueError, match="needs the other runs"):
-        _in_process(finished_run, "ensemble")
+    with pytest.raises(ValueError, match="at least 2"):
+        _in_process(finished_run, "ensemble", ["Ensemble.members = 1"])
+
+
+def test_ensemble_trains_its_other_members_as_replicas_of_one_model(finished_run):
+    """`Ensemble.members = M`: the run's own model, optimizer and steps from M - 1 other
+    seeds, trained as replicas of one model; each member learned, they differ, and the
+    mixture obeys Jensen against its members."""
+    summary, arrays = _in_process(
+        finished_run, "ensemble", ["Ensemble.members = 3", "posthoc.num_samples = 2"]
+    )
+    final, base = summary["final"], summary["base"]
+    assert final["ensemble_size"] == 3 and summary["label"] == "deep ensemble of 3"
+    assert "trained as replicas" in " ".join(summary["notes"])
+    probs = arrays["probs"]  # [members x draws, n, classes], the run's draws first
+    assert probs.shape == (6, summary["num_evaluation"], 10)
+    labels = arrays["labels"]
+    members = [probs[2 * m : 2 * m + 2].mean(0) for m in range(3)]
+    member_nlls = [-np.mean(np.log(p[np.arange(len(labels)), labels])) for p in members]
+    assert np.isclose(member_nlls[0], base["nll"], rtol=1e-6)  # the run itself
+    for p in members[1:]:  # each trained member learned the digits as the run did
+        assert np.mean(p.argmax(-1) == labels) > base["accuracy"] - 0.1
+        assert not np.allclose(p, members[0], atol=1e-3)  # other seeds, other networks
+    assert final["nll"] <= np.mean(member_nlls) + 1e-9  # Jensen
+    assert final["mutual_information"] > 1e-4 > base["mutual_information"]
 
 
 def test_a_bayesian_run_is_rebuilt_from_its_operative_config(tmp_path):

@@ -22,6 +22,13 @@ from blayers.layers.estimators import LocalReparameterizationEstimator
 __all__ = ["Replicas", "as_replicas", "independent_rows"]
 
 
+def _targets(y):
+    """Float targets as `[n, t]` float32 (a regression's), class labels as they are."""
+    if y.dtype.kind in "iub":
+        return y
+    return y.astype(np.float32).reshape(len(y), -1)
+
+
 def as_replicas(data):
     """`data` as `Replicas` when it is replicas (a list of `Replica`), else as it is."""
     if isinstance(data, Replicas):
@@ -63,6 +70,7 @@ class Replicas:
             raise ValueError("Replicas: every replica's data needs the same task.")
         self.name = first.name if len(self.members) == 1 else f"{first.name} (+{len(self) - 1})"
         self.x_train = self.y_train = self.tests = self.table = self.source = None
+        self._target_dtype = self._target_shape = None
         self._moments = None  # (model, its traced predictive moments), made once
 
     def _moments_fn(self, model):
@@ -85,12 +93,15 @@ class Replicas:
         copy = Replicas(folded)
         copy.x_train, copy.y_train, copy.tests = self.x_train, self.y_train, self.tests
         copy.table, copy.source = self.table, self.source
+        copy._target_dtype, copy._target_shape = self._target_dtype, self._target_shape
         return copy
 
     def load(self):
-        """Reads every replica's rows once: `x_train [R, N, d]`, `y_train [R, N, t]` and each
-        replica's test `(x, y)`; `table` `[U N, d + t]`, the rows of the `U` distinct data sets
-        once (grid points of a split share theirs), and `source` `[R]`, each replica's."""
+        """Reads every replica's rows once: `x_train [R, N, d]`, `y_train` (`[R, N, t]` float
+        targets, or `[R, N]` class labels, as the task reads them) and each replica's test
+        `(x, y)`; `table` `[U N, d + t]`, the rows of the `U` distinct data sets once (grid
+        points of a split share theirs; labels as exact floats), and `source` `[R]`, each
+        replica's."""
         if self.x_train is None:
             arrays = {}
             for replica in self.members:  # a split shared by grid points is read once
@@ -99,31 +110,40 @@ class Replicas:
                     train, test = replica.data.train, replica.data.test
                     arrays[key] = (
                         features(train).astype(np.float32),
-                        targets(train).astype(np.float32),
-                        (features(test).astype(np.float32), targets(test).astype(np.float32)),
+                        _targets(targets(train)),
+                        (features(test).astype(np.float32), _targets(targets(test))),
                     )
             rows = [arrays[id(r.data)] for r in self.members]
             sources = list(arrays)
             self.source = np.array([sources.index(id(r.data)) for r in self.members], np.int32)
+            labels = rows[0][1]
+            self._target_dtype, self._target_shape = labels.dtype, labels.shape[1:]
+            if labels.dtype.kind in "iu" and labels.size and np.abs(labels).max() >= 2**24:
+                raise ValueError("Replicas: class labels of 2^24 or more are not exact floats.")
             # Each data set once, features and targets side by side: `[U N, d + t]`.
             self.table = np.concatenate(
-                [np.concatenate([x, y.reshape(len(x), -1)], -1) for x, y, _ in arrays.values()]
+                [
+                    np.concatenate([x, y.reshape(len(x), -1).astype(np.float32)], -1)
+                    for x, y, _ in arrays.values()
+                ]
             )
             self.x_train = np.stack([x for x, _, _ in rows])
-            self.y_train = np.stack([y for _, y, _ in rows]).reshape(len(self), self.num_train, -1)
+            self.y_train = np.stack([y for _, y, _ in rows])
             self.tests = [test for _, _, test in rows]
         return self
 
     def gather(self, table, order_rows):
-        """`([R, B, d], [R, B, t])` in the graph: the rows `order_rows` (`[R, B]`, positions in
-        each replica's training rows) of `table` (`self.table` as a tensor). A gather of
-        scattered rows is bound by memory latency, not size: one gather of features and
-        targets side by side from each data set's single copy (MC dropout's kin8nm grid reads
-        20 splits, not 240 replicas' copies, and fits the cache) took 0.7 ms a step where two
-        gathers from `[R, N, d]` and `[R, N, t]` took 2.6."""
+        """`([R, B, d], [R, B, ...] targets)` in the graph: the rows `order_rows` (`[R, B]`,
+        positions in each replica's training rows) of `table` (`self.table` as a tensor). A
+        gather of scattered rows is bound by memory latency, not size: one gather of features
+        and targets side by side from each data set's single copy (MC dropout's kin8nm grid
+        reads 20 splits, not 240 replicas' copies, and fits the cache) took 0.7 ms a step where
+        two gathers from `[R, N, d]` and `[R, N, t]` took 2.6."""
         offsets = tf.constant(self.source * self.num_train, tf.int32)[:, None]
         rows = tf.gather(table, order_rows + offsets)
-        return tuple(tf.split(rows, [self.input_shape[0], -1], -1))
+        x, y = tf.split(rows, [self.input_shape[0], -1], -1)
+        y = tf.reshape(y, tf.concat([tf.shape(order_rows), list(self._target_shape)], 0))
+        return x, tf.cast(y, self._target_dtype)
 
     def epoch_order(self, epoch):
         """`[R, N]`: each replica's order of its training rows in `epoch` (from its seed)."""
@@ -135,11 +155,14 @@ class Replicas:
         )
 
     def batch(self, order, index, batch_size):
-        """Batch `index` of an epoch's `order`: each replica's own rows, `([R, B, d], [R, B, t])`."""
-        rows = order[:, index * batch_size : (index + 1) * batch_size, None]
+        """Batch `index` of an epoch's `order`: each replica's own rows, `([R, B, d], [R, B,
+        ...] targets)`."""
+        rows = order[:, index * batch_size : (index + 1) * batch_size]
         return (
-            np.take_along_axis(self.x_train, rows, axis=1),
-            np.take_along_axis(self.y_train, rows, axis=1),
+            np.take_along_axis(self.x_train, rows[..., None], axis=1),
+            np.take_along_axis(
+                self.y_train, rows.reshape(rows.shape + (1,) * (self.y_train.ndim - 2)), axis=1
+            ),
         )
 
     # -- evaluation ------------------------------------------------------------------------------

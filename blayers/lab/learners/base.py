@@ -172,7 +172,7 @@ class KerasLearner(Learner):
         `non_finite` among them) takes one optimizer step, and a non-finite step ends the call.
         The scalars stay in the graph, summed; the host reads them once a call (`Steps`)."""
 
-        @tf.function
+        @tf.function(reduce_retracing=True)  # stacked batches: a phase's last call is shorter
         def steps(n, *args):
             zeros = {name: tf.constant(0.0) for name in names}
             count, sums, last = tf.constant(0), zeros, zeros

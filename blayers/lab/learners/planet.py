@@ -28,6 +28,7 @@ From the command line: `python -m blayers.train --gin_file=bayesian_planet_smoke
 --model_dir=runs/planet` (the config binds `train.learner = @PlanetLearner()`).
 """
 
+import itertools
 import os
 
 import gin
@@ -40,11 +41,13 @@ from blayers import objectives, seeds
 from blayers.lab import plots
 from blayers.lab.control.buffer import EpisodeBuffer
 from blayers.lab.control.planner import cem
-from blayers.lab.learners.base import KerasLearner, refuse_strategy
+from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.lab.learners.supervised import first_non_finite_layer
 from blayers.lab.models.rssm import WorldModel
 
 __all__ = ["PlanetLearner"]
+
+STACKED_BYTES = 1 << 28  # the batches of one multi-step call, at most (256 MB)
 
 _TERMS = (
     "loss",
@@ -120,6 +123,7 @@ class PlanetLearner(KerasLearner):
         # The buffer's length when a checkpoint was written: a resume drops later episodes.
         self.episodes_saved = tf.Variable(-1, dtype=tf.int64, trainable=False, name="episodes")
         self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
+        self._train_steps_fn = None  # several steps a call (`train_steps`), traced once
         self._filter_fn = tf.function(self._filter)
         self._plan_fn = tf.function(self._plan)
 
@@ -192,6 +196,36 @@ class PlanetLearner(KerasLearner):
 
     def train_step(self, batch):
         return dict(zip(_TERMS, (float(v) for v in self._train_step_fn(*batch))))
+
+    def train_steps(self, n):
+        """Up to `n` steps of the phase in one graph call (`compile_steps`): their batches are
+        drawn on the host first, the same draws from `(seed, step)` as one a call, and stacked
+        (at most `STACKED_BYTES` of them: a full-size batch of 64 x 64 frames is 37 MB), so
+        the host reads the scalars once a call."""
+        first = next(self._phase, None)
+        if first is None:
+            return Steps(0, {}, {})
+        size = sum(np.asarray(part).nbytes for part in first)
+        batches = [first, *itertools.islice(self._phase, max(min(n, STACKED_BYTES // size), 1) - 1)]
+        stacked = [tf.constant(np.stack([b[k] for b in batches])) for k in range(len(first))]
+        if self._train_steps_fn is None:
+
+            def step_fn(batch):
+                scalars = dict(zip(_TERMS, self._train_step(*batch)))
+                scalars["non_finite"] = tf.cast(
+                    tf.logical_not(tf.math.is_finite(scalars["loss"])), tf.float32
+                )
+                return scalars
+
+            def next_batch(i, *parts):
+                return i < tf.shape(parts[0])[0], lambda: tuple(part[i] for part in parts)
+
+            names = (*_TERMS, "non_finite")
+            self._train_steps_fn = self.compile_steps(step_fn, next_batch, names)
+        count, sums, last = self.read_steps(
+            self._train_steps_fn(tf.constant(len(batches)), *stacked)
+        )
+        return Steps(count, sums, last, batches[count - 1] if non_finite(last) else None)
 
     def log_extras(self):
         return {"episodes": len(self.buffer)}

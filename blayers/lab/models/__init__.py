@@ -152,13 +152,16 @@ def _map_prior(prior_precision, hidden_cls, output_cls, replicas):
         return {}, {}
     if not float(prior_precision) > 0:
         raise ValueError(f"mlp.prior_precision must be positive, got {prior_precision!r}.")
-    if replicas is not None:
-        raise ValueError("mlp.prior_precision is not available with replicas.")
 
     def kwargs(cls):
         if isinstance(cls, type) and issubclass(cls, BayesianLayer):
             return {}
-        penalty = keras.regularizers.L2(float(prior_precision) / 2.0)
+        decay = float(prior_precision) / 2.0
+        penalty = (
+            keras.regularizers.L2(decay)
+            if replicas is None
+            else ReplicaL2([decay] * len(replicas))  # the same prior for every replica
+        )
         return {"kernel_regularizer": penalty, "bias_regularizer": penalty}
 
     return kwargs(hidden_cls), kwargs(output_cls)

@@ -184,14 +184,19 @@ class Fit:
       num_samples: posterior draws for a predictive.
       base: the run's own predictive parameters over `inputs.x`.
       predict: `predict(model)` gives a model's predictive parameters over `inputs.x`.
+      parameters: `parameters(distribution)`, the predictive parameters `predict` reads off a
+        forward pass's predictive distribution.
     """
 
-    def __init__(self, learner, x, y, calibration, evaluation, inputs, num_samples, predict):
+    def __init__(
+        self, learner, x, y, calibration, evaluation, inputs, num_samples, predict, parameters
+    ):
         self.learner, self.model, self.data = learner, learner.model, learner.data
         self.task = learner.data.task
         self.classification = self.task.name == "classification"
         self.x, self.y, self.calibration, self.evaluation = x, y, calibration, evaluation
         self.inputs, self.num_samples, self.predict = inputs, num_samples, predict
+        self.parameters = parameters
         self.base = predict(self.model)
 
     @staticmethod

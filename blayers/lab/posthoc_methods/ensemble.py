@@ -1,4 +1,5 @@
-"""`--method=ensemble`: the run mixed with other finished runs of the same model."""
+"""`--method=ensemble`: a deep ensemble of the run's model, its other members trained here as
+replicas of one model, or other finished runs."""
 
 import numpy as np
 
@@ -7,29 +8,53 @@ from blayers.lab.posthoc_methods import Method
 
 
 class Ensemble(Method):
-    """The equal mixture of this run's predictive and the other runs' (a deep ensemble,
-    Lakshminarayanan et al., 2017, when they are the same model trained from other seeds).
+    """The equal mixture of this run's predictive and other members' (a deep ensemble,
+    Lakshminarayanan et al., 2017: the same model from other seeds).
+
+    With `members` an integer `M` (default 5, the paper's), the `M - 1` other members are
+    trained here: the run's own model builder, optimizer, batch size, KL schedule and number
+    of steps, from seeds `run seed + 1, ..., run seed + M - 1`, all as replicas of one model
+    (`blayers.replicas`: each follows the trajectory it has alone, in one graph at about the
+    cost of one wider network). The builder must take `replicas=` (`mlp` and the UCI
+    regressors do). With `members` a list of run folders (same model and data), those runs
+    are mixed as they are.
 
     Args:
-      members: the other runs' folders (same model and data).
+      members: the ensemble's size `M` (members trained here), or the other runs' folders.
     """
 
     name = "ensemble"
 
-    def __init__(self, members=()):
+    def __init__(self, members=5):
         super().__init__()
-        if not members:
+        if isinstance(members, (int, np.integer)) and not isinstance(members, bool):
+            if members < 2:
+                raise ValueError(f"Ensemble.members must be at least 2, got {members}.")
+            self.size, self.members = int(members), []
+        elif (
+            isinstance(members, (list, tuple))
+            and members
+            and all(isinstance(m, str) for m in members)
+        ):
+            self.size, self.members = len(members) + 1, list(members)
+        else:
             raise ValueError(
-                "posthoc: method 'ensemble' needs the other runs: "
-                "--gin_param=\"Ensemble.members = ['RUN2', 'RUN3']\"."
+                "Ensemble.members is the ensemble's size (an integer of at least 2: the other "
+                "members are trained here) or the other runs' folders "
+                f"(['RUN2', 'RUN3']); got {members!r}."
             )
-        self.members = list(members)
-        self.label = f"deep ensemble of {len(self.members) + 1}"
+        self.label = f"deep ensemble of {self.size}"
 
     def fit(self, fit):
+        self.draws = [fit.base]
+        if self.members:
+            self._restore_members(fit)
+        else:
+            self._train_members(fit)
+
+    def _restore_members(self, fit):
         from blayers.lab.posthoc import restore
 
-        self.draws = [fit.base]
         for member in self.members:
             try:
                 learner, _ = restore(member)
@@ -40,8 +65,88 @@ class Ensemble(Method):
                 ) from None
             self.draws.append(fit.predict(learner.model))
 
+    def _train_members(self, fit):
+        import tensorflow as tf
+
+        from blayers.lab import loop
+        from blayers.lab.data.base import Replica
+        from blayers.lab.data.replicas import Replicas
+        from blayers.lab.learners.supervised import SupervisedLearner
+
+        run = fit.learner
+        steps = int(run.step)
+        seeds = [run.seed + m for m in range(1, self.size)]
+        members = Replicas(
+            [Replica(f"member{m}", run.data, s, ensemble="ensemble") for m, s in enumerate(seeds)]
+        )
+        learner = SupervisedLearner(
+            data=members,
+            model=run.model_fn,
+            optimizer=run.optimizer_fn,
+            batch_size=run.batch_size,
+            kl_schedule=run.kl_schedule,
+            num_eval_samples=run.num_eval_samples,
+        )
+        learner.check_bindings = False
+        try:
+            learner.build(loop.Context(None, tf.distribute.get_strategy(), None, run.seed, steps))
+        except TypeError as error:
+            if "replicas" not in str(error):
+                raise
+            raise ValueError(
+                f"posthoc: Ensemble.members = {self.size} trains the other members as replicas "
+                f"of the run's model, and its builder takes no replicas= argument ({error}). "
+                "Train them as runs and pass their folders: Ensemble.members = ['RUN2', ...]."
+            ) from None
+        while learner.step < steps:
+            learner.begin_phase()
+            while learner.step < steps:
+                done = learner.train_steps(min(loop.STEPS_PER_EXECUTION, steps - learner.step))
+                if done.count == 0:
+                    break
+                if not all(np.isfinite(v) for v in done.last.values()):
+                    raise ValueError(
+                        f"posthoc: ensemble member {learner.bad_replica + 1} (seed "
+                        f"{seeds[max(learner.bad_replica, 0)]}) reached a non-finite loss at "
+                        f"step {learner.step}."
+                    )
+        self.draws += _replica_draws(fit, learner.model, len(seeds))
+        self.note(
+            f"ensemble: {len(seeds)} members trained as replicas of one model ({steps} steps, "
+            f"seeds {seeds[0]}-{seeds[-1]}), mixed with the run."
+        )
+
     def predictive(self, fit):
         return [np.concatenate(parts) for parts in zip(*self.draws)]
 
     def metrics(self, fit):
         return {"ensemble_size": len(self.draws)}
+
+
+def _replica_draws(fit, model, replicas):
+    """Each replica's predictive parameters over `fit.inputs.x`, as `fit.predict` gives a lone
+    model's (`[draws, n, ...]` per parameter): the inputs go to every replica at once
+    (`[R, B, d]`), and each replica's outputs come back as its own draws."""
+    import tensorflow as tf
+
+    task, parameters = fit.task, fit.parameters
+
+    @tf.function(reduce_retracing=True)
+    def one_pass(x):
+        shared = tf.broadcast_to(x[None], tf.concat([[replicas], tf.shape(x)], 0))
+        return parameters(task.likelihood(model(shared, training=False)))
+
+    draws = fit.num_samples
+    x = fit.inputs.x
+    batch = fit.learner.eval_batch_size
+    per_replica = None
+    for _ in range(draws):
+        parts = [one_pass(tf.constant(x[i : i + batch])) for i in range(0, len(x), batch)]
+        # [R, n, ...] per parameter, one draw of each replica
+        whole = [np.concatenate([p[k].numpy() for p in parts], 1) for k in range(len(parts[0]))]
+        if per_replica is None:
+            per_replica = [[[] for _ in whole] for _ in range(replicas)]
+        for r in range(replicas):
+            for k, value in enumerate(whole):
+                per_replica[r][k].append(value[r])
+    return [[np.stack(values) for values in member] for member in per_replica]
