@@ -45,7 +45,7 @@ def test_rows_average_each_severity_over_the_corruptions_and_seeds_summarize():
         np.std([0.8, 0.9, 1.0], ddof=1) / 3**0.5
     )
     text = uncertainty_table.markdown(table)
-    assert "| digits | deep ensemble of 4 | 0.900 ± 0.058 |" in text
+    assert "| digits | deep ensemble of 5 | 0.900 ± 0.058 |" in text
     assert "| digits | MAP | 0.700 / 2.00 |" in text
 
 
@@ -68,5 +68,6 @@ def test_the_table_runs_end_to_end_on_the_smoke_configs(tmp_path):
             assert 0.1 < row["accuracy"] <= 1.0 and row["accuracy_s5"] <= row["accuracy"]
         assert rows["temperature"]["accuracy"] == rows["map"]["accuracy"]  # argmax kept
         assert rows["temperature"]["nll"] != rows["map"]["nll"]
-        assert rows["ensemble"]["train_seconds"] > rows["map"]["train_seconds"]
+        # the ensemble's other member trains in its post-hoc fit, as a replica
+        assert rows["ensemble"]["fit_seconds"] > rows["temperature"]["fit_seconds"]
         assert rows["swag"]["fit_seconds"] > 0

@@ -32,7 +32,7 @@ from blayers.lab import cli_env, posthoc_methods, runs
 from blayers.lab.tasks.base import features, targets
 from blayers.posthoc.batches import input_batches
 
-__all__ = ["posthoc", "restore"]
+__all__ = ["build", "posthoc", "restore", "train_in_memory"]
 
 
 def _split(dataset, n, fraction, seed):
@@ -229,7 +229,6 @@ def _refuse_random_weights(model, method, why):
 def restore(model_dir):
     """The run's learner, built from the parsed operative config and restored from its newest
     checkpoint, and its `RunDir`."""
-    from blayers.lab import loop
     from blayers.lab.learners.supervised import SupervisedLearner
 
     run = runs.RunDir(model_dir)
@@ -256,8 +255,7 @@ def restore(model_dir):
             "are replicas, SupervisedLearner.data); post-hoc methods take a run of one model."
         )
     learner.check_bindings = False  # checked when the run trained; see the class attribute
-    seed, steps = _query("train.seed", 0), _query("train.train_steps", 1)
-    learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))
+    build(learner, _query("train.seed", 0), _query("train.train_steps", 1), run)
     # Read only: the run's own step (not a longer run's later checkpoint), nothing renamed.
     step = (run.metrics() or {}).get("step")
     restored = run.checkpointer(learner.state()).restore(max_step=step, read_only=True)
@@ -272,6 +270,35 @@ def restore(model_dir):
             learner.scored_checkpoint,
         )
     return learner, run
+
+
+def build(learner, seed, steps, run=None):
+    """Builds `learner` in the Loop's `Context` (the default strategy), as a run would."""
+    from blayers.lab import loop
+
+    learner.build(loop.Context(run, tf.distribute.get_strategy(), None, seed, steps))
+
+
+def train_in_memory(learner, steps):
+    """Steps a built `learner` to `steps` as the Loop does (several steps a graph call), with
+    no run folder: what a method trains is part of its fit. A non-finite step stops it with
+    a ValueError naming the step and, for replicas, the replica."""
+    from blayers.lab import loop
+    from blayers.lab.learners.base import non_finite
+
+    while learner.step < steps:
+        learner.begin_phase()
+        while learner.step < steps:
+            done = learner.train_steps(min(loop.STEPS_PER_EXECUTION, steps - learner.step))
+            if done.count == 0:
+                break
+            if non_finite(done.last):
+                culprit = getattr(learner, "bad_replica", -1)
+                raise ValueError(
+                    f"posthoc: a non-finite loss at step {learner.step}"
+                    + (f" (replica {culprit})" if culprit >= 0 else "")
+                    + "."
+                )
 
 
 def _query(name, default):

@@ -66,12 +66,10 @@ class Ensemble(Method):
             self.draws.append(fit.predict(learner.model))
 
     def _train_members(self, fit):
-        import tensorflow as tf
-
-        from blayers.lab import loop
         from blayers.lab.data.base import Replica
         from blayers.lab.data.replicas import Replicas
         from blayers.lab.learners.supervised import SupervisedLearner
+        from blayers.lab.posthoc import build, train_in_memory
 
         run = fit.learner
         steps = int(run.step)
@@ -89,7 +87,7 @@ class Ensemble(Method):
         )
         learner.check_bindings = False
         try:
-            learner.build(loop.Context(None, tf.distribute.get_strategy(), None, run.seed, steps))
+            build(learner, run.seed, steps)
         except TypeError as error:
             if "replicas" not in str(error):
                 raise
@@ -98,18 +96,7 @@ class Ensemble(Method):
                 f"of the run's model, and its builder takes no replicas= argument ({error}). "
                 "Train them as runs and pass their folders: Ensemble.members = ['RUN2', ...]."
             ) from None
-        while learner.step < steps:
-            learner.begin_phase()
-            while learner.step < steps:
-                done = learner.train_steps(min(loop.STEPS_PER_EXECUTION, steps - learner.step))
-                if done.count == 0:
-                    break
-                if not all(np.isfinite(v) for v in done.last.values()):
-                    raise ValueError(
-                        f"posthoc: ensemble member {learner.bad_replica + 1} (seed "
-                        f"{seeds[max(learner.bad_replica, 0)]}) reached a non-finite loss at "
-                        f"step {learner.step}."
-                    )
+        train_in_memory(learner, steps)
         self.draws += _replica_draws(fit, learner.model, len(seeds))
         self.note(
             f"ensemble: {len(seeds)} members trained as replicas of one model ({steps} steps, "

