@@ -137,6 +137,11 @@ def main():
     parser.add_argument(
         "--render", action="store_true", help="only rewrite the table from the JSON at --out"
     )
+    parser.add_argument(
+        "--update",
+        action="store_true",
+        help="measure only --methods x --datasets and replace those cells in --out's JSON",
+    )
     parser.add_argument("--out", default="benchmarks/results/uci_projection.json")
     args = parser.parse_args()
     args.uci_dir = os.path.expanduser(args.uci_dir)
@@ -148,6 +153,18 @@ def main():
             result = json.load(f)
     else:
         result = measure(args, methods, datasets)
+        if args.update:
+            with open(args.out) as f:
+                earlier = json.load(f)
+            fresh = {(c["dataset"], c["method"]) for c in result["cells"]}
+            kept = [c for c in earlier["cells"] if (c["dataset"], c["method"]) not in fresh]
+            order = {(c["dataset"], c["method"]): i for i, c in enumerate(earlier["cells"])}
+            cells = sorted(
+                kept + result["cells"],
+                key=lambda c: order.get((c["dataset"], c["method"]), len(order)),
+            )
+            total = sum(c["projected_hours"] for c in cells)
+            result = {**earlier, "cells": cells, "total_hours": total}
     if args.measured:
         measured = _measured(args.measured)
         for cell in result["cells"]:
