@@ -3,8 +3,8 @@
 `Replicas` holds `R` `Replica`s (a split, a grid point, a seed, an ensemble member: each its own
 data, seed and hyperparameters) as one data set for `SupervisedLearner`: every replica's
 training rows resident once a data set (replicas of one split share them), and each epoch's
-batches gathered replica by replica from its own permutation, `[R, B, d]`, so replica `r` reads its rows in the order it
-reads them alone. The model builder receives the replicas (`replicas=`) and returns a model of
+batches gathered replica by replica from its own permutation, `[R, B, d]`, so replica `r`
+reads its rows in the order it reads them alone. The model builder receives the replicas (`replicas=`) and returns a model of
 `replicas=R` layers; the task scores each replica on its own test rows.
 """
 
