@@ -69,7 +69,7 @@ class Replicas:
         if any(r.data.task != self.task for r in self.members):
             raise ValueError("Replicas: every replica's data needs the same task.")
         self.name = first.name if len(self.members) == 1 else f"{first.name} (+{len(self) - 1})"
-        self.x_train = self.y_train = self.tests = self.table = self.source = None
+        self.tests = self.table = self.source = self._table = None
         self._target_dtype = self._target_shape = None
         self._moments = None  # (model, its traced predictive moments), made once
 
@@ -91,18 +91,16 @@ class Replicas:
         each replica's, which still depends on no other replica of the group."""
         folded = [dataclasses.replace(r, seed=fold(seed, r.seed)) for r in self.members]
         copy = Replicas(folded)
-        copy.x_train, copy.y_train, copy.tests = self.x_train, self.y_train, self.tests
-        copy.table, copy.source = self.table, self.source
+        copy.tests, copy.table, copy.source = self.tests, self.table, self.source
         copy._target_dtype, copy._target_shape = self._target_dtype, self._target_shape
         return copy
 
     def load(self):
-        """Reads every replica's rows once: `x_train [R, N, d]`, `y_train` (`[R, N, t]` float
-        targets, or `[R, N]` class labels, as the task reads them) and each replica's test
-        `(x, y)`; `table` `[U N, d + t]`, the rows of the `U` distinct data sets once (grid
-        points of a split share theirs; labels as exact floats), and `source` `[R]`, each
-        replica's."""
-        if self.x_train is None:
+        """Reads every replica's rows once: `table` `[U N, d + t]`, the training rows of the `U`
+        distinct data sets once (grid points of a split share theirs; class labels as exact
+        floats, given back as the task reads them by `gather`), `source` `[R]`, each replica's
+        data set, and each replica's test `(x, y)`."""
+        if self.table is None:
             arrays = {}
             for replica in self.members:  # a split shared by grid points is read once
                 key = id(replica.data)
@@ -127,8 +125,6 @@ class Replicas:
                     for x, y, _ in arrays.values()
                 ]
             )
-            self.x_train = np.stack([x for x, _, _ in rows])
-            self.y_train = np.stack([y for _, y, _ in rows])
             self.tests = [test for _, _, test in rows]
         return self
 
@@ -140,7 +136,7 @@ class Replicas:
         reads 20 splits, not 240 replicas' copies, and fits the cache) took 0.7 ms a step where
         two gathers from `[R, N, d]` and `[R, N, t]` took 2.6."""
         offsets = tf.constant(self.source * self.num_train, tf.int32)[:, None]
-        rows = tf.gather(table, order_rows + offsets)
+        rows = tf.gather(table, tf.cast(order_rows, tf.int32) + offsets)
         x, y = tf.split(rows, [self.input_shape[0], -1], -1)
         y = tf.reshape(y, tf.concat([tf.shape(order_rows), list(self._target_shape)], 0))
         return x, tf.cast(y, self._target_dtype)
@@ -155,15 +151,12 @@ class Replicas:
         )
 
     def batch(self, order, index, batch_size):
-        """Batch `index` of an epoch's `order`: each replica's own rows, `([R, B, d], [R, B,
-        ...] targets)`."""
+        """Batch `index` of an epoch's `order`, as NumPy arrays: each replica's own rows,
+        `([R, B, d], [R, B, ...] targets)` (`gather` on the host: a step's batch replayed)."""
+        if self._table is None:
+            self._table = tf.constant(self.table)
         rows = order[:, index * batch_size : (index + 1) * batch_size]
-        return (
-            np.take_along_axis(self.x_train, rows[..., None], axis=1),
-            np.take_along_axis(
-                self.y_train, rows.reshape(rows.shape + (1,) * (self.y_train.ndim - 2)), axis=1
-            ),
-        )
+        return tuple(t.numpy() for t in self.gather(self._table, rows))
 
     # -- evaluation ------------------------------------------------------------------------------
     def units(self):
