@@ -103,15 +103,15 @@ def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_sa
     for key, dataset in (data.corrupted or {}).items() if classification else ():
         inputs.add(key, features(dataset)[evaluation], targets(dataset)[evaluation])
 
-    parameters = _probs64 if classification else task.predictive_parameters
-
-    def predict(model_, draws=None):
+    def predict(model_, draws=None, replicas=None):
+        parameters = _probs64 if classification else None
         return task.predictive_samples(
             model_,
             _dataset(inputs.x),
             draws or num_samples,
             learner.eval_batch_size,
             parameters=parameters,
+            replicas=replicas,
         )
 
     def score(params):
@@ -146,9 +146,7 @@ def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_sa
             ood_logits=inputs.part(logits, "ood") if with_logits else None,
         )
 
-    fit = posthoc_methods.Fit(
-        learner, x, y, calibration, evaluation, inputs, num_samples, predict, parameters
-    )
+    fit = posthoc_methods.Fit(learner, x, y, calibration, evaluation, inputs, num_samples, predict)
     base, base_arrays = score(fit.base)
     start = time.perf_counter()
     with _expected_retracing():

@@ -183,20 +183,16 @@ class Fit:
       inputs: the test inputs followed by the OOD set and corrupted copies (`inputs.x`).
       num_samples: posterior draws for a predictive.
       base: the run's own predictive parameters over `inputs.x`.
-      predict: `predict(model)` gives a model's predictive parameters over `inputs.x`.
-      parameters: `parameters(distribution)`, the predictive parameters `predict` reads off a
-        forward pass's predictive distribution.
+      predict: `predict(model)` gives a model's predictive parameters over `inputs.x`
+        (`predict(model, replicas=R)`: `R` replicas' as one, draw-major `[draws x R, n, ...]`).
     """
 
-    def __init__(
-        self, learner, x, y, calibration, evaluation, inputs, num_samples, predict, parameters
-    ):
+    def __init__(self, learner, x, y, calibration, evaluation, inputs, num_samples, predict):
         self.learner, self.model, self.data = learner, learner.model, learner.data
         self.task = learner.data.task
         self.classification = self.task.name == "classification"
         self.x, self.y, self.calibration, self.evaluation = x, y, calibration, evaluation
         self.inputs, self.num_samples, self.predict = inputs, num_samples, predict
-        self.parameters = parameters
         self.base = predict(self.model)
 
     @staticmethod

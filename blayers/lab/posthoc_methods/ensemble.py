@@ -97,7 +97,10 @@ class Ensemble(Method):
                 "Train them as runs and pass their folders: Ensemble.members = ['RUN2', ...]."
             ) from None
         train_in_memory(learner, steps)
-        self.draws += _replica_draws(fit, learner.model, len(seeds))
+        count = len(seeds)
+        params = fit.predict(learner.model, replicas=count)  # draw-major [draws x R, n, ...]
+        by_draw = [p.reshape((-1, count) + p.shape[1:]) for p in params]
+        self.draws += [[p[:, r] for p in by_draw] for r in range(count)]
         self.note(
             f"ensemble: {len(seeds)} members trained as replicas of one model ({steps} steps, "
             f"seeds {seeds[0]}-{seeds[-1]}), mixed with the run."
@@ -108,32 +111,3 @@ class Ensemble(Method):
 
     def metrics(self, fit):
         return {"ensemble_size": len(self.draws)}
-
-
-def _replica_draws(fit, model, replicas):
-    """Each replica's predictive parameters over `fit.inputs.x`, as `fit.predict` gives a lone
-    model's (`[draws, n, ...]` per parameter): the inputs go to every replica at once
-    (`[R, B, d]`), and each replica's outputs come back as its own draws."""
-    import tensorflow as tf
-
-    task, parameters = fit.task, fit.parameters
-
-    @tf.function(reduce_retracing=True)
-    def one_pass(x):
-        shared = tf.broadcast_to(x[None], tf.concat([[replicas], tf.shape(x)], 0))
-        return parameters(task.likelihood(model(shared, training=False)))
-
-    draws = fit.num_samples
-    x = fit.inputs.x
-    batch = fit.learner.eval_batch_size
-    per_replica = None
-    for _ in range(draws):
-        parts = [one_pass(tf.constant(x[i : i + batch])) for i in range(0, len(x), batch)]
-        # [R, n, ...] per parameter, one draw of each replica
-        whole = [np.concatenate([p[k].numpy() for p in parts], 1) for k in range(len(parts[0]))]
-        if per_replica is None:
-            per_replica = [[[] for _ in whole] for _ in range(replicas)]
-        for r in range(replicas):
-            for k, value in enumerate(whole):
-                per_replica[r][k].append(value[r])
-    return [[np.stack(values) for values in member] for member in per_replica]

@@ -94,7 +94,14 @@ class Task:
 
     # Shared by the tasks' evaluations.
     def predictive_samples(
-        self, model, dataset, num_samples, batch_size=500, draws_per_call=64, parameters=None
+        self,
+        model,
+        dataset,
+        num_samples,
+        batch_size=500,
+        draws_per_call=64,
+        parameters=None,
+        replicas=None,
     ):
         """Arrays `[num_samples, n, ...]` of `predictive_parameters` over an unbatched dataset,
         one fresh posterior draw per pass (memory grows with samples x examples x outputs,
@@ -107,9 +114,12 @@ class Task:
         disagreement) is not lost to an average taken before the metrics see it.
 
         `parameters(distribution)` -> a tuple of tensors replaces `predictive_parameters`
-        (the post-hoc methods read float64 probabilities, which do not saturate)."""
+        (the post-hoc methods read float64 probabilities, which do not saturate).
+
+        `replicas=R`: `model` is `R` models as one (`blayers.replicas`); every replica sees the
+        same inputs (`[R, batch, ...]`) and counts as a member, as an ensemble's do."""
         parameters = parameters or self.predictive_parameters
-        several_draws = self._draws_function(model, parameters)
+        several_draws = self._draws_function(model, parameters, replicas)
         batched = dataset.batch(batch_size)
         chunks = []
         done = 0
@@ -129,15 +139,18 @@ class Task:
             done += count
         return [np.concatenate([c[i] for c in chunks]) for i in range(len(chunks[0]))]
 
-    def _draws_function(self, model, parameters):
+    def _draws_function(self, model, parameters, replicas=None):
         """The traced `several_draws(x, count)` of `model` and `parameters`, kept for the last
         pair asked for: an evaluation's several data sets and a method that predicts many times
         with new weights (SWAG's draws) reuse one graph instead of tracing one a call."""
         cached = getattr(self, "_draws_function_cache", None)
-        if cached is not None and cached[0] is model and cached[1] == parameters:
-            return cached[2]
+        if cached is not None and cached[0] is model and cached[1:3] == (parameters, replicas):
+            return cached[3]
 
         def one_draw(x):
+            if replicas is not None:  # the replica axis is the members axis
+                shared = tf.broadcast_to(x[None], tf.concat([[replicas], tf.shape(x)], 0))
+                return parameters(self.likelihood(model(shared, training=False)))
             distribution = self.likelihood(model(x, training=False))
             if not isinstance(distribution, EnsembleMixture):
                 return tuple(t[None] for t in parameters(distribution))
@@ -153,7 +166,7 @@ class Task:
                 arrays = [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
             return tuple(a.stack() for a in arrays)
 
-        self._draws_function_cache = (model, parameters, several_draws)
+        self._draws_function_cache = (model, parameters, replicas, several_draws)
         return several_draws
 
     def predictive_parameters(self, distribution):
