@@ -1,6 +1,7 @@
 """Shared by the benchmark scripts: a timed training step of one layer, and JSON (and
 Markdown) output."""
 
+import contextlib
 import json
 import os
 import time
@@ -10,10 +11,11 @@ import numpy as np
 import tensorflow as tf
 
 
-def make_train_step(layer, input_shape, jit_compile=False):
-    """`step(x, y)`: forward, squared error + KL / 50,000, backward and an Adam update."""
+def make_train_step(layer, input_shape, jit_compile=False, optimizer="adam"):
+    """`step(x, y)`: forward, squared error + KL / 50,000, backward and an update (`'adam'`,
+    or `'sgd'`: one multiply-subtract a parameter, the cheapest update)."""
     layer.build(input_shape)
-    optimizer = keras.optimizers.Adam(1e-3)
+    optimizer = keras.optimizers.Adam(1e-3) if optimizer == "adam" else keras.optimizers.SGD(1e-3)
     optimizer.build(layer.trainable_variables)
 
     @tf.function(jit_compile=jit_compile)
@@ -81,3 +83,100 @@ def write_results(path, payload, markdown):
     with open(os.path.splitext(path)[0] + ".md", "w") as f:
         f.write(markdown)
     print(markdown)
+
+
+@contextlib.contextmanager
+def without_noise():
+    """Inside, blayers' estimators draw no noise: Normal draws are zeros and Flipout's sign
+    flips are the identity. Steps traced inside keep this (the breakdown's "draw" is a step's
+    time minus that of the same step traced here)."""
+    from blayers import sampling
+    from blayers.layers import estimators
+
+    def zeros(shape, seed, dtype=tf.float32, keys=None):
+        # A fill that depends on the seed: a constant zero would let Grappler fold away the
+        # products with the noise (and their gradients), which are not the draw's cost.
+        del keys
+        return tf.fill(shape, tf.cast(tf.convert_to_tensor(seed)[0] * 0, dtype))
+
+    def identity(x, seed, example_axes=1, keys=None):
+        del seed, example_axes, keys
+        return x
+
+    patches = [
+        (sampling, "standard_normal", zeros),
+        (estimators, "standard_normal", zeros),
+        (estimators, "flip_signs", identity),
+        (
+            estimators,
+            "rademacher",
+            lambda shape, seed, dtype=tf.float32, keys=None: tf.ones(shape, dtype),
+        ),
+    ]
+    saved = [(module, name, getattr(module, name)) for module, name, _ in patches]
+    try:
+        for module, name, value in patches:
+            setattr(module, name, value)
+        yield
+    finally:
+        for module, name, value in saved:
+            setattr(module, name, value)
+
+
+def ablation_kwargs(no_softplus=False, no_kl=False, weights=("kernel",)):
+    """blayers keyword arguments removing one part of a step for each weight (argument prefix
+    in `weights`, e.g. `("kernel", "recurrent")` for an LSTM cell): the softplus replaced by
+    `max(rho, 1e-7)` (`stddev_constraint='positive'`, one cheap pass), the KL by none."""
+    import blayers
+
+    kwargs = {}
+    for weight in weights:
+        if no_softplus:
+            kwargs[f"{weight}_initializer"] = blayers.initializers.TrainableNormal(
+                stddev_constraint="positive"
+            )
+        if no_kl:
+            kwargs[f"{weight}_regularizer"] = None
+    return kwargs
+
+
+def breakdown_steps(make_layer, input_shape, x, y):
+    """The steps of one estimator's breakdown, each removing one part of the full step:
+    `{'full', 'no draw', 'no softplus', 'no KL', 'SGD'}` -> `step(x, y)` (traced).
+
+    `make_layer(no_softplus=False, no_kl=False)` builds the layer (see `ablation_kwargs`); Adam
+    is replaced by SGD, and the draw by a fill of zeros (`without_noise`)."""
+    steps = {
+        "full": make_train_step(make_layer(), input_shape),
+        "no softplus": make_train_step(make_layer(no_softplus=True), input_shape),
+        "no KL": make_train_step(make_layer(no_kl=True), input_shape),
+        "SGD": make_train_step(make_layer(), input_shape, optimizer="sgd"),
+    }
+    with without_noise():
+        steps["no draw"] = make_train_step(make_layer(), input_shape)
+        steps["no draw"](x, y)  # traced here, with the noise patched out
+    return steps
+
+
+PARTS = (
+    ("draw", "no draw"),
+    ("softplus", "no softplus"),
+    ("KL", "no KL"),
+    ("Adam over SGD", "SGD"),
+)
+
+
+def parts_ms(ms, name):
+    """`{part: ms}`: the full step's time minus the step without each part."""
+    full = ms[f"{name} | full"]
+    return {part: round(full - ms[f"{name} | {key}"], 2) for part, key in PARTS}
+
+
+def interleaved_medians(steps, x, y, repeats, rounds):
+    """`{name: median ms}` of each `step(x, y)`, the steps timed in turn `rounds` times (so that
+    the machine's drifts fall on all alike) and the median of the rounds' medians kept."""
+    ms = {name: [] for name in steps}
+    for _ in range(rounds):
+        for name, step in steps.items():
+            ms[name].append(time_step(step, x, y, repeats))
+    return {name: float(np.median(v)) for name, v in ms.items()}

@@ -1,31 +1,99 @@
-"""Training-step time of each dense estimator relative to `keras.layers.Dense`.
+"""Training-step time of each dense estimator against `keras.layers.Dense`, tfp.layers' twin
+and the step's own matrix products, and where the time goes.
 
-One step = forward pass, KL (for Bayesian layers), backward pass and an Adam update, of a single
-1024 -> 1024 layer on a batch of 256, compiled with `tf.function` (and, with `--xla`, with XLA).
-Writes JSON: milliseconds per step and the ratio to Dense for each estimator.
+One step = forward pass, KL, backward pass and an Adam update of a single 1024 -> 1024 layer on
+a batch of 256, compiled with `tf.function`; everything is timed in one process, interleaved
+(`--rounds` rounds of `--repeats` steps each, the median kept), so that the machine's drift
+falls on all alike:
+
+* `Dense` (Keras 3) and the three blayers estimators;
+* the same three from tfp.layers on tf-keras (`tfp.layers.Dense*`, tf-keras' Adam, the KL
+  divided by 50,000 like blayers'), in the same process;
+* the breakdown of each blayers estimator, by removing one part at a time (`common.
+  breakdown_steps`): the draw (noise replaced by zeros), the softplus (replaced by a clip), the
+  KL (none), Adam (replaced by SGD); what is left is matmuls, bias, loss and the update;
+* the *matmul bound*: the same matrix products alone (forward and weight-gradient GEMMs: two
+  for Dense and reparameterization, four for Flipout and local reparameterization).
+
+Writes JSON and a Markdown table (`.md` beside it):
 
     python benchmarks/dense_estimators.py --out benchmarks/results/dense_estimators.json
 """
 
 import argparse
 import os
-import platform
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
-import numpy as np
 import tensorflow as tf
-from common import make_train_step, time_step, write_json
+import tensorflow_probability as tfp
+from common import (
+    ablation_kwargs,
+    breakdown_steps,
+    interleaved_medians,
+    make_train_step,
+    parts_ms,
+    write_results,
+)
 
 import blayers
 
-LAYERS = {
-    "Dense": keras.layers.Dense,
-    "DenseReparameterization": blayers.layers.DenseReparameterization,
-    "DenseFlipout": blayers.layers.DenseFlipout,
-    "DenseLocalReparameterization": blayers.layers.DenseLocalReparameterization,
+ESTIMATORS = {
+    "DenseReparameterization": (blayers.layers.DenseReparameterization, 2),
+    "DenseFlipout": (blayers.layers.DenseFlipout, 4),
+    "DenseLocalReparameterization": (blayers.layers.DenseLocalReparameterization, 4),
 }
+TFP_TWINS = {
+    "DenseReparameterization": "DenseReparameterization",
+    "DenseFlipout": "DenseFlipout",
+    "DenseLocalReparameterization": "DenseLocalReparameterization",
+}
+GOALS = {  # x Dense (issue #52)
+    "DenseReparameterization": 2.0,
+    "DenseFlipout": 2.5,
+    "DenseLocalReparameterization": 2.2,
+}
+TFP_SPEEDUP_GOAL = 1.4  # tfp.layers' time / blayers' time
+KL_SCALE = 50_000.0  # the KL's divisor in `common.make_train_step`
+
+
+def tfp_step(name, units, input_dim):
+    """tfp.layers' `name` on tf-keras with tf-keras' Adam, the KL divided like blayers'."""
+    tfd = tfp.distributions
+    layer = getattr(tfp.layers, name)(
+        units, kernel_divergence_fn=lambda q, p, _: tfd.kl_divergence(q, p) / KL_SCALE
+    )
+    layer.build((None, input_dim))
+    from tensorflow_probability.python.internal import tf_keras
+
+    optimizer = tf_keras.optimizers.Adam(1e-3)
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(layer(x) - y)) + tf.add_n(layer.losses)
+        variables = layer.trainable_variables
+        optimizer.apply_gradients(zip(tape.gradient(loss, variables), variables))
+        return loss
+
+    return step
+
+
+def matmul_step(gemm_pairs, units, input_dim):
+    """The step's matrix products alone: `gemm_pairs` times a forward product `x @ W` and a
+    weight gradient `x^T @ g` (the FLOP bound of a step that does nothing else)."""
+    kernels = [tf.Variable(tf.random.normal([input_dim, units])) for _ in range(gemm_pairs)]
+
+    @tf.function
+    def step(x, y):
+        total = 0.0
+        for kernel in kernels:
+            total += tf.reduce_sum(tf.matmul(x, kernel)[:1, :1])
+            total += tf.reduce_sum(tf.matmul(x, y, transpose_a=True)[:1, :1])
+        return total
+
+    return step
 
 
 def main():
@@ -37,45 +105,75 @@ def main():
     parser.add_argument(
         "--rounds",
         type=int,
-        default=3,
-        help="interleaved rounds over all layers; the median per layer is kept",
+        default=5,
+        help="interleaved rounds over all steps; the median per step is kept",
     )
-    parser.add_argument("--xla", action="store_true", help="also time jit_compile=True steps")
     parser.add_argument("--out", default="benchmarks/results/dense_estimators.json")
     args = parser.parse_args()
 
     blayers.set_seed(0)
-    x = tf.random.normal([args.batch, args.input_dim])
-    y = tf.random.normal([args.batch, args.units])
-    modes = [False, True] if args.xla else [False]
-    results = {
-        "config": {
-            **vars(args),
-            "tensorflow": tf.__version__,
-            "keras": keras.__version__,
-            "machine": platform.processor() or platform.machine(),
-            "cpus": os.cpu_count(),
+    units, input_dim = args.units, args.input_dim
+    x = tf.random.normal([args.batch, input_dim])
+    y = tf.random.normal([args.batch, units])
+    shape = (None, input_dim)
+    steps = {"Dense": make_train_step(keras.layers.Dense(units), shape)}
+    steps["Dense | SGD"] = make_train_step(keras.layers.Dense(units), shape, optimizer="sgd")
+    steps["matmuls x2"] = matmul_step(1, units, input_dim)
+    steps["matmuls x4"] = matmul_step(2, units, input_dim)
+    for name, (cls, _) in ESTIMATORS.items():
+        parts = breakdown_steps(
+            lambda cls=cls, **kw: cls(units, **ablation_kwargs(**kw)), shape, x, y
+        )
+        steps.update({f"{name} | {part}": step for part, step in parts.items()})
+        steps[f"tfp.layers.{TFP_TWINS[name]}"] = tfp_step(TFP_TWINS[name], units, input_dim)
+    ms = interleaved_medians(steps, x, y, args.repeats, args.rounds)
+
+    dense = ms["Dense"]
+    gflop = 2.0 * args.batch * input_dim * units / 1e9  # one GEMM
+    rows, results = [], {}
+    for name, (_, gemms) in ESTIMATORS.items():
+        full = ms[f"{name} | full"]
+        bound = ms[f"matmuls x{gemms}"]
+        tfp_ms = ms[f"tfp.layers.{TFP_TWINS[name]}"]
+        parts = parts_ms(ms, name)
+        results[name] = {
+            "ms_per_step": round(full, 2),
+            "ratio_to_dense": round(full / dense, 3),
+            "goal_ratio_to_dense": GOALS[name],
+            "tfp_layers_ms": round(tfp_ms, 2),
+            "tfp_layers_over_blayers": round(tfp_ms / full, 3),
+            "matmul_bound_ms": round(bound, 2),
+            "matmul_gflops": round(gemms * gflop / bound * 1e3, 1),
+            "ratio_to_matmul_bound": round(full / bound, 3),
+            "parts_ms": parts,
         }
+        rows.append(
+            f"| {name} | {full:.1f} | **{full / dense:.2f}** (<= {GOALS[name]}) | "
+            f"{tfp_ms:.1f} | **{tfp_ms / full:.2f}** (>= {TFP_SPEEDUP_GOAL}) | "
+            + " | ".join(f"{v:.1f}" for v in parts.values())
+            + f" | {bound:.1f} ({gemms}) | {full / bound:.2f} |"
+        )
+    results["Dense"] = {
+        "ms_per_step": round(dense, 2),
+        "Adam over SGD": round(dense - ms["Dense | SGD"], 2),
+        "matmul_bound_ms": round(ms["matmuls x2"], 2),
+        "ratio_to_matmul_bound": round(dense / ms["matmuls x2"], 3),
     }
-    for jit in modes:
-        steps = {
-            name: make_train_step(cls(args.units), (None, args.input_dim), jit)
-            for name, cls in LAYERS.items()
-        }
-        ms = {name: [] for name in LAYERS}
-        for _ in range(args.rounds):  # interleave to average out machine noise
-            for name, step in steps.items():
-                ms[name].append(time_step(step, x, y, args.repeats))
-        medians = {name: float(np.median(v)) for name, v in ms.items()}
-        key = "xla" if jit else "tf_function"
-        results[key] = {
-            name: {"ms_per_step": round(m, 3), "ratio_to_dense": round(m / medians["Dense"], 3)}
-            for name, m in medians.items()
-        }
-        print(key)
-        for name, r in results[key].items():
-            print(f"  {name:30s} {r['ms_per_step']:8.2f} ms   x{r['ratio_to_dense']:.2f}")
-    write_json(results, args.out)
+    markdown = (
+        "| layer | ms / step | x Dense (goal) | tfp.layers ms | tfp.layers / blayers (goal) "
+        "| draw | softplus | KL | Adam over SGD | matmuls ms (GEMMs) | x matmuls |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        f"| Dense | {dense:.1f} | 1.00 | | | | | | {dense - ms['Dense | SGD']:.1f} "
+        f"| {ms['matmuls x2']:.1f} (2) | {dense / ms['matmuls x2']:.2f} |\n"
+        + "\n".join(rows)
+        + "\n"
+    )
+    payload = {
+        "config": vars(args) | {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "medians_ms": {k: round(v, 3) for k, v in ms.items()},
+        "estimators": results,
+    }
+    write_results(args.out, payload, markdown)
 
 
 if __name__ == "__main__":

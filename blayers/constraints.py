@@ -13,6 +13,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from blayers import fused
 from blayers.registry import Registry
 
 __all__ = ["Exp", "Positive", "Softplus", "deserialize", "get", "serialize", "softplus_inverse"]
@@ -43,7 +44,7 @@ class Softplus(keras.constraints.Constraint):
     """`softplus(w) = log(1 + exp(w))`: smooth, positive, linear for large `w`."""
 
     def __call__(self, w):
-        return tf.nn.softplus(w)
+        return fused.softplus(w)
 
     def inverse(self, y):
         """`softplus^{-1}(y)`, stably (`softplus_inverse`)."""

@@ -22,14 +22,18 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
+from blayers import fused
+
 tfd = tfp.distributions
 
 __all__ = [
     "flat_multivariate_normal",
+    "flip_signs",
     "normal_parameters",
     "rademacher",
     "replica_keys",
     "reuse_draws",
+    "reusing_draws",
     "sample",
     "standard_normal",
     "uniform",
@@ -55,6 +59,12 @@ def reuse_draws(cache):
         yield
     finally:
         _MEMO.cache = previous
+
+
+def reusing_draws():
+    """Whether eager draws are being reused (inside `reuse_draws`): fused draws, which the
+    cache does not see, are then left aside."""
+    return _MEMO.cache is not None and tf.executing_eagerly()
 
 
 def _memoized(kind, draw, shape, seed, dtype):
@@ -92,31 +102,16 @@ def replica_keys(replica_seeds):
     )
 
 
-_MIX_1, _MIX_2 = 0x85EBCA6B, 0xC2B2AE35
-
-
-def _mix(words, keys):
-    """Each word under its replica's bijective mix: MurmurHash3's 32-bit finalizer of the word
-    XOR the key (`keys` broadcast against `words[None]`)."""
-    h = tf.bitwise.bitwise_xor(words[None], keys)
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
-    h = h * tf.constant(_MIX_1, tf.uint32)
-    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(13, tf.uint32)))
-    h = h * tf.constant(_MIX_2, tf.uint32)
-    return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
-
-
 # The mix is seven integer passes over `[R, ...]`; compiled, XLA fuses them (and the conversion
 # to a uniform) into one, exactly (integer arithmetic and an exact float conversion): a
 # replicated dropout mask of MC dropout's kin8nm grid ([240, 128, 58]) took 2.8 ms unfused and
 # 1.0 ms fused on a 2-core CPU. Philox itself stays outside XLA, whose CPU generators are slow.
-_fused_mix = tf.function(_mix, jit_compile=True, reduce_retracing=True)
+_fused_mix = tf.function(fused.replica_mix, jit_compile=True, reduce_retracing=True)
 
 
 @tf.function(jit_compile=True, reduce_retracing=True)
 def _fused_uniform(words, keys):
-    high = tf.bitwise.right_shift(_mix(words, keys), tf.constant(8, tf.uint32))
-    return (tf.cast(high, tf.float32) + 0.5) * (1.0 / (1 << 24))
+    return fused.unit_uniform(fused.replica_mix(words, keys))
 
 
 def _philox_and_keys(shape, seed, keys):
@@ -172,6 +167,9 @@ def standard_normal(shape, seed, dtype=tf.float32, keys=None):
 
 def _standard_normal(shape, seed, dtype, keys=None):
     dtype = tf.as_dtype(dtype)
+    static = tf.TensorShape(tf.get_static_value(tf.convert_to_tensor(shape, tf.int32)))
+    if fused.should_fuse(static[1:] if keys is not None else static, dtype):
+        return _fused_standard_normal(static, seed, dtype, keys)
     shape = tf.convert_to_tensor(shape, tf.int32)
     lead = shape[:1] if keys is not None else shape[:0]
     size = tf.reduce_prod(shape[tf.size(lead) :])
@@ -182,6 +180,15 @@ def _standard_normal(shape, seed, dtype, keys=None):
     angle = (2.0 * math.pi) * second
     normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], -1)
     return tf.reshape(normal[..., :size], shape)
+
+
+def _fused_standard_normal(shape, seed, dtype, keys):
+    """Box-Muller on Threefry words, each one fused pass (`blayers.fused`)."""
+    count = shape[1:].num_elements() if keys is not None else shape.num_elements()
+    if keys is not None:
+        keys = tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1, 1, 1])
+    normal = fused.box_muller(fused.random_words(count, seed), keys, shape)
+    return tf.cast(normal, dtype)
 
 
 _BIT_SHIFTS = tuple(range(32))
@@ -199,13 +206,29 @@ def rademacher(shape, seed, dtype=tf.float32, keys=None):
     return _memoized("signs", _rademacher, shape, seed, dtype)
 
 
+def _sign_words(size, seed, keys):
+    """The random words of `size` signs a replica (32 a word): int32, or, replicated, uint32
+    words to be mixed with each replica's key."""
+    count = tf.reshape((size + 31) // 32, [1])
+    dtype = tf.int32 if keys is None else tf.uint32
+    return tf.random.stateless_uniform(count, seed, minval=None, maxval=None, dtype=dtype)
+
+
+def _key_column(keys):
+    return tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1, 1])
+
+
 def _rademacher(shape, seed, dtype, keys=None):
+    static = tf.TensorShape(tf.get_static_value(tf.convert_to_tensor(shape, tf.int32)))
+    if fused.should_fuse(static, dtype):
+        size = static[1:].num_elements() if keys is not None else static.num_elements()
+        words = _sign_words(size, seed, keys)
+        column = None if keys is None else _key_column(keys)
+        return tf.cast(fused.signs(words, column, static), dtype)
     shape = tf.convert_to_tensor(shape, tf.int32)
     if keys is None:
         size = tf.reduce_prod(shape)
-        words = tf.random.stateless_uniform(
-            tf.reshape((size + 31) // 32, [1]), seed, minval=None, maxval=None, dtype=tf.int32
-        )
+        words = _sign_words(size, seed, keys)
     else:
         size = tf.reduce_prod(shape[1:])
         words = _replica_words(tf.stack([shape[0], (size + 31) // 32]), seed, keys)
@@ -214,6 +237,32 @@ def _rademacher(shape, seed, dtype, keys=None):
     bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[..., None], shifts), 1)
     bits = tf.reshape(bits, tf.concat([tf.shape(words)[:-1], [-1]], 0))[..., :size]
     return tf.reshape(tf.cast(2 * tf.cast(bits, tf.int32) - 1, dtype), shape)
+
+
+def flip_signs(x, seed, example_axes=1, keys=None):
+    """`x * rademacher(sign_shape, seed, keys=keys)`, Flipout's sign flip, with one sign a
+    channel of an example: `sign_shape` is `[examples..., 1, ..., 1, channels]`, the first
+    `example_axes` axes of `x` being examples. Large float32 inputs take one fused pass
+    (`blayers.fused.flip`, the same signs, never formed)."""
+    shape = x.shape
+    inner = shape[example_axes:]
+    batch = shape[:example_axes].num_elements() if shape[:example_axes].is_fully_defined() else 256
+    if (
+        x.dtype == tf.float32
+        and inner.is_fully_defined()
+        and fused.should_fuse([batch * inner.num_elements()], x.dtype)
+        and not reusing_draws()
+    ):
+        dynamic = tf.shape(x)
+        size = tf.reduce_prod(dynamic[int(keys is not None) : example_axes]) * shape[-1]
+        column = None if keys is None else _key_column(keys)
+        return fused.flip(x, _sign_words(size, seed, keys), column, example_axes)
+    rank = shape.rank
+    dynamic = tf.shape(x)
+    sign_shape = tf.concat(
+        [dynamic[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), dynamic[-1:]], 0
+    )
+    return x * rademacher(sign_shape, seed, x.dtype, keys)
 
 
 def normal_parameters(distribution):

@@ -25,6 +25,7 @@ import tensorflow_probability as tfp
 
 from blayers.sampling import (
     flat_multivariate_normal,
+    flip_signs,
     normal_parameters,
     rademacher,
     standard_normal,
@@ -57,16 +58,6 @@ def kernel_perturbation(kernel, seed, dtype, keys=None):
         return mean, scale * standard_normal(kernel.shape, seed, dtype, keys)
     mean = kernel.distribution.mean()
     return mean, kernel.value - mean
-
-
-def channel_sign_shape(tensor, example_axes=1):
-    """`[batch, 1, ..., 1, channels]`: one sign per example and per channel; a replicated
-    layer's examples are its first two axes, `[R, batch, 1, ..., 1, channels]`."""
-    shape = tf.shape(tensor)
-    rank = tensor.shape.rank
-    return tf.concat(
-        [shape[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), shape[-1:]], 0
-    )
 
 
 def _example_axes(layer):
@@ -105,16 +96,16 @@ class FlipoutEstimator:
 
         def apply(x):
             outputs = self._linear(x, mean)
-            sign_in = rademacher(channel_sign_shape(x, axes), in_seed, x.dtype, keys)
-            perturbed = self._linear(x * sign_in, perturbation)
-            sign_out = rademacher(channel_sign_shape(perturbed, axes), out_seed, x.dtype, keys)
-            return outputs + perturbed * sign_out
+            perturbed = self._linear(flip_signs(x, in_seed, axes, keys), perturbation)
+            return outputs + flip_signs(perturbed, out_seed, axes, keys)
 
         return apply
 
 
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
+
+    reads_kernel_variance = True  # S^2 is formed with the scale (`blayers.fused`)
 
     def linear_fn(self, kernel, batch_size=None, seed=None):
         del batch_size
@@ -125,9 +116,13 @@ class LocalReparameterizationEstimator:
                 "reparameterization or Flipout estimator."
             )
         mean, stddev = kernel_moments(kernel)
-        if stddev.shape != kernel.shape:
-            stddev = tf.broadcast_to(stddev, kernel.shape)
-        variance_kernel = tf.square(stddev)
+        terms = kernel.scale_terms
+        if terms is not None and terms.variance is not None:
+            variance_kernel = terms.variance
+        else:
+            if stddev.shape != kernel.shape:
+                stddev = tf.broadcast_to(stddev, kernel.shape)
+            variance_kernel = tf.square(stddev)
         seed = self.next_seed() if seed is None else seed
 
         def apply(x):

@@ -1,0 +1,413 @@
+"""XLA-fused elementwise kernels of a Bayesian layer's step: the weight noise, the softplus of
+its standard deviations, the KL against a Normal prior and their gradients.
+
+A Bayesian layer's step is a handful of elementwise passes over arrays the size of its kernel
+(the draw, the softplus, the KL and their gradients) around the matmuls it shares with a
+deterministic layer; TF runs each op as its own pass, which on a CPU costs more than the maths
+(`benchmarks/dense_estimators.py` prints the breakdown). Compiled with XLA, each group is one
+loop. The words come from Threefry-2x32 written in XLA's integer ops (`threefry2x32`), a third of
+the time of TF's Philox kernel (XLA's own CPU random-number kernels are slow, and a Philox written
+in XLA, with its 32 x 32 -> 64-bit multiplies, ran 3x slower than TF's).
+
+Compiling costs about 60 ms a shape, so tensors smaller than `MIN_SIZE` entries, whose passes
+cost microseconds, take the plain TF ops. Every kernel is the same maths as the unfused ops
+(the tests compare them), to float32 rounding.
+"""
+
+import collections
+import math
+
+import numpy as np
+import tensorflow as tf
+
+__all__ = [
+    "MIN_SIZE",
+    "ScaleTerms",
+    "box_muller",
+    "box_muller_words",
+    "flip",
+    "normal_kl",
+    "random_words",
+    "replica_mix",
+    "seed_key",
+    "should_fuse",
+    "signs",
+    "softplus",
+    "softplus_terms",
+    "threefry2x32",
+    "unit_uniform",
+]
+
+MIN_SIZE = 1 << 15  # entries; smaller tensors take the plain TF ops
+_FUSED_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def should_fuse(shape, dtype):
+    """Whether a tensor of `shape` (static) and `dtype` takes the fused kernels: float32 or
+    narrower, at least `MIN_SIZE` entries. float64 keeps TF's ops (the kernels' polynomials are
+    float32-accurate)."""
+    shape = tf.TensorShape(shape)
+    return (
+        tf.as_dtype(dtype) in _FUSED_DTYPES
+        and shape.is_fully_defined()
+        and shape.num_elements() >= MIN_SIZE
+    )
+
+
+# -- random words ---------------------------------------------------------------------------------
+_INV_2_24 = 1.0 / (1 << 24)
+_MIX_1, _MIX_2 = 0x85EBCA6B, 0xC2B2AE35
+
+
+_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+_PARITY = 0x1BD11BDA
+
+
+def _rotate_left(x, bits):
+    return tf.bitwise.bitwise_or(
+        tf.bitwise.left_shift(x, tf.constant(bits, tf.uint32)),
+        tf.bitwise.right_shift(x, tf.constant(32 - bits, tf.uint32)),
+    )
+
+
+def threefry2x32(key, x0, x1):
+    """Threefry-2x32 with 20 rounds (Salmon et al., 2011, "Parallel random numbers: as easy as
+    1, 2, 3"; JAX's generator): the keyed bijection of the counter pair `(x0, x1)` (uint32
+    tensors) under `key` (uint32 `[2]`). Additions, rotations and XORs of 32-bit words only,
+    which XLA vectorizes: a million words in a third of the time of TF's Philox kernel here."""
+    k0, k1 = key[0], key[1]
+    keys = (k0, k1, tf.bitwise.bitwise_xor(tf.bitwise.bitwise_xor(k0, k1), _PARITY))
+    x0, x1 = x0 + keys[0], x1 + keys[1]
+    for block in range(5):
+        for bits in _ROTATIONS[block % 2]:
+            x0 = x0 + x1
+            x1 = tf.bitwise.bitwise_xor(_rotate_left(x1, bits), x0)
+        x0 = x0 + keys[(block + 1) % 3]
+        x1 = x1 + keys[(block + 2) % 3] + tf.constant(block + 1, tf.uint32)
+    return x0, x1
+
+
+def seed_key(seed):
+    """A stateless seed (int32 or int64 `[2]`) as a Threefry key (uint32 `[2]`); an int64 seed's
+    high words are folded into its low ones."""
+    seed = tf.convert_to_tensor(seed)
+    if seed.dtype == tf.int64:
+        halves = tf.bitcast(seed, tf.uint32)  # [2, 2]
+        return tf.bitwise.bitwise_xor(halves[:, 0], halves[:, 1] * tf.constant(_MIX_1, tf.uint32))
+    return tf.bitcast(tf.cast(seed, tf.int32), tf.uint32)
+
+
+def _words(key, count):
+    counter = tf.cast(tf.range((count + 1) // 2), tf.uint32)
+    return tf.stack(threefry2x32(key, counter, tf.zeros_like(counter)))
+
+
+_threefry_words = tf.function(_words, jit_compile=True, reduce_retracing=True)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _threefry_words_like(key, like, replicated):
+    # XLA compiles each concrete shape of `like`, so the count is a constant to it.
+    shape = tf.shape(like)
+    return _words(key, tf.reduce_prod(shape[1:] if replicated else shape))
+
+
+def random_words(count, seed, like=None, replicated=False):
+    """`uint32 [2, ceil(count / 2)]`: the random words of `count` normals (a pair of words
+    makes two), Threefry-2x32 of the counters `(i, 0)` under the seed's key, one fused pass.
+    With `like` (a tensor of the normals' shape, known only when run) instead of `count`: as
+    many as `like` has entries (a replica's entries, `replicated`)."""
+    if like is not None:
+        return _threefry_words_like(seed_key(seed), like, replicated)
+    return _threefry_words(seed_key(seed), count)
+
+
+def replica_mix(words, keys):
+    """Each word under its replica's bijective mix: MurmurHash3's 32-bit finalizer of the word
+    XOR the key (`keys` broadcast against `words[None]`). Integer arithmetic, exact under XLA."""
+    h = tf.bitwise.bitwise_xor(words[None], keys)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
+    h = h * tf.constant(_MIX_1, tf.uint32)
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(13, tf.uint32)))
+    h = h * tf.constant(_MIX_2, tf.uint32)
+    return tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, tf.constant(16, tf.uint32)))
+
+
+def _key_column(keys, rank):
+    """`keys` as `uint32 [R, 1, ..., 1]`, broadcasting against `[R]` + `rank` axes."""
+    return tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1] + [1] * rank)
+
+
+# -- Normal noise ---------------------------------------------------------------------------------
+
+
+def unit_uniform(words):
+    """`(k + 1/2) 2^-24` from the top 24 bits `k` of each uint32 word: uniform on (0, 1),
+    never 0 or 1, exact in float32."""
+    high = tf.bitwise.right_shift(words, tf.constant(8, tf.uint32))
+    return (tf.cast(high, tf.float32) + 0.5) * _INV_2_24
+
+
+def _sin_cos(t):
+    """`(sin t, cos t)` for `|t| <= pi / 4` by their Taylor polynomials (degree 9 and 10; error
+    below 1e-9, under float32's rounding): no trigonometric call, which XLA's CPU backend does
+    not vectorize (a cosine took 4 ms a million there, 0.9 ms in TF)."""
+    t2 = t * t
+    sin = t * (1.0 + t2 * (-1 / 6 + t2 * (1 / 120 + t2 * (-1 / 5040 + t2 * (1 / 362880)))))
+    cos = 1.0 + t2 * (
+        -1 / 2 + t2 * (1 / 24 + t2 * (-1 / 720 + t2 * (1 / 40320 + t2 * (-1 / 3628800))))
+    )
+    return sin, cos
+
+
+def box_muller_words(words):
+    """Standard normals from uint32 `words [..., 2, n]`: `[..., 2 n]`, float32.
+
+    Box-Muller: a pair `(u1, w)` gives `r (cos a, sin a)`, `r = sqrt(-2 log u1)` with `u1` from
+    the top 24 bits of the first word (`|z| < 5.9`), and the angle `a = q pi / 2 + t` uniform on
+    a full turn: the quarter `q` from the second word's top two bits, `t` in `[-pi/4, pi/4)` from
+    the next 24, so that `(cos a, sin a)` is `(cos t, sin t)` turned by `q` quarters."""
+    first, second = words[..., 0, :], words[..., 1, :]
+    radius = tf.sqrt(-2.0 * tf.math.log(unit_uniform(first)))
+    quarter = tf.bitwise.right_shift(second, tf.constant(30, tf.uint32))
+    t = (unit_uniform(tf.bitwise.left_shift(second, tf.constant(2, tf.uint32))) - 0.5) * (
+        math.pi / 2
+    )
+    sin, cos = _sin_cos(t)
+    odd = tf.equal(tf.bitwise.bitwise_and(quarter, tf.constant(1, tf.uint32)), 1)
+    x, y = tf.where(odd, -sin, cos), tf.where(odd, cos, sin)
+    sign = tf.where(quarter >= 2, -1.0, 1.0)
+    return tf.concat([radius * sign * x, radius * sign * y], -1)
+
+
+def _normal_noise(words, keys, shape):
+    """`float32 shape`: the standard normals of `words` (mixed with replica `keys` when given,
+    `shape`, static or a shape tensor, then leading with the replica axis)."""
+    if keys is not None:
+        words = replica_mix(words, keys)
+    normal = box_muller_words(words)
+    shape = tf.convert_to_tensor(shape, tf.int32)
+    size = tf.reduce_prod(shape[1:] if keys is not None else shape)
+    return tf.reshape(normal[..., :size], shape)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def box_muller(words, keys, shape):
+    """`float32 shape` standard normals from random `words` (`random_words`), one fused pass;
+    with replica `keys` (`uint32 [R, 1, 1]`) each replica's words mixed with its key first."""
+    return _normal_noise(words, keys, shape)
+
+
+# -- random signs ---------------------------------------------------------------------------------
+def _sign_bits(words, keys, count):
+    """The first `count` bits of `words` (`[..., n]` int32 or uint32, 32 bits a word; mixed with
+    replica `keys` first when given), as `[..., count]` signs (float32): a set bit is +1, a
+    clear one -1."""
+    words = tf.bitcast(words, tf.uint32) if words.dtype == tf.int32 else words
+    if keys is not None:
+        words = replica_mix(words, keys)
+    shifts = tf.constant(np.arange(32, dtype=np.uint32))
+    bits = tf.bitwise.bitwise_and(tf.bitwise.right_shift(words[..., None], shifts), 1)
+    bits = tf.reshape(bits, tf.concat([tf.shape(words)[:-1], [-1]], 0))[..., :count]
+    return 2.0 * tf.cast(bits, tf.float32) - 1.0
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def signs(words, keys, shape):
+    """`float32 shape` signs from the bits of `words` (`keys`: replica keys `[R, 1]`, `shape`
+    then leading with the replica axis), one fused pass."""
+    count = shape[1:].num_elements() if keys is not None else shape.num_elements()
+    return tf.reshape(_sign_bits(words, keys, count), shape)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _flip(x, words, keys, example_axes, rank):
+    shape = tf.shape(x)  # XLA compiles each concrete shape: these are constants to it
+    sign_shape = tf.concat(
+        [shape[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), shape[-1:]], 0
+    )
+    count = tf.reduce_prod(sign_shape[1:] if keys is not None else sign_shape)
+    return x * tf.cast(tf.reshape(_sign_bits(words, keys, count), sign_shape), x.dtype)
+
+
+def flip(x, words, keys=None, example_axes=1):
+    """`x * s` with random signs `s` of shape `[examples..., 1, ..., 1, channels]` (one a
+    channel of an example, the first `example_axes` axes being examples) from the bits of
+    `words` (as `signs`), without forming `s`: one pass forward, one back (`d/dx = s`)."""
+
+    @tf.custom_gradient
+    def flipped(x):
+        rank = x.shape.rank
+        flip_back = lambda up: _flip(up, words, keys, example_axes, rank)
+        return _flip(x, words, keys, example_axes, rank), flip_back
+
+    return flipped(x)
+
+
+# -- softplus -------------------------------------------------------------------------------------
+# `log1p(e) / e` on [0, 1]: least squares in the Chebyshev basis, degree 9 (error 1.3e-8;
+# `np.polynomial.Chebyshev.fit` on 20,001 even points, in the monomial basis here).
+_LOG1P_RATIO = (
+    0.9999999869915309,
+    -0.4999985092780577,
+    0.33329100871073086,
+    -0.24947821331481534,
+    0.19651539221610648,
+    -0.15251556739321356,
+    0.10533368892180575,
+    -0.056436126024916246,
+    0.01964962372667975,
+    -0.0032141133176678454,
+)
+
+
+def _softplus(x):
+    # max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1], with log1p by a polynomial: one
+    # transcendental, where XLA's CPU log1p costs three times the exp (relative error 1.6e-7
+    # against float64, TF's own softplus 4.6e-7).
+    e = tf.exp(-tf.abs(x))
+    ratio = tf.constant(_LOG1P_RATIO[-1], x.dtype)
+    for coefficient in _LOG1P_RATIO[-2::-1]:
+        ratio = ratio * e + coefficient
+    return tf.maximum(x, 0.0) + e * ratio
+
+
+_softplus_xla = tf.function(_softplus, jit_compile=True, reduce_retracing=True)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _softplus_grad(upstream, value):
+    # sigmoid(x) = 1 - exp(-softplus(x)), from the output the forward pass kept: no second exp
+    # of the input, and exact where sigmoid is tiny (expm1).
+    return -upstream * tf.math.expm1(-value)
+
+
+@tf.custom_gradient
+def _softplus_fused(x):
+    value = _softplus_xla(x)
+    return value, lambda upstream: _softplus_grad(upstream, value)
+
+
+def softplus(x):
+    """`log(1 + exp(x))` and its gradient `sigmoid(x)`, each one fused pass for large float32
+    tensors (`should_fuse`), TF's `softplus` otherwise."""
+    x = tf.convert_to_tensor(x)
+    if not should_fuse(x.shape, x.dtype):
+        return tf.nn.softplus(x)
+    if x.dtype != tf.float32:
+        return tf.cast(_softplus_fused(tf.cast(x, tf.float32)), x.dtype)
+    return _softplus_fused(x)
+
+
+# -- softplus with the terms of a Normal weight's KL ----------------------------------------------
+ScaleTerms = collections.namedtuple("ScaleTerms", ["log_sum", "square_sum", "variance"])
+ScaleTerms.__doc__ = """What a mean-field Normal weight's KL and estimator read of its scale `S`,
+formed in the softplus' own pass (`softplus_terms`): `sum log S`, `sum S^2` and, when asked
+for, the variance `S^2` itself (local reparameterization's kernel; else None)."""
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _terms_forward(rho, variance):
+    scale = _softplus(rho)
+    outputs = [scale, tf.reduce_sum(tf.math.log(scale)), tf.reduce_sum(tf.square(scale))]
+    if variance:
+        outputs.append(tf.square(scale))
+    return outputs
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _terms_backward(scale, upstream, log_sum, square_sum, variance):
+    # d/dS of S, sum log S, sum S^2 and S^2, times d softplus(rho) / d rho = sigmoid(rho)
+    # = 1 - exp(-S): every use of the scale in one pass, no sum of gradients in between.
+    d_scale = log_sum / scale + 2.0 * square_sum * scale
+    if upstream is not None:
+        d_scale += upstream
+    if variance is not None:
+        d_scale += 2.0 * variance * scale
+    return -d_scale * tf.math.expm1(-scale)
+
+
+def softplus_terms(rho, variance=False):
+    """`(S, ScaleTerms)`: `S = softplus(rho)` with `sum log S`, `sum S^2` (the terms of
+    `KL[N(M, S^2) || N(m_p, s_p^2)]` that involve `S`) and, with `variance`, `S^2`.
+
+    Large float32 tensors take one fused pass forward and one back, whatever of them the step
+    uses: the KL's gradient and the estimator's reach `rho` without forming `dS` apart or
+    summing its parts (`d/dS sum log S = 1 / S`, `d/dS sum S^2 = 2 S`). Others take TF's ops."""
+    rho = tf.convert_to_tensor(rho)
+    if rho.dtype != tf.float32 or not should_fuse(rho.shape, rho.dtype):
+        scale = tf.nn.softplus(rho)
+        square = tf.square(scale)
+        terms = ScaleTerms(
+            tf.reduce_sum(tf.math.log(scale)),
+            tf.reduce_sum(square),
+            square if variance else None,
+        )
+        return scale, terms
+
+    @tf.custom_gradient
+    def fused_terms(rho):
+        outputs = _terms_forward(rho, variance)
+
+        def grad(*upstreams):
+            upstreams = list(upstreams) + [None] * (4 - len(upstreams))
+            upstream, log_sum, square_sum, var = upstreams
+            zero = tf.zeros([], rho.dtype)
+            return _terms_backward(
+                outputs[0],
+                upstream,
+                zero if log_sum is None else log_sum,
+                zero if square_sum is None else square_sum,
+                var,
+            )
+
+        return outputs, grad
+
+    outputs = fused_terms(rho)
+    return outputs[0], ScaleTerms(outputs[1], outputs[2], outputs[3] if variance else None)
+
+
+# -- KL[N(m, s^2) || N(m_p, s_p^2)] ---------------------------------------------------------------
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _normal_kl_terms(loc, scale, prior_mean, inv_var):
+    centred = loc - prior_mean
+    terms = 0.5 * inv_var * (tf.square(scale) + tf.square(centred)) - tf.math.log(scale)
+    # XLA sums large reductions as a tree (relative error 8e-7 for a million terms here).
+    return tf.reduce_sum(terms)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _normal_kl_grads(upstream, loc, scale, prior_mean, inv_var):
+    return upstream * inv_var * (loc - prior_mean), upstream * (inv_var * scale - 1.0 / scale)
+
+
+def normal_kl(loc, scale, prior_mean, prior_stddev):
+    """`sum KL[N(loc, scale^2) || N(prior_mean, prior_stddev^2)]` and its closed-form gradient
+    (`d/dm = (m - m_p) / s_p^2`, `d/ds = s / s_p^2 - 1 / s`), one fused pass each."""
+    dtype = loc.dtype
+    size = float(loc.shape.num_elements())
+    inv_var = tf.constant(1.0 / prior_stddev**2, dtype)
+    mean = tf.constant(prior_mean, dtype)
+    constant = size * (math.log(prior_stddev) - 0.5)
+
+    @tf.custom_gradient
+    def kl(loc, scale):
+        value = constant + _normal_kl_terms(loc, scale, mean, inv_var)
+
+        def grad(upstream):
+            return _normal_kl_grads(upstream, loc, scale, mean, inv_var)
+
+        return value, grad
+
+    return kl(loc, scale)
+
+
+def _reference_normal(words):
+    """NumPy twin of `box_muller_words` in float64, for tests."""
+    words = np.asarray(words, np.uint64)
+    u1 = ((words[..., 0, :] >> 8).astype(np.float64) + 0.5) * _INV_2_24
+    quarter = words[..., 1, :] >> 30
+    t = ((((words[..., 1, :] << 2) & 0xFFFFFFFF) >> 8) + 0.5) * _INV_2_24
+    angle = quarter * (math.pi / 2) + (t - 0.5) * (math.pi / 2)
+    radius = np.sqrt(-2.0 * np.log(u1))
+    return np.concatenate([radius * np.cos(angle), radius * np.sin(angle)], -1)

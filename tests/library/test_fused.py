@@ -1,0 +1,233 @@
+"""The fused kernels of a Bayesian layer's step (`blayers.fused`) against their references:
+Threefry's published answers, Box-Muller in float64, softplus and the KL with their gradients
+by autodiff of the plain ops, the fused sign flips against `rademacher`, and the estimators'
+closed-form output moments on a layer large enough to take the fused path."""
+
+import math
+
+import numpy as np
+import pytest
+import tensorflow as tf
+import tensorflow_probability as tfp
+from scipy import stats
+
+import blayers
+from blayers import constraints, fused, regularizers, sampling
+from blayers.layers import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
+
+BIG = 1 << 16  # entries: above fused.MIN_SIZE
+
+
+def test_threefry_matches_published_answers():
+    """Random123's known-answer vectors of Threefry-2x32-20 (as JAX's `threefry_2x32`)."""
+    cases = [  # key, counter, output
+        ((0, 0), (0, 0), (0x6B200159, 0x99BA4EFE)),
+        ((0xFFFFFFFF, 0xFFFFFFFF), (0xFFFFFFFF, 0xFFFFFFFF), (0x1CB996FC, 0xBB002BE7)),
+        ((0x13198A2E, 0x03707344), (0x243F6A88, 0x85A308D3), (0xC4923A9C, 0x483DF7A0)),
+    ]
+    for key, counter, expected in cases:
+        x0, x1 = fused.threefry2x32(
+            tf.constant(key, tf.uint32),
+            tf.constant([counter[0]], tf.uint32),
+            tf.constant([counter[1]], tf.uint32),
+        )
+        assert (int(x0[0]), int(x1[0])) == expected
+
+
+def test_box_muller_matches_float64_reference():
+    words = fused.random_words(BIG, tf.constant([3, 4]))
+    normal = fused.box_muller(words, None, tf.TensorShape([BIG])).numpy()
+    reference = fused._reference_normal(words.numpy())
+    # float32 angles and radii: about 1e-6 absolute at |z| ~ 5
+    np.testing.assert_allclose(normal, reference, atol=1e-5, rtol=1e-5)
+    # every word pair is used: radii from the first word, angles over the full turn
+    assert np.abs(normal).max() < 5.9
+
+
+def test_fused_standard_normal_moments_and_tails():
+    n = 1 << 20
+    z = sampling.standard_normal([n], tf.constant([7, 8])).numpy().astype(np.float64)
+    assert fused.should_fuse([n], tf.float32)
+    se = 1.0 / math.sqrt(n)
+    assert abs(z.mean()) < 5 * se
+    assert abs(z.var() - 1.0) < 5 * math.sqrt(2.0) * se
+    assert abs(stats.skew(z)) < 5 * math.sqrt(6.0) * se
+    assert abs(stats.kurtosis(z)) < 5 * math.sqrt(24.0) * se
+    tail = 2 * stats.norm.sf(3.0)
+    assert abs(np.mean(np.abs(z) > 3.0) - tail) < 5 * math.sqrt(tail / n)
+    assert stats.kstest(z[:200_000], "norm").pvalue > 1e-3
+    # the two halves of the draw (cosines, sines) are uncorrelated
+    assert abs(np.corrcoef(z[: n // 2], z[n // 2 :])[0, 1]) < 5 / math.sqrt(n // 2)
+
+
+def test_fused_draws_are_seeded_and_replicas_depend_on_their_key_alone():
+    seed = tf.constant([1, 2])
+    a = sampling.standard_normal([BIG], seed).numpy()
+    np.testing.assert_array_equal(a, sampling.standard_normal([BIG], seed).numpy())
+    assert not np.allclose(a, sampling.standard_normal([BIG], tf.constant([1, 3])).numpy())
+    keys = sampling.replica_keys([5, 6, 7])
+    grouped = sampling.standard_normal([3, BIG], seed, keys=keys).numpy()
+    for r in range(3):
+        alone = sampling.standard_normal([1, BIG], seed, keys=keys[r : r + 1]).numpy()
+        np.testing.assert_array_equal(alone[0], grouped[r])
+    assert abs(np.corrcoef(grouped[0], grouped[1])[0, 1]) < 5 / math.sqrt(BIG)
+
+
+def test_softplus_value_and_gradient_against_float64():
+    x = tf.constant(np.linspace(-30.0, 30.0, BIG), tf.float32)
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        y = fused.softplus(x)
+    grad = tape.gradient(y, x).numpy()
+    x64 = x.numpy().astype(np.float64)
+    np.testing.assert_allclose(y.numpy(), np.logaddexp(0.0, x64), rtol=5e-7)
+    np.testing.assert_allclose(grad, 1.0 / (1.0 + np.exp(-x64)), rtol=2e-6, atol=1e-30)
+    small = tf.constant([-1.0, 0.0, 2.0])  # below MIN_SIZE: TF's softplus
+    np.testing.assert_allclose(fused.softplus(small), tf.nn.softplus(small))
+
+
+@pytest.mark.parametrize("variance", [False, True])
+def test_softplus_terms_value_and_gradients_match_autodiff(variance):
+    rng = np.random.RandomState(0)
+    rho = tf.Variable(rng.uniform(-7.0, 2.0, size=(256, 256)).astype("float32"))
+    weights = [tf.constant(rng.randn(256, 256).astype("float32")) for _ in range(2)]
+
+    def loss(scale, log_sum, square_sum, var):
+        total = tf.reduce_sum(weights[0] * scale) + 0.3 * log_sum - 0.7 * square_sum
+        if var is not None:
+            total += tf.reduce_sum(weights[1] * var)
+        return total
+
+    with tf.GradientTape() as tape:
+        scale, terms = fused.softplus_terms(rho, variance=variance)
+        fused_loss = loss(scale, *terms)
+    fused_grad = tape.gradient(fused_loss, rho)
+    with tf.GradientTape() as tape:
+        s = tf.nn.softplus(rho)
+        plain_loss = loss(
+            s,
+            tf.reduce_sum(tf.math.log(s)),
+            tf.reduce_sum(tf.square(s)),
+            tf.square(s) if variance else None,
+        )
+    plain_grad = tape.gradient(plain_loss, rho)
+    assert (terms.variance is not None) == variance
+    np.testing.assert_allclose(fused_loss, plain_loss, rtol=1e-5)
+    np.testing.assert_allclose(fused_grad, plain_grad, rtol=1e-4, atol=1e-5)
+
+
+def test_normal_kl_value_and_gradient():
+    rng = np.random.RandomState(1)
+    loc = tf.Variable(rng.randn(256, 256).astype("float32"))
+    scale = tf.Variable(rng.uniform(0.01, 2.0, size=(256, 256)).astype("float32"))
+    with tf.GradientTape() as tape:
+        kl = regularizers.normal_kl_sum(loc, scale, 0.5, 2.0)
+    grads = tape.gradient(kl, [loc, scale])
+    m, s = loc.numpy().astype(np.float64), scale.numpy().astype(np.float64)
+    expected = np.sum(np.log(2.0 / s) + (s**2 + (m - 0.5) ** 2) / 8.0 - 0.5)
+    assert float(kl) == pytest.approx(expected, rel=2e-6)
+    np.testing.assert_allclose(grads[0], (m - 0.5) / 4.0, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(grads[1], s / 4.0 - 1.0 / s, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize(
+    "shape,axes,replicas",
+    [((64, 1024), 1, None), ((16, 8, 8, 64), 1, None), ((3, 32, 512), 2, 3)],
+)
+def test_flip_signs_equal_rademacher_times_x(shape, axes, replicas):
+    """The fused flip is `x * rademacher(sign_shape, seed)` exactly, with the same signs,
+    and so is its gradient; replicated or not."""
+    keys = None if replicas is None else sampling.replica_keys(range(replicas))
+    x = tf.Variable(np.random.RandomState(2).randn(*shape).astype("float32"))
+    seed = tf.constant([4, 9])
+    sign_shape = list(shape[:axes]) + [1] * (len(shape) - 1 - axes) + [shape[-1]]
+    with tf.GradientTape() as tape:
+        flipped = sampling.flip_signs(x, seed, axes, keys)
+    grad = tape.gradient(flipped, x, output_gradients=tf.ones_like(x))
+    signs = sampling.rademacher(sign_shape, seed, keys=keys)
+    np.testing.assert_array_equal(flipped, x * signs)
+    np.testing.assert_array_equal(grad, tf.broadcast_to(signs, shape))
+    assert set(np.unique(signs.numpy())) == {-1.0, 1.0}
+
+
+def test_fused_and_plain_rademacher_are_the_same_signs(monkeypatch):
+    seed = tf.constant([11, 12])
+    keys = sampling.replica_keys([0, 1])
+    fused_signs = sampling.rademacher([BIG], seed).numpy()
+    fused_replicas = sampling.rademacher([2, BIG], seed, keys=keys).numpy()
+    monkeypatch.setattr(fused, "MIN_SIZE", 1 << 40)
+    np.testing.assert_array_equal(fused_signs, sampling.rademacher([BIG], seed))
+    np.testing.assert_array_equal(fused_replicas, sampling.rademacher([2, BIG], seed, keys=keys))
+    assert abs(fused_signs.mean()) < 5 / math.sqrt(BIG)
+
+
+def _big_posterior(layer, rng):
+    layer.build((None, 256))
+    layer.kernel_initializer.mean.assign(0.3 * rng.randn(256, 256).astype("float32"))
+    sigma = rng.uniform(0.05, 0.4, size=(256, 256)).astype("float32")
+    layer.kernel_initializer.stddev.assign(constraints.Softplus().inverse(sigma))
+    return layer, sigma
+
+
+@pytest.mark.parametrize(
+    "cls", [DenseReparameterization, DenseFlipout, DenseLocalReparameterization]
+)
+def test_fused_estimators_match_closed_form_moments(cls):
+    """On a 256 x 256 kernel (the fused path: softplus terms, fused noise and sign flips),
+    each output is N(x @ mu, x^2 @ sigma^2)."""
+    rng = np.random.RandomState(3)
+    layer, sigma = _big_posterior(cls(256, use_bias=False), rng)
+    x = rng.randn(2, 256).astype("float32")
+    n = 3000
+    if cls is DenseLocalReparameterization:
+        draws = layer(np.tile(x, (n, 1))).numpy().reshape(n, 2, 256)
+    else:
+        call = tf.function(lambda: tf.stack([layer(x) for _ in range(100)]))
+        draws = np.concatenate([call().numpy() for _ in range(n // 100)])
+    mu = layer.kernel_initializer.mean.numpy()
+    mean, var = x @ mu, np.square(x) @ np.square(sigma)
+    draws = draws.astype(np.float64)
+    assert np.all(np.abs(draws.mean(0) - mean) < 5 * np.sqrt(var / n))
+    se_var = var * math.sqrt(2.0 / (n - 1))
+    # 512 outputs at 5 sigma: a false alarm has probability below 3e-4
+    assert np.all(np.abs(draws.var(0, ddof=1) - var) < 5 * se_var)
+
+
+@pytest.mark.parametrize(
+    "cls", [DenseReparameterization, DenseFlipout, DenseLocalReparameterization]
+)
+@pytest.mark.parametrize(
+    "regularizer", ["normal_kl_divergence", "normal_kl_divergence_with_tied_mean"]
+)
+def test_kl_from_scale_terms_equals_plain_kl_and_gradients(cls, regularizer):
+    """A large layer's KL comes from the scale's terms (`fused.softplus_terms`); it and its
+    gradients equal the same layer's with the terms switched off, and TFP's analytic KL."""
+    blayers.set_seed(0)
+    rng = np.random.RandomState(4)
+    layers = []
+    for terms in (True, False):
+        layer, _ = _big_posterior(
+            cls(256, use_bias=False, kernel_regularizer=regularizer), np.random.RandomState(4)
+        )
+        layer.kernel_initializer.kl_terms = terms
+        layer.kernel_initializer.variance_term = terms and cls is DenseLocalReparameterization
+        layers.append(layer)
+    x = tf.constant(rng.randn(8, 256).astype("float32"))
+    results = []
+    for layer in layers:
+        with tf.GradientTape() as tape:
+            layer(x)
+            kl = layer.losses[0]
+        assert (layer.kernel.scale_terms is not None) == (layer is layers[0])
+        results.append((float(kl), tape.gradient(kl, layer.trainable_variables)))
+    assert results[0][0] == pytest.approx(results[1][0], rel=1e-5)
+    for a, b in zip(results[0][1], results[1][1]):
+        if a is None or b is None:  # the tied-mean KL does not depend on the mean
+            assert a is None and b is None
+            continue
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    if regularizer == "normal_kl_divergence":
+        tfd = tfp.distributions
+        q = layers[1].kernel.distribution
+        prior = tfd.Independent(tfd.Normal(tf.zeros(q.event_shape), 1.0), 2)
+        assert results[0][0] == pytest.approx(float(tfd.kl_divergence(q, prior)), rel=1e-5)
