@@ -14,7 +14,6 @@ cost microseconds, take the plain TF ops. Every kernel is the same maths as the 
 (the tests compare them), to float32 rounding.
 """
 
-import collections
 import math
 
 import numpy as np
@@ -22,7 +21,6 @@ import tensorflow as tf
 
 __all__ = [
     "MIN_SIZE",
-    "ScaleTerms",
     "box_muller",
     "box_muller_words",
     "flip",
@@ -33,7 +31,6 @@ __all__ = [
     "should_fuse",
     "signs",
     "softplus",
-    "softplus_terms",
     "threefry2x32",
     "unit_uniform",
 ]
@@ -297,74 +294,6 @@ def softplus(x):
     if x.dtype != tf.float32:
         return tf.cast(_softplus_fused(tf.cast(x, tf.float32)), x.dtype)
     return _softplus_fused(x)
-
-
-# -- softplus with the terms of a Normal weight's KL ----------------------------------------------
-ScaleTerms = collections.namedtuple("ScaleTerms", ["log_sum", "square_sum", "variance"])
-ScaleTerms.__doc__ = """What a mean-field Normal weight's KL and estimator read of its scale `S`,
-formed in the softplus' own pass (`softplus_terms`): `sum log S`, `sum S^2` and, when asked
-for, the variance `S^2` itself (local reparameterization's kernel; else None)."""
-
-
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _terms_forward(rho, variance):
-    scale = _softplus(rho)
-    outputs = [scale, tf.reduce_sum(tf.math.log(scale)), tf.reduce_sum(tf.square(scale))]
-    if variance:
-        outputs.append(tf.square(scale))
-    return outputs
-
-
-@tf.function(jit_compile=True, reduce_retracing=True)
-def _terms_backward(scale, upstream, log_sum, square_sum, variance):
-    # d/dS of S, sum log S, sum S^2 and S^2, times d softplus(rho) / d rho = sigmoid(rho)
-    # = 1 - exp(-S): every use of the scale in one pass, no sum of gradients in between.
-    d_scale = log_sum / scale + 2.0 * square_sum * scale
-    if upstream is not None:
-        d_scale += upstream
-    if variance is not None:
-        d_scale += 2.0 * variance * scale
-    return -d_scale * tf.math.expm1(-scale)
-
-
-def softplus_terms(rho, variance=False):
-    """`(S, ScaleTerms)`: `S = softplus(rho)` with `sum log S`, `sum S^2` (the terms of
-    `KL[N(M, S^2) || N(m_p, s_p^2)]` that involve `S`) and, with `variance`, `S^2`.
-
-    Large float32 tensors take one fused pass forward and one back, whatever of them the step
-    uses: the KL's gradient and the estimator's reach `rho` without forming `dS` apart or
-    summing its parts (`d/dS sum log S = 1 / S`, `d/dS sum S^2 = 2 S`). Others take TF's ops."""
-    rho = tf.convert_to_tensor(rho)
-    if rho.dtype != tf.float32 or not should_fuse(rho.shape, rho.dtype):
-        scale = tf.nn.softplus(rho)
-        square = tf.square(scale)
-        terms = ScaleTerms(
-            tf.reduce_sum(tf.math.log(scale)),
-            tf.reduce_sum(square),
-            square if variance else None,
-        )
-        return scale, terms
-
-    @tf.custom_gradient
-    def fused_terms(rho):
-        outputs = _terms_forward(rho, variance)
-
-        def grad(*upstreams):
-            upstreams = list(upstreams) + [None] * (4 - len(upstreams))
-            upstream, log_sum, square_sum, var = upstreams
-            zero = tf.zeros([], rho.dtype)
-            return _terms_backward(
-                outputs[0],
-                upstream,
-                zero if log_sum is None else log_sum,
-                zero if square_sum is None else square_sum,
-                var,
-            )
-
-        return outputs, grad
-
-    outputs = fused_terms(rho)
-    return outputs[0], ScaleTerms(outputs[1], outputs[2], outputs[3] if variance else None)
 
 
 # -- KL[N(m, s^2) || N(m_p, s_p^2)] ---------------------------------------------------------------

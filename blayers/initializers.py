@@ -25,7 +25,7 @@ import tensorflow_probability as tfp
 
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
-from blayers import fused, regularizers, sampling, seeds
+from blayers import regularizers, sampling, seeds
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry
 from blayers.replicas import ReplicaInitializer
@@ -107,11 +107,6 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
     """
 
     replica_seeds = None  # set by a replicated layer before `build`
-    # Set by the layer before `build` (`BayesianLayer.add_bayesian_weight`): the weight's KL
-    # reads `ScaleTerms` (a Normal KL), and its estimator the variance (local
-    # reparameterization). Only the mean-field Normal family forms them (`_parameters_and_terms`).
-    kl_terms = False
-    variance_term = False
 
     def __init__(self, seed=None, **kwargs):
         super().__init__(**kwargs)
@@ -178,24 +173,14 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
 
     def random_variable(self):
         """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""
-        params, terms = self._parameters_and_terms()
-        distribution = self._distribution(params, self.weight_shape)
-        rv = rv_lib.Independent(
+        distribution = self._distribution(self.parameters(), self.weight_shape)
+        return rv_lib.Independent(
             distribution,
             reinterpreted_batch_ndims=len(self.weight_shape),
             seed=seeds.next_seed(self.seed_generator),
             name=getattr(self, "variable_name", None) or self.name,
             replica_keys=self.replica_keys,
         )
-        # Terms of this distribution only (an interceptor may have constructed another).
-        if terms is not None and getattr(rv.distribution, "distribution", None) is distribution:
-            rv.scale_terms = terms
-        return rv
-
-    def _parameters_and_terms(self):
-        """`(parameters(), ScaleTerms or None)`; the Normal family forms the terms with its
-        scale when `kl_terms` or `variance_term` asks for them."""
-        return self.parameters(), None
 
     def redraw(self, rv):
         """`rv`, one draw of this initializer, formed again from the variables' current values:
@@ -203,18 +188,13 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
         now, so a gradient tape opened after the draw still reaches the variables (a recurrent
         cell draws at `get_initial_state` and forms its weights at every step). Interceptors
         saw the first construction and are not consulted again."""
-        params, terms = self._parameters_and_terms()
         distribution = tfd.Independent(
-            self._distribution(params, self.weight_shape),
+            self._distribution(self.parameters(), self.weight_shape),
             reinterpreted_batch_ndims=len(self.weight_shape),
             name=rv.distribution.name,
         )
         value = rv.value if rv.value_given else None
-        formed = RandomVariable(
-            distribution, value=value, seed=rv.seed, replica_keys=rv.replica_keys
-        )
-        formed.scale_terms = terms
-        return formed
+        return RandomVariable(distribution, value=value, seed=rv.seed, replica_keys=rv.replica_keys)
 
     def _distribution(self, params, shape):
         raise NotImplementedError  # abstract; intentional
@@ -282,20 +262,6 @@ class TrainableNormal(TrainableInitializer):
 
     def _distribution(self, params, shape):
         return tfd.Normal(loc=params["mean"], scale=params["stddev"])
-
-    def _parameters_and_terms(self):
-        # The scale and what the KL and the estimator read of it, in one pass
-        # (`blayers.fused.softplus_terms`): a stddev per entry through softplus only.
-        stddev = self._parameters["stddev"]
-        if not (self.kl_terms or self.variance_term) or (
-            self._stddev_shape is not None
-            or type(stddev.constraint) is not constraints_lib.Softplus
-        ):
-            return self.parameters(), None
-        mean = self._parameters["mean"]
-        params = {"mean": mean.constraint(self.mean) if mean.constraint else tf.identity(self.mean)}
-        params["stddev"], terms = fused.softplus_terms(self.stddev, variance=self.variance_term)
-        return params, terms
 
 
 @_register("trainable_he_normal")

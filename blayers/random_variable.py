@@ -43,9 +43,6 @@ class RandomVariable:
     """
 
     is_tensor_like = True  # tf.is_tensor(rv) -> True; Keras leaves tensor-likes unconverted.
-    # A mean-field Normal weight's `blayers.fused.ScaleTerms` (sums of its scale's log and
-    # square, formed with the scale), set by the initializer that drew it; None otherwise.
-    scale_terms = None
 
     def __init__(self, distribution, sample_shape=(), value=None, seed=None, replica_keys=None):
         if not isinstance(distribution, tfd.Distribution):

@@ -54,19 +54,6 @@ _register = _REGISTRY.register
 _EXP_MINUS_6 = math.exp(-6.0)  # Blundell et al.'s narrow mixture component
 
 
-def _kl_from_terms(terms, loc, prior_mean, prior_stddev):
-    """`sum KL[N(M, S^2) || N(m_p, s_p^2)]` from `ScaleTerms` (`sum log S`, `sum S^2`, formed
-    with the scale) and the mean: `n (log s_p - 1/2) - sum log S + (sum S^2 + |M - m_p|^2) /
-    (2 s_p^2)`, the mean's part one pass (`l2_loss`) with a one-pass gradient."""
-    size = float(loc.shape.num_elements())
-    centred = loc - prior_mean if prior_mean else loc
-    return (
-        size * (math.log(prior_stddev) - 0.5)
-        - terms.log_sum
-        + (0.5 * terms.square_sum + tf.nn.l2_loss(centred)) / prior_stddev**2
-    )
-
-
 def normal_kl_sum(loc, scale, prior_mean, prior_stddev):
     """`sum KL[N(loc, scale^2) || N(prior_mean, prior_stddev^2)]` with a hand-written gradient.
 
@@ -153,12 +140,8 @@ class NormalKLDivergence(DistributionRegularizer):
         self.mean = float(mean)
         self.stddev = float(stddev)
 
-    reads_scale_terms = True  # an initializer forms `sum log S`, `sum S^2` with S (`fused`)
-
     def divergence(self, rv):
         params = normal_parameters(rv.distribution)
-        if params is not None and rv.scale_terms is not None:
-            return _kl_from_terms(rv.scale_terms, params[0], self.mean, self.stddev)
         if params is None:
             mean, stddev = tf.cast(self.mean, rv.dtype), tf.cast(self.stddev, rv.dtype)
             flat = flat_multivariate_normal(rv.distribution)
@@ -195,18 +178,8 @@ class NormalKLDivergenceWithTiedMean(DistributionRegularizer):
             raise ValueError(f"normal_kl_divergence_with_tied_mean needs stddev > 0, got {stddev}.")
         self.stddev = float(stddev)
 
-    reads_scale_terms = True
-
     def divergence(self, rv):
         params = normal_parameters(rv.distribution)
-        if params is not None and rv.scale_terms is not None:
-            terms = rv.scale_terms
-            size = float(params[0].shape.num_elements())
-            return (
-                size * (math.log(self.stddev) - 0.5)
-                - terms.log_sum
-                + 0.5 * terms.square_sum / self.stddev**2
-            )
         if params is None:
             mean = rv.distribution.mean()
             prior = tfd.Normal(mean, tf.cast(self.stddev, rv.dtype))

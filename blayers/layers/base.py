@@ -223,7 +223,6 @@ class BayesianLayer(SeededLayer):
 
     use_bias = False
     activation = None
-    reads_kernel_variance = False  # the estimator's kernels enter as S^2 (local reparam.)
 
     def __init__(self, seed=None, **kwargs):
         activity_regularizer = kwargs.pop("activity_regularizer", None)
@@ -267,9 +266,6 @@ class BayesianLayer(SeededLayer):
             init.variable_name = f"{self.name}/{name}"
             if isinstance(reg, keras.layers.Layer) and not reg.built:
                 reg.build(shape)  # a prior with trainable parameters, tracked by this layer
-            # What the KL and the estimator read of the scale, formed with it (`fused`).
-            init.kl_terms = bool(getattr(reg, "reads_scale_terms", False))
-            init.variance_term = name.endswith("kernel") and self.reads_kernel_variance
             self._random_weight_names.append(name)
             setattr(self, name, None)  # filled by call_weights
         else:

@@ -105,8 +105,6 @@ class FlipoutEstimator:
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
 
-    reads_kernel_variance = True  # S^2 is formed with the scale (`blayers.fused`)
-
     def linear_fn(self, kernel, batch_size=None, seed=None):
         del batch_size
         if flat_multivariate_normal(kernel.distribution) is not None:
@@ -116,13 +114,9 @@ class LocalReparameterizationEstimator:
                 "reparameterization or Flipout estimator."
             )
         mean, stddev = kernel_moments(kernel)
-        terms = kernel.scale_terms
-        if terms is not None and terms.variance is not None:
-            variance_kernel = terms.variance
-        else:
-            if stddev.shape != kernel.shape:
-                stddev = tf.broadcast_to(stddev, kernel.shape)
-            variance_kernel = tf.square(stddev)
+        if stddev.shape != kernel.shape:
+            stddev = tf.broadcast_to(stddev, kernel.shape)
+        variance_kernel = tf.square(stddev)
         seed = self.next_seed() if seed is None else seed
 
         def apply(x):
