@@ -108,6 +108,11 @@ def main():
         default=5,
         help="interleaved rounds over all steps; the median per step is kept",
     )
+    parser.add_argument(
+        "--xla",
+        action="store_true",
+        help="also time whole steps compiled with XLA (jit_compile=True), random kernels included",
+    )
     parser.add_argument("--out", default="benchmarks/results/dense_estimators.json")
     args = parser.parse_args()
 
@@ -126,6 +131,10 @@ def main():
         )
         steps.update({f"{name} | {part}": step for part, step in parts.items()})
         steps[f"tfp.layers.{TFP_TWINS[name]}"] = tfp_step(TFP_TWINS[name], units, input_dim)
+    if args.xla:  # XLA's own random kernels inside the step (`blayers.sampling.xla_is_fast`)
+        steps["Dense | XLA"] = make_train_step(keras.layers.Dense(units), shape, jit_compile=True)
+        for name, (cls, _) in ESTIMATORS.items():
+            steps[f"{name} | XLA"] = make_train_step(cls(units), shape, jit_compile=True)
     ms = interleaved_medians(steps, x, y, args.repeats, args.rounds)
 
     dense = ms["Dense"]
@@ -168,6 +177,10 @@ def main():
         + "\n".join(rows)
         + "\n"
     )
+    if args.xla:
+        results["xla_ratio_to_dense"] = {
+            name: round(ms[f"{name} | XLA"] / ms["Dense | XLA"], 2) for name in ESTIMATORS
+        }
     payload = {
         "config": vars(args) | {"tensorflow": tf.__version__, "keras": keras.__version__},
         "medians_ms": {k: round(v, 3) for k, v in ms.items()},
