@@ -47,14 +47,16 @@ CONV_PAIRS = {
 def conv_step(pairs, x_shape, filters):
     """The convolutions alone: `pairs` times a forward convolution and a filter gradient."""
     kernels = [tf.Variable(tf.random.normal([3, 3, x_shape[-1], filters])) for _ in range(pairs)]
+    # One upstream gradient a pair: the same filter gradient twice would be computed once.
+    upstreams = [tf.Variable(tf.random.normal([1, 1, 1, filters])) for _ in range(pairs)]
 
     @tf.function
     def step(x, y):
         total = 0.0
-        for kernel in kernels:
+        for kernel, upstream in zip(kernels, upstreams):
             total += tf.reduce_sum(tf.nn.conv2d(x, kernel, 1, "SAME")[:1, :1, :1, :1])
             grad = tf.compat.v1.nn.conv2d_backprop_filter(
-                x, tf.shape(kernel), y, [1, 1, 1, 1], "SAME"
+                x, tf.shape(kernel), y + upstream, [1, 1, 1, 1], "SAME"
             )
             total += tf.reduce_sum(grad[:1, :1, :1, :1])
         return total

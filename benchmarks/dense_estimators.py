@@ -84,13 +84,16 @@ def matmul_step(gemm_pairs, units, input_dim):
     """The step's matrix products alone: `gemm_pairs` times a forward product `x @ W` and a
     weight gradient `x^T @ g` (the FLOP bound of a step that does nothing else)."""
     kernels = [tf.Variable(tf.random.normal([input_dim, units])) for _ in range(gemm_pairs)]
+    # One upstream gradient a pair: the same product twice would be computed once.
+    upstreams = [tf.Variable(tf.random.normal([1, units])) for _ in range(gemm_pairs)]
 
     @tf.function
     def step(x, y):
         total = 0.0
-        for kernel in kernels:
+        for kernel, upstream in zip(kernels, upstreams):
             total += tf.reduce_sum(tf.matmul(x, kernel)[:1, :1])
-            total += tf.reduce_sum(tf.matmul(x, y, transpose_a=True)[:1, :1])
+            grad = tf.matmul(x, y + upstream, transpose_a=True)
+            total += tf.reduce_sum(grad[:1, :1])
         return total
 
     return step
