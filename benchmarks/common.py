@@ -166,17 +166,22 @@ PARTS = (
 )
 
 
-def parts_ms(ms, name):
-    """`{part: ms}`: the full step's time minus the step without each part."""
-    full = ms[f"{name} | full"]
-    return {part: round(full - ms[f"{name} | {key}"], 2) for part, key in PARTS}
+def parts_ms(rounds, name):
+    """`{part: ms}`: the full step's time minus the step's without each part, the median over
+    rounds of the difference within a round (`interleaved_times`), which cancels the machine's
+    slow drifts."""
+    full = np.asarray(rounds[f"{name} | full"])
+    return {
+        part: round(float(np.median(full - np.asarray(rounds[f"{name} | {key}"]))), 2)
+        for part, key in PARTS
+    }
 
 
-def interleaved_medians(steps, x, y, repeats, rounds):
-    """`{name: median ms}` of each `step(x, y)`, the steps timed in turn `rounds` times (so that
-    the machine's drifts fall on all alike) and the median of the rounds' medians kept."""
+def interleaved_times(steps, x, y, repeats, rounds):
+    """`{name: [ms, one a round]}`: each `step(x, y)`'s median of `repeats` calls, the steps
+    timed in turn `rounds` times, so that the machine's drifts fall on all alike."""
     ms = {name: [] for name in steps}
     for _ in range(rounds):
         for name, step in steps.items():
             ms[name].append(time_step(step, x, y, repeats))
-    return {name: float(np.median(v)) for name, v in ms.items()}
+    return ms

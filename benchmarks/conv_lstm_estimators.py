@@ -19,11 +19,12 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
+import numpy as np
 import tensorflow as tf
 from common import (
     ablation_kwargs,
     breakdown_steps,
-    interleaved_medians,
+    interleaved_times,
     make_train_step,
     parts_ms,
     write_results,
@@ -66,8 +67,8 @@ def conv_step(pairs, x_shape, filters):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=20)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--out", default="benchmarks/results/conv_lstm_estimators.json")
     args = parser.parse_args()
     blayers.set_seed(0)
@@ -113,13 +114,14 @@ def main():
         if group == "conv":
             for pairs in (1, 2):
                 steps[f"convolutions x{pairs}"] = conv_step(pairs, shape, 64)
-        ms = interleaved_medians(steps, x, y, args.repeats, args.rounds)
+        rounds = interleaved_times(steps, x, y, args.repeats, args.rounds)
+        ms = {name: float(np.median(v)) for name, v in rounds.items()}
         base = ms[twin]
         results = {twin: {"ms_per_step": round(base, 2)}}
         rows.append(f"| {twin} | {base:.1f} | 1.00 | | | | | | |")
         for name in builders:
             full = ms[f"{name} | full"]
-            parts = parts_ms(ms, name)
+            parts = parts_ms(rounds, name)
             bound = ms[f"convolutions x{CONV_PAIRS[name]}"] if name in CONV_PAIRS else None
             results[name] = {
                 "ms_per_step": round(full, 2),

@@ -26,12 +26,13 @@ import os
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
 import keras
+import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 from common import (
     ablation_kwargs,
     breakdown_steps,
-    interleaved_medians,
+    interleaved_times,
     make_train_step,
     parts_ms,
     write_results,
@@ -138,7 +139,8 @@ def main():
         steps["Dense | XLA"] = make_train_step(keras.layers.Dense(units), shape, jit_compile=True)
         for name, (cls, _) in ESTIMATORS.items():
             steps[f"{name} | XLA"] = make_train_step(cls(units), shape, jit_compile=True)
-    ms = interleaved_medians(steps, x, y, args.repeats, args.rounds)
+    rounds = interleaved_times(steps, x, y, args.repeats, args.rounds)
+    ms = {name: float(np.median(v)) for name, v in rounds.items()}
 
     dense = ms["Dense"]
     gflop = 2.0 * args.batch * input_dim * units / 1e9  # one GEMM
@@ -147,7 +149,7 @@ def main():
         full = ms[f"{name} | full"]
         bound = ms[f"matmuls x{gemms}"]
         tfp_ms = ms[f"tfp.layers.{TFP_TWINS[name]}"]
-        parts = parts_ms(ms, name)
+        parts = parts_ms(rounds, name)
         results[name] = {
             "ms_per_step": round(full, 2),
             "ratio_to_dense": round(full / dense, 3),
