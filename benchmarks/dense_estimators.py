@@ -45,11 +45,6 @@ ESTIMATORS = {
     "DenseFlipout": (blayers.layers.DenseFlipout, 4),
     "DenseLocalReparameterization": (blayers.layers.DenseLocalReparameterization, 4),
 }
-TFP_TWINS = {
-    "DenseReparameterization": "DenseReparameterization",
-    "DenseFlipout": "DenseFlipout",
-    "DenseLocalReparameterization": "DenseLocalReparameterization",
-}
 GOALS = {  # x Dense (issue #52)
     "DenseReparameterization": 2.0,
     "DenseFlipout": 2.5,
@@ -134,7 +129,7 @@ def main():
             lambda cls=cls, **kw: cls(units, **ablation_kwargs(**kw)), shape, x, y
         )
         steps.update({f"{name} | {part}": step for part, step in parts.items()})
-        steps[f"tfp.layers.{TFP_TWINS[name]}"] = tfp_step(TFP_TWINS[name], units, input_dim)
+        steps[f"tfp.layers.{name}"] = tfp_step(name, units, input_dim)
     if args.xla:  # XLA's own random kernels inside the step (`blayers.sampling.xla_is_fast`)
         steps["Dense | XLA"] = make_train_step(keras.layers.Dense(units), shape, jit_compile=True)
         for name, (cls, _) in ESTIMATORS.items():
@@ -148,7 +143,7 @@ def main():
     for name, (_, gemms) in ESTIMATORS.items():
         full = ms[f"{name} | full"]
         bound = ms[f"matmuls x{gemms}"]
-        tfp_ms = ms[f"tfp.layers.{TFP_TWINS[name]}"]
+        tfp_ms = ms[f"tfp.layers.{name}"]
         parts = parts_ms(rounds, name)
         results[name] = {
             "ms_per_step": round(full, 2),

@@ -173,7 +173,7 @@ def _standard_normal(shape, seed, dtype, keys=None):
     dtype = tf.as_dtype(dtype)
     static = tf.TensorShape(tf.get_static_value(tf.convert_to_tensor(shape, tf.int32)))
     if fused.should_fuse(static[1:] if keys is not None else static, dtype):
-        return _fused_standard_normal(static, seed, dtype, keys)
+        return _fused_standard_normal(static, seed, keys)
     shape = tf.convert_to_tensor(shape, tf.int32)
     lead = shape[:1] if keys is not None else shape[:0]
     size = tf.reduce_prod(shape[tf.size(lead) :])
@@ -186,13 +186,11 @@ def _standard_normal(shape, seed, dtype, keys=None):
     return tf.reshape(normal[..., :size], shape)
 
 
-def _fused_standard_normal(shape, seed, dtype, keys):
-    """Box-Muller on Threefry words, each one fused pass (`blayers.fused`)."""
+def _fused_standard_normal(shape, seed, keys):
+    """float32 Box-Muller on Threefry words, each one fused pass (`blayers.fused`)."""
     count = shape[1:].num_elements() if keys is not None else shape.num_elements()
-    if keys is not None:
-        keys = tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1, 1, 1])
-    normal = fused.box_muller(fused.random_words(count, seed), keys, shape)
-    return tf.cast(normal, dtype)
+    column = None if keys is None else _key_column(keys, 2)
+    return fused.box_muller(fused.random_words(count, seed), column, shape)
 
 
 _BIT_SHIFTS = tuple(range(32))
@@ -218,8 +216,9 @@ def _sign_words(size, seed, keys):
     return tf.random.stateless_uniform(count, seed, minval=None, maxval=None, dtype=dtype)
 
 
-def _key_column(keys):
-    return tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1, 1])
+def _key_column(keys, rank=1):
+    """Replica `keys` as `uint32 [R, 1, ...]` (`rank` ones), to broadcast against words."""
+    return tf.reshape(tf.convert_to_tensor(keys, tf.uint32), [-1] + [1] * rank)
 
 
 def _rademacher(shape, seed, dtype, keys=None):
@@ -251,18 +250,16 @@ def flip_signs(x, seed, example_axes=1, keys=None):
     shape = x.shape
     inner = shape[example_axes:]
     batch = shape[:example_axes].num_elements() if shape[:example_axes].is_fully_defined() else 256
+    dynamic = tf.shape(x)
     if (
-        x.dtype == tf.float32
-        and inner.is_fully_defined()
+        inner.is_fully_defined()
         and fused.should_fuse([batch * inner.num_elements()], x.dtype)
         and not reusing_draws()
     ):
-        dynamic = tf.shape(x)
         size = tf.reduce_prod(dynamic[int(keys is not None) : example_axes]) * shape[-1]
         column = None if keys is None else _key_column(keys)
         return fused.flip(x, _sign_words(size, seed, keys), column, example_axes)
     rank = shape.rank
-    dynamic = tf.shape(x)
     sign_shape = tf.concat(
         [dynamic[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), dynamic[-1:]], 0
     )
