@@ -23,7 +23,10 @@ tfd = tfp.distributions
 _EXCLUDED = {"Distribution", "AutoCompositeTensorDistribution"}
 
 
-def _make_constructor(cls):
+def make_constructor(cls):
+    """A traceable `RandomVariable` constructor over distribution class `cls` (also for
+    blayers' own distributions)."""
+
     def constructor(*args, sample_shape=(), value=None, seed=None, replica_keys=None, **kwargs):
         return RandomVariable(
             cls(*args, **kwargs),
@@ -60,5 +63,5 @@ __all__ = []
 for _name in sorted(dir(tfd)):
     _obj = getattr(tfd, _name)
     if _is_generated(_name, _obj):
-        globals()[_name] = _make_constructor(_obj)
+        globals()[_name] = make_constructor(_obj)
         __all__.append(_name)

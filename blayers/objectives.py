@@ -58,11 +58,17 @@ def training_log_prob(distribution, targets):
     """The log-likelihood a training loss maximizes: `distribution.log_prob(targets)`, except for
     an ensemble's mixture (`blayers.layers.EnsembleOutput`), whose members are fitted
     independently: the mean of the members' `member_log_prob` (Lakshminarayanan et al., 2017;
-    Wen et al., 2020), a lower bound on the mixture's log-likelihood (Jensen). Targets of shape
+    Wen et al., 2020), a lower bound on the mixture's log-likelihood (Jensen); and a
+    distribution with a `training_log_prob` of its own (the evidential outputs,
+    `blayers.layers.evidential`), whose papers train on an objective other than the
+    predictive's log-likelihood. Targets of shape
     `(N,)` for a likelihood of shape `(N, 1)` are expanded; other shapes that would broadcast
     into an `(N, N)` matrix are refused (`blayers.random_variable.align_value`)."""
     shape = distribution.batch_shape.concatenate(distribution.event_shape)
     targets = align_value(targets, shape, f"{distribution.name} likelihood", distribution.dtype)
+    own = getattr(distribution, "training_log_prob", None)
+    if own is not None:
+        return own(targets)
     member_log_prob = getattr(distribution, "member_log_prob", None)
     if member_log_prob is not None:
         return tf.reduce_mean(member_log_prob(targets), axis=-1)

@@ -4,7 +4,9 @@
 `gp` (exact, sparse, random features, SNGP's head, kernels), `stochastic_output`, `reversible`,
 `vector_quantizer`, and the rest of edward2's families: `ensemble` (the member-major batch),
 `batch_ensemble`, `rank1`, `variational_dropout`, `hierarchical`, `ncp`, `spectral_norm`,
-`heteroscedastic`, `discrete_flows`, and `quantile` (non-crossing quantile outputs). The dense layers, MC dropout, the sparse GP and the
+`heteroscedastic`, `discrete_flows`, `quantile` (non-crossing quantile outputs), and the
+later efficient ensembles and evidential outputs: `packed` (Packed-Ensembles), `masksembles`,
+`mimo` and `evidential`. The dense layers, MC dropout, the sparse GP and the
 Gaussian likelihood take `replicas=R` (many independent models as one, `blayers.replicas`).
 The estimators' forward passes live once in `estimators` and the weight-distribution mechanism
 in `base`.
@@ -42,6 +44,10 @@ _FAMILIES = (
     "heteroscedastic",
     "discrete_flows",
     "quantile",
+    "packed",
+    "masksembles",
+    "mimo",
+    "evidential",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")

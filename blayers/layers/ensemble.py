@@ -28,6 +28,7 @@ __all__ = [
     "EnsembleTile",
     "check_ensemble_size",
     "check_member_major",
+    "ensemble_random_variable",
     "member_rows",
 ]
 
@@ -132,7 +133,7 @@ class EnsembleMixture(tfd.MixtureSameFamily):
         members = components_distribution
         ensemble_size = members.batch_shape[-1]
         dtype = members.dtype if members.dtype.is_floating else tf.float32
-        weights = tfd.Categorical(logits=tf.zeros(members.batch_shape, dtype))
+        weights = tfd.Categorical(logits=tf.zeros(members.batch_shape_tensor(), dtype))
         super().__init__(weights, members, validate_args=validate_args, name=name)
         self._parameters = parameters
         self.ensemble_size = ensemble_size
@@ -155,6 +156,36 @@ class EnsembleMixture(tfd.MixtureSameFamily):
     def _parameter_properties(cls, dtype, num_classes=None):
         properties = tfd.MixtureSameFamily._parameter_properties(dtype, num_classes)
         return {"components_distribution": properties["components_distribution"]}
+
+
+def ensemble_random_variable(outputs, ensemble_size, distribution, layer_name):
+    """Member-major `[E * B, k]` outputs -> a `RandomVariable` over the members' uniform mixture
+    (`EnsembleMixture`, batch `[B]`): `distribution='categorical'` reads logits, `'normal'`
+    means and softplus-scales (`k = 2 d`). Its value is the mixture's most probable class, or
+    its mean."""
+    size = outputs.shape[-1]
+    # [E * B, k] -> [B, E, k]: members on the last batch axis.
+    outputs = tf.reshape(outputs, tf.stack([ensemble_size, -1, size]))
+    outputs = tf.transpose(outputs, [1, 0, 2])
+    if distribution == "categorical":
+        members = tfd.Categorical(logits=outputs)
+    else:
+        if size % 2:
+            raise ValueError(
+                f"{layer_name}: distribution='normal' needs an even number of outputs (means "
+                f"and scales), got {size}."
+            )
+        loc, raw = tf.split(outputs, 2, axis=-1)
+        members = tfd.Independent(
+            tfd.Normal(loc, tf.nn.softplus(raw) + 1e-6), reinterpreted_batch_ndims=1
+        )
+    mixture = EnsembleMixture(members)
+    # The value: the mixture's most probable class, or its mean; metrics read the distribution.
+    if distribution == "categorical":
+        value = tf.argmax(mixture.probs_parameter(), axis=-1, output_type=tf.int32)
+    else:
+        value = mixture.mean()
+    return RandomVariable(mixture, value=tf.stop_gradient(value))
 
 
 @register
@@ -182,29 +213,9 @@ class EnsembleOutput(NamedOutput, keras.layers.Layer):
 
     def call(self, inputs):
         outputs = tf.convert_to_tensor(inputs, self.compute_dtype)
-        size = outputs.shape[-1]
-        # [E * B, k] -> [B, E, k]: members on the last batch axis.
-        outputs = tf.reshape(outputs, tf.stack([self.ensemble_size, -1, size]))
-        outputs = tf.transpose(outputs, [1, 0, 2])
-        if self.distribution == "categorical":
-            members = tfd.Categorical(logits=outputs)
-        else:
-            if size % 2:
-                raise ValueError(
-                    f"EnsembleOutput ({self.name}): distribution='normal' needs an even number of "
-                    f"outputs (means and scales), got {size}."
-                )
-            loc, raw = tf.split(outputs, 2, axis=-1)
-            members = tfd.Independent(
-                tfd.Normal(loc, tf.nn.softplus(raw) + 1e-6), reinterpreted_batch_ndims=1
-            )
-        mixture = EnsembleMixture(members)
-        # The value: the mixture's most probable class, or its mean; metrics read the distribution.
-        if self.distribution == "categorical":
-            value = tf.argmax(mixture.probs_parameter(), axis=-1, output_type=tf.int32)
-        else:
-            value = mixture.mean()
-        return RandomVariable(mixture, value=tf.stop_gradient(value))
+        return ensemble_random_variable(
+            outputs, self.ensemble_size, self.distribution, f"EnsembleOutput ({self.name})"
+        )
 
     def compute_output_shape(self, input_shape):
         batch = input_shape[0]

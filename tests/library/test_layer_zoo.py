@@ -59,7 +59,44 @@ CASES = {
         lambda: [L.EnsembleTile(2), keras.layers.Dense(3), L.EnsembleOutput(2)],
         _dense_input,
     ),
+    "PackedDense": (
+        lambda: [
+            L.EnsembleTile(2),
+            L.PackedDense(4, 2, 2, first=True, activation="relu"),
+            L.PackedDense(4, 2, 2, gamma=2),
+            L.PackedDense(3, 2, 2, last=True),
+            L.EnsembleOutput(2),
+        ],
+        _dense_input,
+    ),
+    "PackedConv2D": (
+        lambda: [L.EnsembleTile(2), L.PackedConv2D(4, 3, 2, 2, first=True)],
+        _image_input,
+    ),
+    "Masksembles1D": (
+        lambda: [L.EnsembleTile(2), keras.layers.Dense(12), L.Masksembles1D(2, 2.0, seed=0)],
+        _dense_input,
+    ),
+    "Masksembles2D": (
+        lambda: [L.EnsembleTile(2), keras.layers.Conv2D(12, 1), L.Masksembles2D(2, 2.0)],
+        _image_input,
+    ),
+    "MIMO": (
+        lambda: [L.MIMO(keras.Sequential([keras.Input((8,)), keras.layers.Dense(6)]), 2, seed=0)],
+        _dense_input,
+    ),
+    "NormalInverseGamma": (
+        lambda: [keras.layers.Dense(8), L.NormalInverseGamma(2)],
+        _dense_input,
+    ),
+    "Dirichlet": (lambda: [keras.layers.Dense(5), L.Dirichlet(annealing_steps=3)], _dense_input),
 }
+
+
+def _value(rv):
+    """A random variable's distribution as an array: class probabilities, else the mean."""
+    d = rv.distribution
+    return d.probs_parameter() if hasattr(d, "probs_parameter") else d.mean()
 
 
 def _model(name):
@@ -71,7 +108,7 @@ def _model(name):
 def _outputs(model, x):
     out = model(x, training=False)
     if isinstance(out, blayers.RandomVariable):
-        return out.distribution.probs_parameter().numpy()
+        return _value(out).numpy()
     return np.asarray(out)
 
 
@@ -104,7 +141,7 @@ def test_float64(name):
     x = tf.constant(inputs(), tf.float64)
     for layer in built:
         x = layer(x, training=True)
-    value = x.distribution.probs_parameter() if isinstance(x, blayers.RandomVariable) else x
+    value = _value(x) if isinstance(x, blayers.RandomVariable) else x
     assert value.dtype == tf.float64
 
 
@@ -140,8 +177,18 @@ def test_gin_configures_the_new_families():
         rank1_prior.regularizer = @normal_kl_divergence()
         normal_kl_divergence.mean = 1.0
         normal_kl_divergence.stddev = 0.1
+        PackedDense.gamma = 2
+        Masksembles1D.scale = 3.0
+        MIMO.batch_repetitions = 4
+        Dirichlet.loss = 'digamma'
+        NormalInverseGamma.evidence_regularizer = 0.1
         """
     )
+    assert L.PackedDense(8, alpha=2, num_estimators=2).gamma == 2
+    assert L.Masksembles1D(2).scale == 3.0
+    assert L.MIMO(keras.layers.Dense(4), 2).batch_repetitions == 4
+    assert L.Dirichlet().loss == "digamma"
+    assert L.NormalInverseGamma().evidence_regularizer == 0.1
     assert L.DenseVariationalDropout(2).threshold == 2.0
     assert L.RandomFeatureGaussianProcess(2).num_inducing == 8
     assert L.SpectralNormalization(keras.layers.Dense(2)).norm_multiplier == 0.5

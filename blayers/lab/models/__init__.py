@@ -17,6 +17,7 @@ import numpy as np
 from blayers import layers as blayers_layers
 from blayers.lab.models.baselines import uncertainty_baseline
 from blayers.lab.models.cox import CoxProcess, cox_process
+from blayers.lab.models.ensembles import efficient_mlp
 from blayers.lab.models.flows import realnvp_flow
 from blayers.lab.models.gaussian_process import deep_gp
 from blayers.lab.models.resnet import resnet
@@ -35,6 +36,7 @@ __all__ = [
     "CoxProcess",
     "cox_process",
     "deep_gp",
+    "efficient_mlp",
     "get_layer_class",
     "lstm_sequence_model",
     "mc_dropout_regressor",

@@ -29,7 +29,8 @@ class Regression(Task):
     Gaussian likelihood) supplies its own distribution over the `target_dim` targets.
 
     Metrics in the targets' original units: RMSE, test log-likelihood and 95% coverage of the
-    Monte Carlo predictive (a mixture of Normals). Plots: `regression_1d.png` for one input
+    Monte Carlo predictive (a mixture of Normals with each draw's mean and variance: a
+    Student-t output, `blayers.layers.NormalInverseGamma`, is scored by its moments). Plots: `regression_1d.png` for one input
     feature, else `calibration.png` (predicted vs observed quantiles, coverage by width).
     """
 
@@ -71,14 +72,33 @@ class Regression(Task):
         distribution = self.likelihood(outputs)
         function = getattr(outputs, "function", None)
         if function is None:
-            return distribution.mean(), distribution.variance(), None
+            # An evidential output knows its epistemic part in closed form.
+            epistemic = getattr(distribution, "epistemic_variance", None)
+            closed_form = epistemic() if epistemic is not None else None
+            return distribution.mean(), distribution.variance(), closed_form
         mean, stddev = normal_parameters(function.distribution)
         return mean, distribution.variance(), tf.square(stddev)
 
+    def predictive_parameters(self, distribution):
+        """Mean and standard deviation of one draw's predictive, and an evidential output's
+        closed-form epistemic variance (`epistemic_variance`), which the metrics count in the
+        function's spread."""
+        parameters = super().predictive_parameters(distribution)
+        epistemic = getattr(distribution, "epistemic_variance", None)
+        return parameters if epistemic is None else (*parameters, epistemic())
+
     def evaluate(self, model, data, num_samples=10, batch_size=500):
-        means, stddevs = self.predictive_samples(model, data.test, num_samples, batch_size)
+        means, stddevs, *functions = self.predictive_samples(
+            model, data.test, num_samples, batch_size
+        )
         y = targets(data.test)
-        result = metrics_lib.regression_metrics(means, stddevs, y, data.target_scale)
+        result = metrics_lib.regression_metrics(
+            means,
+            stddevs,
+            y,
+            data.target_scale,
+            function_variances=functions[0] if functions else None,
+        )
         arrays = {
             "means": means,
             "stddevs": stddevs,
