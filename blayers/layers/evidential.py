@@ -20,7 +20,6 @@ distribution, the paper's objective; `log_prob` stays the predictive's, so evalu
 the predictive like any other model's.
 """
 
-import keras
 import tensorflow as tf
 import tensorflow_probability as tfp
 from tensorflow_probability.python.internal import dtype_util

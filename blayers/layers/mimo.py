@@ -19,7 +19,6 @@ the training loss fits every member (and every repetition) on its own examples
 (`EnsembleMixture.member_log_prob`), as the paper's independent heads.
 """
 
-import keras
 import tensorflow as tf
 
 from blayers.layers.base import NamedOutput, NestedLayers, SeededLayer, register

@@ -39,7 +39,7 @@ def packed_width(units, alpha, num_estimators, gamma=1, last=False):
     does)."""
     if last:
         return int(units)
-    width = max(int(math.ceil(alpha * units / num_estimators - 1e-9)), 1)
+    width = max(math.ceil(alpha * units / num_estimators - 1e-9), 1)
     return int(math.ceil(width / gamma) * gamma)
 
 

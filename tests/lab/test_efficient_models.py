@@ -13,7 +13,13 @@ import pytest
 from blayers.lab import data as data_lib
 from blayers.lab import loop, models
 
-_COMMON = dict(batch_size=64, log_every=1, eval_every=4, num_eval_samples=1, progress=False)
+_COMMON = {
+    "batch_size": 64,
+    "log_every": 1,
+    "eval_every": 4,
+    "num_eval_samples": 1,
+    "progress": False,
+}
 
 
 def _records(model_dir, kind="train"):

@@ -5,7 +5,6 @@ that both learn."""
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
 import tensorflow_probability as tfp
 from scipy import special
 
