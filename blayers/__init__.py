@@ -58,6 +58,7 @@ _SUBMODULES = {
     "registry": "blayers.registry",
     "replicas": "blayers.replicas",
     "sampling": "blayers.sampling",
+    "sgmcmc": "blayers.sgmcmc",
     "seeds": "blayers.seeds",
     "tracing": "blayers.tracing",
 }

@@ -36,7 +36,7 @@ from blayers.lab.gin_files import (
 )
 
 posthoc_methods.methods()  # every post-hoc method's settings are gin parameters (`SWAG.epochs`)
-from blayers.lab.learners import mesh, planet, supervised  # noqa: F401 - the learners
+from blayers.lab.learners import mesh, planet, sgmcmc, supervised  # noqa: F401 - the learners
 
 __all__ = [
     "config_search_path",

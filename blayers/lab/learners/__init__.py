@@ -4,6 +4,8 @@
   replicated data (`@uci_replicas()`), many independent models (splits, grid points, seeds,
   ensemble members) as one.
 * `VariationalProgramLearner`: the ELBO of a model program and a posterior program.
+* `SGMCMCLearner`: SG-MCMC (SGLD, SGHMC, cyclical) over a deterministic network's weights,
+  with burn-in, thinning and the kept samples in the checkpoint.
 * `MeshLearner`: the Mesh TensorFlow Bayesian Transformer (graph mode, model parallel).
 * `PlanetLearner`: Bayesian PlaNet (collects episodes, trains a world model, plans).
 
@@ -19,6 +21,7 @@ __all__ = [
     "Learner",
     "MeshLearner",
     "PlanetLearner",
+    "SGMCMCLearner",
     "SupervisedLearner",
     "VariationalProgramLearner",
 ]
@@ -26,6 +29,7 @@ __all__ = [
 _MODULES = {
     "SupervisedLearner": "supervised",
     "VariationalProgramLearner": "supervised",
+    "SGMCMCLearner": "sgmcmc",
     "MeshLearner": "mesh",
     "PlanetLearner": "planet",
 }

@@ -402,10 +402,15 @@ class SupervisedLearner(KerasLearner):
             "total": count(v for v in self.model.variables if id(v) not in state),
         }
 
+    def after_step(self):
+        """In the step's graph, after the optimizer step and the step count (a sampler keeps
+        its samples here); nothing by default."""
+
     def _make_train_step(self):
         net, opt, step, strategy = self.model, self.optimizer, self.step_variable, self.strategy
         task, batch_size, num_train = self.data.task, self.batch_size, self.num_train
         kl_schedule, replicated = self.kl_schedule, self.replicated
+        after_step = self.after_step
         # Records hold a replica's mean: the objective is the sum over replicas.
         per_replica = float(len(self.data)) if replicated else 1.0
 
@@ -463,6 +468,7 @@ class SupervisedLearner(KerasLearner):
 
             nll, local, kl, kl_weight, bad, bad_replica = strategy.run(replica_step, args=batch)
             step.assign_add(1)
+            after_step()
             reduce = tf.distribute.ReduceOp
             nll = strategy.reduce(reduce.SUM, nll, axis=None) / per_replica
             local = strategy.reduce(reduce.SUM, local, axis=None)
