@@ -70,7 +70,8 @@ def posthoc(learner, run, method, calibration_fraction=0.5, split_seed=0, num_sa
     per-set table in the arrays), as the trainer does.
 
     Args:
-      learner: the run's built and restored `SupervisedLearner`.
+      learner: the run's built and restored `SupervisedLearner` (an `SGMCMCLearner`'s run is
+        scored through its kept samples, `learner.predictive()`).
       run: its `RunDir`.
       method: a method's name (`posthoc_methods.methods()`) or a `Method` instance; a name is
         built with its gin bindings (`Laplace.prior_precision = 'val_nll'`).
@@ -239,14 +240,17 @@ def restore(model_dir):
         )
     if not run.final():
         raise ValueError(f"posthoc: {model_dir} holds no finished run (no metrics.json).")
+    from blayers.lab.learners.sgmcmc import SGMCMCLearner
+
     reference = gin.query_parameter("train.learner") if _bound("train.learner") else None
     name = getattr(getattr(reference, "configurable", None), "name", "SupervisedLearner")
-    if reference is not None and name != "SupervisedLearner":
+    supervised = {"SupervisedLearner": SupervisedLearner, "SGMCMCLearner": SGMCMCLearner}
+    if reference is not None and name not in supervised:
         raise ValueError(
             f"posthoc: {model_dir} was trained by {name}; post-hoc methods need a "
-            "SupervisedLearner run."
+            "SupervisedLearner (or SGMCMCLearner) run."
         )
-    learner = SupervisedLearner()
+    learner = supervised[name]()
     if learner.replicated:
         raise ValueError(
             f"posthoc: {model_dir} trained {len(learner.data)} replicas as one model (its data "
@@ -260,6 +264,7 @@ def restore(model_dir):
     if restored is None:
         raise ValueError(f"posthoc: {model_dir} has no intact checkpoint to restore.")
     learner.scored_checkpoint = os.path.basename(restored)
+    learner.scored_checkpoint_path = restored
     if step is not None and not restored.endswith(f"-{step}"):
         logging.warning(
             "posthoc: %s's checkpoint of step %s (its metrics) is damaged; scoring %s instead.",

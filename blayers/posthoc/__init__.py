@@ -19,6 +19,8 @@
   finite-sample coverage `P(y in C(x)) >= 1 - alpha` under exchangeability (Vovk et al., 2005;
   Angelopoulos et al., 2021 for APS and RAPS); `ConformalizedQuantileRegressor` (CQR, Romano
   et al., 2019) and `CrossConformalRegressor` (jackknife+ and CV+, Barber et al., 2021).
+* `MCBatchNorm`: Monte Carlo batch normalization, each draw normalizing with a random training
+  mini-batch's statistics (Teye et al., 2018).
 * `MahalanobisScore`, `FeatureDensity`: out-of-distribution scores of a classifier's
   penultimate features (Lee et al., 2018; DDU, Mukhoti et al., 2023).
 
@@ -32,6 +34,7 @@ import importlib
 # loads after the command line has set its logging up).
 _MODULES = {
     "AllWeightsLaplace": "blayers.posthoc.all_weights",
+    "MCBatchNorm": "blayers.posthoc.mc_batchnorm",
     "DirichletScaling": "blayers.posthoc.calibration",
     "HistogramBinning": "blayers.posthoc.calibration",
     "IsotonicCalibration": "blayers.posthoc.calibration",
@@ -61,6 +64,7 @@ __all__ = [
     "IsotonicCalibration",
     "Laplace",
     "LaplacePredictive",
+    "MCBatchNorm",
     "MahalanobisScore",
     "MatrixScaling",
     "SplitConformalClassifier",

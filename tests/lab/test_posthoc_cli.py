@@ -28,6 +28,7 @@ def _train(model_dir, seed):
             "--gin_param=digits.corruptions = ['gaussian_noise', 'contrast']",
             "--gin_param=train.train_steps = 150",
             "--gin_param=train.eval_every = None",  # the final evaluation is the one scored
+            "--gin_param=train.checkpoint_every = 50",  # three kept: a snapshot ensemble's
             f"--gin_param=train.seed = {seed}",
             "--gin_param=train.progress = False",
             f"--model_dir={model_dir}",
@@ -116,6 +117,19 @@ def test_laplace_and_swag_add_uncertainty_without_losing_accuracy(finished_run):
 def test_methods_refuse_what_they_cannot_do(finished_run):
     with pytest.raises(ValueError, match="no method 'bayes'; the methods are .*laplace"):
         _in_process(finished_run, "bayes")
+    with pytest.raises(ValueError, match="no BatchNormalization layer"):
+        _in_process(finished_run, "mc_batchnorm")
+
+
+def test_snapshots_mix_the_runs_kept_checkpoints(finished_run):
+    """The run keeps its checkpoints of steps 50, 100 and 150: the snapshot ensemble mixes
+    their three predictives, and the scored model stays the run's."""
+    summary, _ = _in_process(finished_run, "snapshots")
+    assert summary["final"]["ensemble_size"] == 3
+    assert "[50, 100, 150]" in summary["notes"][0]
+    assert summary["final"]["nll"] != summary["base"]["nll"]
+    again, _ = _in_process(finished_run, "temperature")
+    assert again["base"] == pytest.approx(summary["base"])
 
 
 @pytest.mark.slow  # a second trainer run and two post-hoc passes (about a minute)
@@ -207,13 +221,12 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run, ignore=shutil.ignore_patterns("posthoc"))
     step = json.loads((run / "metrics.json").read_text())["step"]
-    for path in (run / "checkpoints").glob(f"ckpt-{step}.*"):  # an older intact checkpoint
-        shutil.copy(path, path.with_name(path.name.replace(f"ckpt-{step}", "ckpt-1")))
+    older = f"ckpt-{step - 50}"  # the run keeps checkpoints every 50 steps
     newest = run / "checkpoints" / f"ckpt-{step}.data-00000-of-00001"
     newest.write_bytes(newest.read_bytes()[:100])  # truncated
     before = _snapshot(run)
     summary, _ = _in_process(run, "temperature")
-    assert summary["checkpoint"] == "ckpt-1"
+    assert summary["checkpoint"] == older
     assert _snapshot(run) == before
     from blayers.lab.posthoc_cli import output_folder
 
@@ -227,7 +240,7 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     )
     assert done.returncode == 0, done.stderr[-2000:]
     (output,) = (run / "posthoc").iterdir()  # not posthoc/conformal: the defaults' folder
-    assert output.name.startswith("conformal-") and "Scored ckpt-1" in done.stdout
+    assert output.name.startswith("conformal-") and f"Scored {older}" in done.stdout
     assert str(output) == output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.05"])
     assert output_folder(str(run), "conformal") == str(run / "posthoc" / "conformal")
     assert output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.1"]) != str(output)

@@ -133,6 +133,14 @@ class SGMCMCLearner(SupervisedLearner):
             lambda: tf.identity(self.samples.count),
         )
 
+    def predictive(self):
+        """The kept samples, one draw each (the chain's weights while none is kept)."""
+        kept = self.samples.num_kept
+        if kept == 0:
+            return super().predictive()
+        self.samples.reset_cursor()
+        return self.samples, kept
+
     def evaluate(self):
         """The task's evaluation of the predictive averaged over the kept samples (the chain's
         current weights while none is kept)."""

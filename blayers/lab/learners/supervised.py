@@ -72,12 +72,15 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
 
 
 def _register_schedules():
-    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay`."""
+    """Keras learning-rate schedules usable as `make_optimizer.schedule = @cosine_decay` (or
+    `@cosine_decay_restarts`, the cycles of a snapshot ensemble)."""
     schedules = keras.optimizers.schedules
     for name, cls in (
         ("cosine_decay", schedules.CosineDecay),
         ("exponential_decay", schedules.ExponentialDecay),
         ("polynomial_decay", schedules.PolynomialDecay),
+        # Warm restarts (Loshchilov & Hutter, 2017): snapshot ensembles' cyclic schedule.
+        ("cosine_decay_restarts", schedules.CosineDecayRestarts),
     ):
         gin.external_configurable(cls, name=name, module="keras.optimizers.schedules")
 
@@ -354,6 +357,11 @@ class SupervisedLearner(KerasLearner):
             return self.data.task.evaluate(
                 self.model, self.data, self.num_eval_samples, self.eval_batch_size
             )
+
+    def predictive(self):
+        """`(model, draws)`: what the run's predictive calls, and how many draws it takes
+        (None: `num_eval_samples`); the post-hoc methods score the run through it."""
+        return self.model, None
 
     def outputs(self, run, records, metrics, arrays):
         """`training_curves.png` and the task's plots; the data, task and sizes (replicas:

@@ -182,7 +182,8 @@ class Fit:
       x, y: the test set's inputs and targets; `calibration`, `evaluation` index them.
       inputs: the test inputs followed by the OOD set and corrupted copies (`inputs.x`).
       num_samples: posterior draws for a predictive.
-      base: the run's own predictive parameters over `inputs.x`.
+      base: the run's own predictive parameters over `inputs.x` (`learner.predictive()`: an
+        SG-MCMC run's averages its kept samples).
       predict: `predict(model)` gives a model's predictive parameters over `inputs.x`
         (`predict(model, replicas=R)`: `R` replicas' as one, draw-major `[draws x R, n, ...]`).
     """
@@ -193,7 +194,8 @@ class Fit:
         self.classification = self.task.name == "classification"
         self.x, self.y, self.calibration, self.evaluation = x, y, calibration, evaluation
         self.inputs, self.num_samples, self.predict = inputs, num_samples, predict
-        self.base = predict(self.model)
+        model, draws = learner.predictive()  # an SG-MCMC run's: its kept samples
+        self.base = predict(model, draws)
 
     @staticmethod
     def log_mean_probs(params):
