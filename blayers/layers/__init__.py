@@ -48,6 +48,7 @@ _FAMILIES = (
     "masksembles",
     "mimo",
     "evidential",
+    "bayesian_linear_model",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")

@@ -2,20 +2,30 @@
 
 Input-dependent label noise on the logits: `u = mu(x) + V(x) eps_K + d(x) * eps_C`, a Gaussian
 with a low-rank-plus-diagonal covariance `V V^T + diag(d^2)` per example (`K` factors), and the
-predictive `p(y | x) = E_u[softmax(u / T)]`, estimated with `num_mc_samples` draws. The layer
-returns `log p(y | x)` as logits, so a Categorical likelihood (the classification task, Keras'
-`from_logits=True` losses) reads the Monte Carlo predictive directly; training maximizes the
-MC estimate of the marginal likelihood, as in the paper.
+predictive `p(y | x) = E_u[softmax(u / T)]` (`MCSoftmaxDenseFA`) or, for binary and multilabel
+outputs, `E_u[sigmoid(u / T)]` (`MCSigmoidDenseFA`), estimated with `num_mc_samples` draws. With
+a diagonal covariance the binary predictive is exact, `P(u > 0) = F(mu / d)` for the noise's CDF
+`F` (`ExactSigmoidDense`, no sampling).
+
+Each layer returns logits of its predictive: `log p(y | x)` for the softmax layer (a Categorical
+likelihood, Keras' `from_logits=True` losses), `log p - log(1 - p)` for the sigmoid layers (a
+Bernoulli likelihood, `sigmoid_cross_entropy_with_logits`); training maximizes the (MC estimate
+of the) marginal likelihood, as in the paper. edward2's layers return a tuple `(logits,
+log_probs, probs[, variance])` unless `logits_only=True`; these return the logits, from which
+the others follow (`log_softmax` / `softmax`, `log_sigmoid` / `sigmoid`).
 """
 
 import keras
 import numpy as np
 import tensorflow as tf
+import tensorflow_probability as tfp
 
 from blayers.layers.base import SeededLayer, register
 from blayers.sampling import standard_normal
 
-__all__ = ["MCSoftmaxDenseFA"]
+tfd = tfp.distributions
+
+__all__ = ["ExactSigmoidDense", "MCSigmoidDenseFA", "MCSoftmaxDenseFA"]
 
 
 @register
@@ -31,13 +41,15 @@ class MCSoftmaxDenseFA(SeededLayer):
       **kwargs: `keras.layers.Layer` arguments.
     """
 
+    min_classes = 2
+
     def __init__(
         self, num_classes, num_factors=10, temperature=1.0, num_mc_samples=1000, seed=None, **kwargs
     ):
         super().__init__(seed=seed, **kwargs)
-        name = f"MCSoftmaxDenseFA ({self.name})"
+        name = f"{type(self).__name__} ({self.name})"
         for argument, value, low in (
-            ("num_classes", num_classes, 2),
+            ("num_classes", num_classes, self.min_classes),
             ("num_factors", num_factors, 0),
             ("num_mc_samples", num_mc_samples, 1),
         ):
@@ -72,8 +84,8 @@ class MCSoftmaxDenseFA(SeededLayer):
             factors = tf.reshape(self.factor_layer(x), [-1, self.num_classes, self.num_factors])
         return loc, factors, diag
 
-    def call(self, inputs, training=None):
-        del training
+    def noisy_logits(self, inputs):
+        """`[num_mc_samples, B, C]` draws of `u / T`."""
         loc, factors, diag = self.noise_distribution(inputs)
         s, batch = self.num_mc_samples, tf.shape(loc)[0]
         seed_c, seed_k = tf.unstack(tf.random.experimental.stateless_split(self.next_seed(), 2))
@@ -81,9 +93,14 @@ class MCSoftmaxDenseFA(SeededLayer):
         if factors is not None:
             eps = standard_normal(tf.stack([s, batch, self.num_factors]), seed_k, loc.dtype)
             noise += tf.einsum("bck,sbk->sbc", factors, eps)
-        log_probs = tf.nn.log_softmax((loc + noise) / self.temperature, axis=-1)
+        return (loc + noise) / self.temperature
+
+    def call(self, inputs, training=None):
+        del training
+        u = self.noisy_logits(inputs)
+        log_probs = tf.nn.log_softmax(u, axis=-1)
         # log of the mean of the samples' probabilities, stably.
-        return tf.reduce_logsumexp(log_probs, axis=0) - tf.math.log(tf.cast(s, loc.dtype))
+        return _log_mean(log_probs)
 
     def compute_output_shape(self, input_shape):
         return tuple(input_shape[:-1]) + (self.num_classes,)
@@ -95,4 +112,95 @@ class MCSoftmaxDenseFA(SeededLayer):
             "num_factors": self.num_factors,
             "temperature": self.temperature,
             "num_mc_samples": self.num_mc_samples,
+        }
+
+
+def _log_mean(log_values):
+    """`log mean_s exp(log_values[s])` over the first axis, stably."""
+    count = tf.cast(tf.shape(log_values)[0], log_values.dtype)
+    return tf.reduce_logsumexp(log_values, axis=0) - tf.math.log(count)
+
+
+@register
+class MCSigmoidDenseFA(MCSoftmaxDenseFA):
+    """Heteroscedastic sigmoid output for binary (`num_classes=1`) and multilabel outputs, with a
+    factor-analysis covariance (Collier et al., 2021; edward2's `MCSigmoidDenseFA`): `p = E_u[
+    sigmoid(u / T)]` by Monte Carlo; returns the Bernoulli logits `log p - log(1 - p)`.
+
+    Args:
+      num_classes: outputs (1 for binary classification, the labels for multilabel).
+      num_factors: rank `K` of the covariance's low-rank part (0: diagonal only).
+      temperature: the sigmoid temperature `T`.
+      num_mc_samples: Monte Carlo draws of the noisy logits per example.
+      seed: seeds the draws.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    min_classes = 1
+
+    def call(self, inputs, training=None):
+        del training
+        u = self.noisy_logits(inputs)
+        return _log_mean(tf.math.log_sigmoid(u)) - _log_mean(tf.math.log_sigmoid(-u))
+
+
+@register
+class ExactSigmoidDense(keras.layers.Layer):
+    """Exact heteroscedastic sigmoid output with a diagonal covariance (edward2's
+    `ExactSigmoidDense`): `u ~ N(mu(x), d(x)^2)` (or a logistic of that location and scale),
+    `mu = Dense(x)`, `d = softplus(Dense(x)) + min_scale`, and the label is 1 when `u > 0`:
+    `p = F(mu / d)` exactly, `F` the standard noise's CDF (`Phi` for `'normal'`, the sigmoid
+    for `'logistic'`). Returns the Bernoulli logits `log F(mu / d) - log F(-mu / d)`.
+
+    Args:
+      num_outputs: outputs (1 for binary classification, the labels for multilabel).
+      logit_noise: `'normal'` (default) or `'logistic'` (edward2 takes the TFP class).
+      min_scale: the smallest scale `d` (numerical stability).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, num_outputs, logit_noise="normal", min_scale=1e-2, **kwargs):
+        super().__init__(**kwargs)
+        name = f"ExactSigmoidDense ({self.name})"
+        if logit_noise in (tfd.Normal, tfd.Logistic):  # edward2's spelling
+            logit_noise = logit_noise.__name__.lower()
+        if logit_noise not in ("normal", "logistic"):
+            raise ValueError(
+                f"{name}: logit_noise must be 'normal' or 'logistic', got {logit_noise!r}."
+            )
+        if not isinstance(num_outputs, (int, np.integer)) or num_outputs < 1:
+            raise ValueError(
+                f"{name}: num_outputs must be a positive integer, got {num_outputs!r}."
+            )
+        if not min_scale > 0:
+            raise ValueError(f"{name}: min_scale must be > 0, got {min_scale!r}.")
+        self.num_outputs, self.logit_noise = int(num_outputs), logit_noise
+        self.min_scale = float(min_scale)
+        policy = self.dtype_policy
+        self.loc_layer = keras.layers.Dense(self.num_outputs, name="loc", dtype=policy)
+        self.diag_layer = keras.layers.Dense(
+            self.num_outputs, activation="softplus", name="diag", dtype=policy
+        )
+
+    def build(self, input_shape):
+        self.loc_layer.build(input_shape)
+        self.diag_layer.build(input_shape)
+
+    def call(self, inputs):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        z = self.loc_layer(x) / (self.diag_layer(x) + self.min_scale)
+        if self.logit_noise == "logistic":
+            return z
+        standard = tfd.Normal(tf.zeros([], z.dtype), tf.ones([], z.dtype))
+        return standard.log_cdf(z) - standard.log_cdf(-z)
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.num_outputs,)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_outputs": self.num_outputs,
+            "logit_noise": self.logit_noise,
+            "min_scale": self.min_scale,
         }

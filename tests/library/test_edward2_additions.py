@@ -1,0 +1,74 @@
+"""edward2's heteroscedastic sigmoid layers and Bayesian linear model: the exact predictive
+against Monte Carlo, the MC one against its own expectation, and the linear model's posterior
+against the closed form."""
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+from scipy import stats
+
+import blayers
+from blayers import layers as L
+
+
+def _set(layer, x):
+    layer(x)
+    rng = np.random.RandomState(0)
+    for w in layer.weights:
+        w.assign(rng.normal(0, 0.7, w.shape).astype("float32"))
+
+
+@pytest.mark.parametrize("noise", ["normal", "logistic"])
+def test_exact_sigmoid_is_the_probability_that_the_noisy_logit_is_positive(noise):
+    x = np.random.RandomState(1).randn(6, 3).astype("float32")
+    layer = L.ExactSigmoidDense(2, logit_noise=noise)
+    _set(layer, x)
+    logits = layer(x).numpy()
+    loc = layer.loc_layer(x).numpy()
+    scale = layer.diag_layer(x).numpy() + layer.min_scale
+    law = stats.norm if noise == "normal" else stats.logistic
+    draws = law.rvs(loc=loc, scale=scale, size=(200_000, *loc.shape), random_state=2)
+    frequency = (draws > 0).mean(0)
+    se = np.sqrt(frequency * (1 - frequency) / 200_000) + 1e-4
+    np.testing.assert_array_less(np.abs(1 / (1 + np.exp(-logits)) - frequency), 5 * se)
+
+
+def test_mc_sigmoid_is_the_mean_sigmoid_of_its_noisy_logits():
+    x = np.random.RandomState(3).randn(4, 3).astype("float32")
+    layer = L.MCSigmoidDenseFA(3, num_factors=2, num_mc_samples=20_000, seed=0, temperature=0.7)
+    _set(layer, x)
+    p = tf.sigmoid(layer(x)).numpy()
+    loc, factors, diag = (t.numpy() for t in layer.noise_distribution(x))
+    rng = np.random.RandomState(4)
+    n = 100_000
+    eps_k = rng.randn(n, 4, 2)
+    eps_c = rng.randn(n, 4, 3)
+    u = loc + np.einsum("bck,nbk->nbc", factors, eps_k) + diag * eps_c
+    s = 1 / (1 + np.exp(-u / 0.7))
+    se = s.std(0) / np.sqrt(n) + s.std(0) / np.sqrt(20_000)
+    np.testing.assert_array_less(np.abs(p - s.mean(0)), 5 * se)
+    with pytest.raises(ValueError, match="num_classes"):
+        L.MCSoftmaxDenseFA(1)
+
+
+def test_bayesian_linear_model_posterior_is_the_closed_form(tmp_path):
+    rng = np.random.RandomState(0)
+    x = rng.randn(40, 3).astype("float32")
+    y = (x @ np.array([1.0, -0.5, 2.0]) + 0.3 * rng.randn(40)).astype("float32")
+    model = L.BayesianLinearModel(noise_variance=0.09)
+    x_new = rng.randn(5, 3).astype("float32")
+    prior = model(x_new).distribution
+    np.testing.assert_allclose(prior.mean(), 0.0)
+    np.testing.assert_allclose(prior.variance(), (x_new**2).sum(1), rtol=1e-5)
+    model.fit(x, y)
+    cov = np.linalg.inv(x.T.astype(np.float64) @ x / 0.09 + np.eye(3))
+    mean = cov @ x.T @ y / 0.09
+    d = model(x_new).distribution
+    np.testing.assert_allclose(d.mean(), x_new @ mean, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(d.variance(), np.einsum("nd,de,ne->n", x_new, cov, x_new), rtol=1e-3)
+    wrapped = keras.Sequential([keras.Input((3,)), model])
+    wrapped.save(tmp_path / "blm.keras")
+    again = keras.models.load_model(tmp_path / "blm.keras")
+    np.testing.assert_allclose(again(x_new).distribution.mean(), d.mean(), rtol=1e-6)
+    assert isinstance(model(x_new), blayers.RandomVariable)
