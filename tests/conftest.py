@@ -60,3 +60,13 @@ def toy_uci(tmp_path):
     root = tmp_path / "uci"
     write_uci_folder(root)
     return root
+
+
+def shuffled_digits():
+    """scikit-learn's digits in a fixed random order, features in [0, 1]: `(x, y)` (its own
+    order puts other writers at the end)."""
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    order = np.random.RandomState(0).permutation(len(digits.target))
+    return (digits.data[order] / 16.0).astype("float32"), digits.target[order]

@@ -26,6 +26,7 @@ import tensorflow as tf
 
 from blayers.initializers import independent_draws
 from blayers.layers.base import register
+from blayers.layers.batch_ensemble import _conv2d_output_shape
 from blayers.layers.ensemble import check_ensemble_size, check_member_major
 from blayers.registry import ArgsDoc
 
@@ -277,17 +278,7 @@ class PackedConv2D(_Packed):
         return self._finish(tf.transpose(outputs, [3, 0, 1, 2, 4]))
 
     def compute_output_shape(self, input_shape):
-        spatial = []
-        for size, k, s, d in zip(
-            input_shape[1:3], self.kernel_size, self.strides, self.dilation_rate
-        ):
-            if size is None:
-                spatial.append(None)
-            elif self.padding == "same":
-                spatial.append(-(-size // s))
-            else:
-                spatial.append((size - d * (k - 1) - 1) // s + 1)
-        return (input_shape[0], *spatial, self.member_units)
+        return _conv2d_output_shape(self, input_shape, self.member_units)
 
     def get_config(self):
         config = super().get_config()

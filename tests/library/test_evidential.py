@@ -11,6 +11,7 @@ from scipy import special
 import blayers
 from blayers import layers as L
 from blayers.layers.evidential import DirichletPredictive, NormalInverseGammaPredictive
+from tests.conftest import shuffled_digits
 
 tfd = tfp.distributions
 
@@ -158,12 +159,7 @@ def test_bad_arguments_name_the_layer():
 def test_evidential_classifier_learns_with_keras_fit():
     """A Dirichlet head on digits learns through `NegativeLogLikelihood` (the paper's loss):
     held-out accuracy, more evidence on correct than on wrong predictions."""
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    order = np.random.RandomState(0).permutation(len(digits.target))
-    x = (digits.data[order] / 16.0).astype("float32")
-    y = digits.target[order]
+    x, y = shuffled_digits()
     blayers.set_seed(0)
     model = keras.Sequential(
         [

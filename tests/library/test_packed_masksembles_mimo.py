@@ -11,6 +11,7 @@ import blayers
 from blayers import layers as L
 from blayers.layers.masksembles import generate_masks
 from blayers.layers.packed import packed_width
+from tests.conftest import shuffled_digits
 
 
 def _numpy_packed_dense(x, kernel, bias, members):
@@ -186,12 +187,7 @@ def test_mimo_input_repetition(rho):
 
 
 def test_mimo_learns_with_heads_that_disagree():
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    order = np.random.RandomState(0).permutation(len(digits.target))
-    x = (digits.data[order] / 16.0).astype("float32")
-    y = digits.target[order]
+    x, y = shuffled_digits()
     blayers.set_seed(0)
     network = keras.Sequential(
         [keras.Input((3 * 64,)), keras.layers.Dense(128, activation="relu"), keras.layers.Dense(30)]
@@ -208,12 +204,7 @@ def test_mimo_learns_with_heads_that_disagree():
 
 
 def test_packed_ensemble_learns_and_members_disagree():
-    from sklearn.datasets import load_digits
-
-    digits = load_digits()
-    order = np.random.RandomState(0).permutation(len(digits.target))
-    x = (digits.data[order] / 16.0).astype("float32")
-    y = digits.target[order]
+    x, y = shuffled_digits()
     blayers.set_seed(0)
     model = keras.Sequential(
         [
