@@ -25,6 +25,7 @@ tfd = tfp.distributions
 __all__ = [
     "EnsembleMixture",
     "EnsembleOutput",
+    "EnsembleSyncBatchNorm",
     "EnsembleTile",
     "check_ensemble_size",
     "check_member_major",
@@ -227,4 +228,82 @@ class EnsembleOutput(NamedOutput, keras.layers.Layer):
             **super().get_config(),
             "ensemble_size": self.ensemble_size,
             "distribution": self.distribution,
+        }
+
+
+@register
+class EnsembleSyncBatchNorm(keras.layers.Layer):
+    """Batch normalization of a member-major batch with each member's own statistics and scale
+    (edward2's `EnsembleSyncBatchNorm`): member `m`'s rows `[m B, (m + 1) B)` are normalized
+    with their mean and variance over every axis but the channels, taken across all the
+    devices of a `tf.distribute` strategy (the mean of each device's `E[x]` and `E[x^2]`), then
+    scaled by `gamma_m` and shifted by `beta_m`; the moving statistics are per member too.
+
+    Args:
+      ensemble_size: members `E`.
+      momentum: of the moving statistics, `moving <- momentum moving + (1 - momentum) batch`.
+      epsilon: added to the variance.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(self, ensemble_size=1, momentum=0.99, epsilon=1e-3, **kwargs):
+        kwargs.pop("axis", None)  # edward2's argument: channels last only, as edward2's
+        super().__init__(**kwargs)
+        self.ensemble_size = check_ensemble_size(
+            f"EnsembleSyncBatchNorm ({self.name})", ensemble_size
+        )
+        self.momentum, self.epsilon = float(momentum), float(epsilon)
+
+    def build(self, input_shape):
+        shape = (self.ensemble_size, input_shape[-1])
+        self.gamma = self.add_weight(name="gamma", shape=shape, initializer="ones")
+        self.beta = self.add_weight(name="beta", shape=shape, initializer="zeros")
+        self.moving_mean = self.add_weight(
+            name="moving_mean", shape=shape, initializer="zeros", trainable=False
+        )
+        self.moving_variance = self.add_weight(
+            name="moving_variance", shape=shape, initializer="ones", trainable=False
+        )
+
+    def _batch_statistics(self, members):
+        """Per member `(mean, variance)` `[E, C]` of `[E, B, ..., C]`, across devices."""
+        axes = list(range(1, members.shape.rank - 1))
+        mean = tf.reduce_mean(members, axis=axes)
+        mean_square = tf.reduce_mean(tf.square(members), axis=axes)
+        context = tf.distribute.get_replica_context()
+        if context is not None and context.num_replicas_in_sync > 1:
+            mean, mean_square = context.all_reduce(tf.distribute.ReduceOp.MEAN, [mean, mean_square])
+        return mean, tf.maximum(mean_square - tf.square(mean), 0.0)
+
+    def call(self, inputs, training=None):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        name = f"EnsembleSyncBatchNorm ({self.name})"
+        batch = check_member_major(tf.shape(x)[0], x.shape[0], self.ensemble_size, name)
+        members = tf.reshape(
+            x, tf.concat([[self.ensemble_size, batch // self.ensemble_size], tf.shape(x)[1:]], 0)
+        )
+        if training:
+            mean, variance = self._batch_statistics(members)
+            for moving, value in ((self.moving_mean, mean), (self.moving_variance, variance)):
+                moving.assign(self.momentum * moving + (1.0 - self.momentum) * value)
+        else:
+            mean, variance = self.moving_mean, self.moving_variance
+        scale = tf.cast(self.gamma, x.dtype) * tf.math.rsqrt(
+            tf.cast(variance, x.dtype) + self.epsilon
+        )
+        shift = tf.cast(self.beta, x.dtype) - tf.cast(mean, x.dtype) * scale
+        # [E, C] -> [E, 1, ..., 1, C] against the members' rows.
+        expand = [self.ensemble_size] + [1] * (members.shape.rank - 2) + [-1]
+        out = members * tf.reshape(scale, expand) + tf.reshape(shift, expand)
+        return tf.reshape(out, tf.shape(x))
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "ensemble_size": self.ensemble_size,
+            "momentum": self.momentum,
+            "epsilon": self.epsilon,
         }

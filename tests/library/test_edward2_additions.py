@@ -72,3 +72,32 @@ def test_bayesian_linear_model_posterior_is_the_closed_form(tmp_path):
     again = keras.models.load_model(tmp_path / "blm.keras")
     np.testing.assert_allclose(again(x_new).distribution.mean(), d.mean(), rtol=1e-6)
     assert isinstance(model(x_new), blayers.RandomVariable)
+
+
+def test_ensemble_sync_batch_norm_is_each_members_batch_norm():
+    """Training: each member's rows normalized with their own statistics and scaled by their own
+    gamma and beta (a Keras BatchNormalization per member, same momentum); inference: the
+    per-member moving statistics."""
+    x = np.random.RandomState(0).randn(3 * 4, 5, 5, 6).astype("float32") * 2 + 1
+    layer = L.EnsembleSyncBatchNorm(ensemble_size=3, momentum=0.9)
+    layer(x)
+    rng = np.random.RandomState(1)
+    layer.gamma.assign(rng.uniform(0.5, 2, (3, 6)).astype("float32"))
+    layer.beta.assign(rng.randn(3, 6).astype("float32"))
+    out = layer(x, training=True).numpy()
+    for m in range(3):
+        twin = keras.layers.BatchNormalization(momentum=0.9, epsilon=layer.epsilon)
+        rows = x[m * 4 : (m + 1) * 4]
+        twin(rows)
+        twin.gamma.assign(layer.gamma.numpy()[m])
+        twin.beta.assign(layer.beta.numpy()[m])
+        np.testing.assert_allclose(out[m * 4 : (m + 1) * 4], twin(rows, training=True), atol=1e-4)
+        np.testing.assert_allclose(layer.moving_mean.numpy()[m], twin.moving_mean, atol=1e-5)
+        np.testing.assert_allclose(
+            layer.moving_variance.numpy()[m], twin.moving_variance, rtol=1e-4
+        )
+        np.testing.assert_allclose(
+            layer(x, training=False).numpy()[m * 4 : (m + 1) * 4],
+            twin(rows, training=False),
+            atol=1e-4,
+        )

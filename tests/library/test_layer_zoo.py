@@ -93,6 +93,10 @@ CASES = {
     "ExactSigmoidDense": (lambda: [L.ExactSigmoidDense(2, logit_noise="logistic")], _dense_input),
     "MCSigmoidDenseFA": (lambda: [L.MCSigmoidDenseFA(1, num_factors=2, seed=1)], _dense_input),
     "BayesianLinearModel": (lambda: [L.BayesianLinearModel(0.5)], _dense_input),
+    "EnsembleSyncBatchNorm": (
+        lambda: [L.EnsembleTile(2), keras.layers.Conv2D(4, 1), L.EnsembleSyncBatchNorm(2)],
+        _image_input,
+    ),
 }
 
 
