@@ -59,8 +59,8 @@ def perturb(values, factors, additive):
     return values + factors if additive else values * factors
 
 
-FAST_WEIGHT_ARGS = """      ensemble_size: members `E` (keyword); the batch holds `E` member-major copies
-        (`EnsembleTile`).
+FAST_WEIGHT_ARGS = """      ensemble_size: members `E` (keyword; edward2's defaults: 4 for BatchEnsemble, 1 for
+        the rank-1 layers); the batch holds `E` member-major copies (`EnsembleTile`).
       alpha_initializer, gamma_initializer: of the fast weights `alpha` `[E, in]` and `gamma`
         `[E, out]`: Keras initializers (BatchEnsemble) or distribution initializers (rank-1
         BNN), see the class's defaults.
@@ -91,11 +91,12 @@ class FastWeights:
     _default_fast_initializer = staticmethod(fast_weight_initializer)
     _default_fast_regularizer = None  # rank-1 layers: the configurable `rank1_prior`
     _default_kernel_initializer = "glorot_uniform"
+    _default_ensemble_size = 4  # edward2's: 4 for BatchEnsemble, 1 for the rank-1 layers
 
     def __init__(
         self,
         *args,
-        ensemble_size=4,
+        ensemble_size=None,
         alpha_initializer=None,
         gamma_initializer=None,
         alpha_regularizer=None,
@@ -113,6 +114,8 @@ class FastWeights:
             kernel_regularizer=kernel_regularizer,
             **kwargs,
         )
+        if ensemble_size is None:
+            ensemble_size = self._default_ensemble_size
         self.ensemble_size = check_ensemble_size(
             f"{type(self).__name__} ({self.name})", ensemble_size
         )

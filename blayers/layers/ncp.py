@@ -20,7 +20,7 @@ import tensorflow as tf
 import tensorflow_probability as tfp
 
 from blayers.layers.base import LocalLosses, SeededLayer, register
-from blayers.random_variable import RandomVariable
+from blayers.random_variable import RandomVariable, align_value
 from blayers.sampling import standard_normal
 
 tfd = tfp.distributions
@@ -138,7 +138,12 @@ class NCPNormalOutput(LocalLosses, keras.layers.Layer):
         half = tf.shape(value)[0] // 2
         clean = distribution[:half]
         perturbed = distribution[half:]
-        loc = self.mean if targets is None else tf.cast(targets, value.dtype)
+        if targets is None:
+            loc = self.mean
+        else:  # labels `(B,)` for outputs `(2B, 1)`: one per example, never an outer product
+            loc = align_value(
+                targets, value[half:].shape, f"NCPNormalOutput ({self.name}) targets", value.dtype
+            )
         prior = tfd.Normal(
             tf.broadcast_to(tf.cast(loc, value.dtype), tf.shape(value[half:])),
             tf.cast(self.stddev, value.dtype),

@@ -49,6 +49,7 @@ class DenseRank1(_DenseFastWeights):
 
     _default_fast_initializer = staticmethod(rank1_initializer)
     _default_fast_regularizer = RANK1_PRIOR
+    _default_ensemble_size = 1
 
 
 @register
@@ -57,6 +58,7 @@ class Conv1DRank1(_Conv1DFastWeights):
 
     _default_fast_initializer = staticmethod(rank1_initializer)
     _default_fast_regularizer = RANK1_PRIOR
+    _default_ensemble_size = 1
 
 
 @register
@@ -66,6 +68,7 @@ class Conv2DRank1(_Conv2DFastWeights):
 
     _default_fast_initializer = staticmethod(rank1_initializer)
     _default_fast_regularizer = RANK1_PRIOR
+    _default_ensemble_size = 1
 
 
 @register
@@ -98,7 +101,7 @@ class LSTMCellRank1(ReparameterizationEstimator, _LSTMCell):
     def __init__(
         self,
         units,
-        ensemble_size=4,
+        ensemble_size=1,
         alpha_initializer=None,
         gamma_initializer=None,
         recurrent_alpha_initializer=None,
