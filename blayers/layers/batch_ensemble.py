@@ -16,6 +16,8 @@ and the conditional dense layer `CondDense` (CondConv, Yang et al., 2019), whose
 per-example mixture of expert kernels.
 """
 
+import types
+
 import keras
 import numpy as np
 import tensorflow as tf
@@ -309,9 +311,10 @@ class DenseMultihead(ReparameterizationEstimator, _DenseBase):
         }
 
 
-def _l2_key_index(layer_name, lambda_key_to_index, name):
-    """edward2's `lambda_key_to_index`: the column of `'<layer>_l2_kernel'`, the layer's name
-    with a `/`-delimited group left out (`'group/conv/'` -> `'group'`), as edward2 reads it."""
+def _l2_key_index(layer_name, lambda_key_to_index, name, weight="kernel", required=True):
+    """edward2's `lambda_key_to_index`: the column of `'<layer>_l2_<weight>'`, the layer's name
+    with a `/`-delimited group left out (`'group/conv/'` -> `'group'`), as edward2 reads it
+    (None for a key that is not `required` and absent)."""
     if not isinstance(lambda_key_to_index, dict):
         raise TypeError(
             f"{name}: lambda_key_to_index is edward2's dict of hyper-parameter columns; got "
@@ -322,8 +325,10 @@ def _l2_key_index(layer_name, lambda_key_to_index, name):
     end = group.find("/", start + 1)
     if start > -1 and end > -1:
         group = group[:start] + group[end + 1 :]
-    key = f"{group}_l2_kernel"
+    key = f"{group}_l2_{weight}"
     if key not in lambda_key_to_index:
+        if not required:
+            return None
         raise ValueError(
             f"{name}: lambda_key_to_index has no {key!r} (its keys: {sorted(lambda_key_to_index)})."
         )
@@ -338,7 +343,15 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
                        + b_m + e2(lambda) * b'_m),   [e1, e2](lambda) = lambda @ E
 
     on a member-major batch; the self-tuned L2 penalty of the effective kernel is
-    `mean_rows c ||K_m + D_m diag(e1)||^2`, computed per output channel."""
+    `mean_rows c ||K_m + D_m diag(e1)||^2`, computed per output channel (with
+    `regularize_fast_weights=False`, of `W + W' diag(e1)`), plus `mean_rows c_b ||b_m + e2
+    b'_m||^2` with a bias column.
+
+    The weights carry edward2's names: `kernel`, `alpha`, `gamma` and the members' biases
+    `ensemble_bias` (`b_m`) of the main map; `delta_kernel`, `delta_alpha`, `delta_gamma` and
+    `bias` (`b'_m`, edward2's name for it) of the hyper-parameter map; `layer.dense` /
+    `layer.delta_dense` (convolutions: `conv2d` / `delta_conv2d`) are views with edward2's
+    attributes (`kernel`, `alpha`, `gamma`, `ensemble_bias`)."""
 
     _HYPER_ARGS = """      lambda_key_to_index: edward2's `{'<layer>_l2_kernel': column, ...}` (optional; sets
         `l2_index`).
@@ -349,6 +362,12 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
       embedding_initializer: of `E` `[h, 2 outputs]`.
       bias_initializer: of `b` and `b'` (`[E, outputs]` each).
       l2_index: the column of `lambdas` holding the L2 coefficient (None: no penalty).
+      l2_bias_index: the column holding the biases' L2 coefficient (None: no bias penalty;
+        edward2's `'<layer>_l2_bias'` key sets it).
+      regularize_fast_weights: the penalty is on the members' effective kernels (True,
+        edward2's default) or on the shared kernels `W + W' diag(e1)` (False).
+      fast_weights_eq_contraint: the hyper-parameter map shares the main map's fast weights
+        (`u_m = r_m`, `v_m = s_m`; edward2's spelling).
       rank: the fast weights' rank (1, the only one; edward2's argument).
       **kwargs: `keras.layers.Layer` arguments.
 """
@@ -366,6 +385,9 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
         embedding_initializer="glorot_uniform",
         bias_initializer="zeros",
         l2_index=None,
+        l2_bias_index=None,
+        regularize_fast_weights=True,
+        fast_weights_eq_contraint=False,
         rank=1,
         **kwargs,
     ):
@@ -379,7 +401,14 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
             if l2_index is not None:
                 raise ValueError(f"{name}: give l2_index or lambda_key_to_index, not both.")
             l2_index = _l2_key_index(self.name, lambda_key_to_index, name)
+            if l2_bias_index is None:
+                l2_bias_index = _l2_key_index(
+                    self.name, lambda_key_to_index, name, "bias", required=False
+                )
         self.lambda_key_to_index = lambda_key_to_index
+        self.l2_bias_index = l2_bias_index
+        self.regularize_fast_weights = bool(regularize_fast_weights)
+        self.fast_weights_eq_contraint = bool(fast_weights_eq_contraint)
         self.outputs = int(outputs)
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
         self.activation = keras.activations.get(activation)
@@ -404,20 +433,23 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
             raise ValueError(
                 f"{name}: l2_index {self.l2_index} is outside the {h} hyper-parameters."
             )
+        for index, what in ((self.l2_index, "l2_index"), (self.l2_bias_index, "l2_bias_index")):
+            if index is not None and not 0 <= index < h:
+                raise ValueError(f"{name}: {what} {index} is outside the {h} hyper-parameters.")
         e, u = self.ensemble_size, self.outputs
         for prefix in ("", "delta_"):
-            shapes = {
-                "kernel": (self._kernel_shape(d), self.kernel_initializer),
-                "alpha": ((e, d), self.alpha_initializer),
-                "gamma": ((e, u), self.gamma_initializer),
-            }
-            if self.use_bias:
-                shapes["bias"] = ((e, u), self.bias_initializer)
+            shapes = {"kernel": (self._kernel_shape(d), self.kernel_initializer)}
+            if not (prefix and self.fast_weights_eq_contraint):
+                shapes["alpha"] = ((e, d), self.alpha_initializer)
+                shapes["gamma"] = ((e, u), self.gamma_initializer)
+            if self.use_bias:  # edward2's names: b_m is `ensemble_bias`, b'_m is `bias`
+                shapes["ensemble_bias" if not prefix else "bias"] = ((e, u), self.bias_initializer)
             for weight, (shape, initializer) in shapes.items():
-                variable = self.add_weight(
-                    name=f"{prefix}{weight}", shape=shape, initializer=initializer
-                )
-                setattr(self, f"{prefix}{weight}", variable)
+                attribute = weight if weight in ("ensemble_bias", "bias") else f"{prefix}{weight}"
+                variable = self.add_weight(name=attribute, shape=shape, initializer=initializer)
+                setattr(self, attribute, variable)
+        if self.fast_weights_eq_contraint:
+            self.delta_alpha, self.delta_gamma = self.alpha, self.gamma
         self.embedding = None
         if len(input_shape) == 2:  # else edward2's `e` comes with the inputs
             self.embedding = self.add_weight(
@@ -440,10 +472,21 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
             self.delta_kernel, self.delta_alpha, self.delta_gamma
         )
         if self.use_bias:
-            outputs += member_rows(self.bias, outputs, name)
-            outputs += tf.reshape(e2, per_row) * member_rows(self.delta_bias, outputs, name)
+            outputs += member_rows(self.ensemble_bias, outputs, name)
+            outputs += tf.reshape(e2, per_row) * member_rows(self.bias, outputs, name)
+        penalty = None
         if self.l2_index is not None:
-            self.add_loss(self._l2_penalty(lambdas[:, self.l2_index], e1))
+            penalty = self._l2_penalty(lambdas[:, self.l2_index], e1)
+        if self.use_bias and self.l2_bias_index is not None:
+            biases = member_rows(self.ensemble_bias, e2, name) + e2 * member_rows(
+                self.bias, e2, name
+            )
+            bias_penalty = tf.reduce_mean(
+                lambdas[:, self.l2_bias_index] * tf.reduce_sum(tf.square(biases), axis=-1)
+            )
+            penalty = bias_penalty if penalty is None else penalty + bias_penalty
+        if penalty is not None:
+            self.add_loss(penalty)
         if self.activation is not None:
             outputs = self.activation(outputs)
         return outputs
@@ -456,6 +499,8 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
 
         def kernels(kernel, alpha, gamma):  # [E, taps, d, u]
             flat = tf.reshape(kernel, [1, -1, d, u])
+            if not self.regularize_fast_weights:  # the shared kernels alone
+                return tf.tile(flat, [e, 1, 1, 1])
             return flat * tf.reshape(alpha, [e, 1, d, 1]) * tf.reshape(gamma, [e, 1, 1, u])
 
         k = kernels(self.kernel, self.alpha, self.gamma)
@@ -480,7 +525,21 @@ class _HyperBatchEnsemble(ArgsDoc, keras.layers.Layer):
             "embedding_initializer": serialize(self.embedding_initializer),
             "bias_initializer": serialize(self.bias_initializer),
             "l2_index": self.l2_index,
+            "l2_bias_index": self.l2_bias_index,
+            "regularize_fast_weights": self.regularize_fast_weights,
+            "fast_weights_eq_contraint": self.fast_weights_eq_contraint,
         }
+
+    def _view(self, prefix):
+        """edward2's inner layer: its `kernel`, `alpha`, `gamma` (and `ensemble_bias`)."""
+        view = types.SimpleNamespace(
+            kernel=getattr(self, f"{prefix}kernel"),
+            alpha=getattr(self, f"{prefix}alpha"),
+            gamma=getattr(self, f"{prefix}gamma"),
+        )
+        if not prefix and self.use_bias:
+            view.ensemble_bias = self.ensemble_bias
+        return view
 
 
 @register
@@ -518,6 +577,16 @@ class DenseHyperBatchEnsemble(_HyperBatchEnsemble):
     def units(self):
         return self.outputs
 
+    @property
+    def dense(self):
+        """edward2's main `DenseBatchEnsemble` (a view of this layer's weights)."""
+        return self._view("")
+
+    @property
+    def delta_dense(self):
+        """edward2's hyper-parameter `DenseBatchEnsemble` (a view)."""
+        return self._view("delta_")
+
     def _kernel_shape(self, channels):
         return (channels, self.outputs)
 
@@ -550,7 +619,8 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
 
     def __init__(
         self,
-        filters,
+        *args,
+        filters=None,
         kernel_size=None,
         lambda_key_to_index=None,
         strides=1,
@@ -558,14 +628,37 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
         dilation_rate=1,
         **kwargs,
     ):
-        if isinstance(filters, dict):  # edward2's order: (lambda_key_to_index, filters, size)
-            filters, kernel_size, lambda_key_to_index = kernel_size, lambda_key_to_index, filters
+        # Keras' order `(filters, kernel_size)`, or edward2's `(lambda_key_to_index, filters,
+        # kernel_size)`, positionally or by keyword.
+        args = list(args)
+        if args and isinstance(args[0], dict):
+            lambda_key_to_index = args.pop(0)
+        if len(args) > 2:
+            raise TypeError(f"Conv2DHyperBatchEnsemble: too many positional arguments {args}.")
+        given = dict(zip(("filters", "kernel_size"), args))
+        for name, value in given.items():
+            if {"filters": filters, "kernel_size": kernel_size}[name] is not None:
+                raise TypeError(f"Conv2DHyperBatchEnsemble: {name} given twice.")
+        filters = given.get("filters", filters)
+        kernel_size = given.get("kernel_size", kernel_size)
+        if filters is None or kernel_size is None:
+            raise TypeError("Conv2DHyperBatchEnsemble needs filters and kernel_size.")
         _set_conv_geometry(self, kernel_size, strides, padding, dilation_rate)
         super().__init__(filters, lambda_key_to_index, **kwargs)
 
     @property
     def filters(self):
         return self.outputs
+
+    @property
+    def conv2d(self):
+        """edward2's main `Conv2DBatchEnsemble` (a view of this layer's weights)."""
+        return self._view("")
+
+    @property
+    def delta_conv2d(self):
+        """edward2's hyper-parameter `Conv2DBatchEnsemble` (a view)."""
+        return self._view("delta_")
 
     def _kernel_shape(self, channels):
         return (*self.kernel_size, channels, self.outputs)

@@ -270,8 +270,8 @@ def test_hyper_batch_ensemble_formula_and_l2_penalty():
         [
             x[i] @ k[member[i]]
             + e1[i] * (x[i] @ dk[member[i]])
-            + np.asarray(layer.bias)[member[i]]
-            + e2[i] * np.asarray(layer.delta_bias)[member[i]]
+            + np.asarray(layer.ensemble_bias)[member[i]]
+            + e2[i] * np.asarray(layer.bias)[member[i]]
             for i in range(len(x))
         ]
     )
@@ -306,7 +306,7 @@ def test_conv2d_hyper_batch_ensemble_formula_penalty_and_edward2_order(tmp_path)
     for i in range(len(x)):
         m = member[i]
         kernel = k[m] + dk[m] * e1[i]
-        bias = np.asarray(layer.bias)[m] + e2[i] * np.asarray(layer.delta_bias)[m]
+        bias = np.asarray(layer.ensemble_bias)[m] + e2[i] * np.asarray(layer.bias)[m]
         expected = tf.nn.conv2d(x[i : i + 1], kernel, 1, "SAME").numpy()[0] + bias
         np.testing.assert_allclose(y[i], expected, rtol=1e-4, atol=1e-4)
     penalty = np.mean(

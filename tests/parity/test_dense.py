@@ -208,23 +208,79 @@ def test_dense_batch_ensemble():
     "use_bias,regularize_fast_weights,fast_weights_eq_constraint",
     list(itertools.product([True, False], [True, False], [True, False])),
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="edward2's DenseHyperBatchEnsemble options regularize_fast_weights and "
-    "fast_weights_eq_contraint and its inner layers (dense, delta_dense) are not in blayers: "
-    "its hyper-layer is one layer with its own weights (docs/edward2.md)",
-)
 def test_dense_hyper_batch_ensemble(use_bias, regularize_fast_weights, fast_weights_eq_constraint):
+    tf.random.set_seed(1)
+    units, ens_size, n, dim_x = 5, 3, 6, 4
+    lambda_key_to_index = {"self_dense_l2_kernel": 0, "self_dense_l2_bias": 1}
     layer = ed_layers.DenseHyperBatchEnsemble(
-        5,
-        {"self_dense_l2_kernel": 0, "self_dense_l2_bias": 1},
-        ensemble_size=3,
+        units,
+        lambda_key_to_index,
+        ensemble_size=ens_size,
         name="self_dense",
+        activation=None,
         use_bias=use_bias,
+        kernel_initializer="glorot_uniform",
+        bias_initializer="glorot_uniform",
+        alpha_initializer="glorot_uniform",
+        gamma_initializer="glorot_uniform",
         regularize_fast_weights=regularize_fast_weights,
         fast_weights_eq_contraint=fast_weights_eq_constraint,
     )
-    e = tf.random.normal((18, 10))
-    lambdas = tf.random.uniform((18, 2))
-    layer([tf.tile(tf.random.normal((6, 4)), [3, 1]), lambdas, e])
-    assert layer.dense.kernel is not None and layer.delta_dense.kernel is not None
+    e = tf.random.normal((n * ens_size, 2 * units))
+    lambdas = tf.random.uniform((n * ens_size, 2))
+    x = tf.random.normal((n, dim_x))
+    outputs = layer([tf.tile(x, [ens_size, 1]), lambdas, e])
+    dense_kernel = _value(layer.dense.kernel)
+    delta_dense_kernel = _value(layer.delta_dense.kernel)
+
+    def fast(k):
+        r_k = tf.reshape(_value(layer.dense.alpha)[k, :], (dim_x, 1))
+        s_k = tf.reshape(_value(layer.dense.gamma)[k, :], (1, units))
+        u_k = tf.reshape(_value(layer.delta_dense.alpha)[k, :], (dim_x, 1))
+        v_k = tf.reshape(_value(layer.delta_dense.gamma)[k, :], (1, units))
+        return r_k, s_k, u_k, v_k
+
+    expected_outputs = []
+    for k, ek in zip(range(ens_size), tf.split(e, ens_size)):
+        r_k, s_k, u_k, v_k = fast(k)
+        if fast_weights_eq_constraint:
+            np.testing.assert_allclose(r_k, u_k)
+            np.testing.assert_allclose(s_k, v_k)
+        for x_i, e_i in zip(x, ek):
+            x_i = tf.reshape(x_i, (1, dim_x))
+            e1_i = tf.reshape(e_i[:units], (1, units))
+            e2_i = tf.reshape(e_i[units:], (units,))
+            kernel_i = dense_kernel * r_k * s_k
+            delta_kernel_i = (delta_dense_kernel * u_k * v_k) * e1_i
+            expected_i = tf.matmul(x_i, kernel_i + delta_kernel_i)
+            if use_bias:
+                bias_i = _value(layer.dense.ensemble_bias)[k, :]
+                delta_bias_i = _value(layer.bias)[k, :] * e2_i
+                expected_i += bias_i + delta_bias_i
+            expected_outputs.append(expected_i)
+    np.testing.assert_allclose(outputs, tf.concat(expected_outputs, 0), rtol=1e-5, atol=1e-5)
+
+    mean_l2_regularizer = 0.0
+    for k, ek, lambdask in zip(range(ens_size), tf.split(e, ens_size), tf.split(lambdas, ens_size)):
+        r_k, s_k, u_k, v_k = fast(k)
+        for lambdas_i, e_i in zip(lambdask, ek):
+            l2_kernel, l2_bias = lambdas_i[0], lambdas_i[1]
+            e1_i = tf.reshape(e_i[:units], (1, units))
+            e2_i = tf.reshape(e_i[units:], (units,))
+            if regularize_fast_weights:
+                kernel_i = dense_kernel * r_k * s_k
+                delta_kernel_i = (delta_dense_kernel * u_k * v_k) * e1_i
+            else:
+                kernel_i = dense_kernel
+                delta_kernel_i = delta_dense_kernel * e1_i
+            mean_l2_regularizer += l2_kernel * tf.reduce_sum(tf.square(kernel_i + delta_kernel_i))
+            if use_bias:
+                bias_i = _value(layer.dense.ensemble_bias)[k, :]
+                delta_bias_i = _value(layer.bias)[k, :] * e2_i
+                mean_l2_regularizer += l2_bias * tf.reduce_sum(tf.square(bias_i + delta_bias_i))
+    mean_l2_regularizer *= 1.0 / (n * ens_size)
+    np.testing.assert_allclose(float(mean_l2_regularizer), float(layer.losses[0]), rtol=1e-5)
+
+
+def _value(weight):
+    return tf.convert_to_tensor(weight)
