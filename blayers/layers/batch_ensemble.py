@@ -636,7 +636,7 @@ class Conv2DHyperBatchEnsemble(_HyperBatchEnsemble):
         if len(args) > 2:
             raise TypeError(f"Conv2DHyperBatchEnsemble: too many positional arguments {args}.")
         given = dict(zip(("filters", "kernel_size"), args))
-        for name, value in given.items():
+        for name in given:
             if {"filters": filters, "kernel_size": kernel_size}[name] is not None:
                 raise TypeError(f"Conv2DHyperBatchEnsemble: {name} given twice.")
         filters = given.get("filters", filters)
