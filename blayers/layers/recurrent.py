@@ -92,6 +92,8 @@ class _CellBase(BayesianLayer):
         deterministic weights.
       unit_forget_bias: (LSTM cells) forget-gate bias starts at 1, as Keras' LSTMCell.
       seed: seeds the Flipout signs.
+      implementation: 1 or 2, accepted for edward2's and Keras 2's code (how those split the
+        gates' matmuls); both compute the same map here.
       **kwargs: `keras.layers.Layer` arguments.
 """
 
@@ -111,9 +113,15 @@ class _CellBase(BayesianLayer):
         recurrent_constraint=None,
         bias_constraint=None,
         seed=None,
+        implementation=2,
         **kwargs,
     ):
         super().__init__(seed=seed, **kwargs)
+        if implementation not in (1, 2):
+            raise ValueError(
+                f"{type(self).__name__}: implementation must be 1 or 2, got {implementation!r}."
+            )
+        self.implementation = implementation
         if not isinstance(units, int) or units <= 0:
             raise ValueError(
                 f"{type(self).__name__} needs a positive integer `units`, got {units!r}."
@@ -129,6 +137,19 @@ class _CellBase(BayesianLayer):
         self._configure_weight("bias", bias_initializer, bias_regularizer, bias_constraint)
         object.__setattr__(self, "_sequence", None)
         self._num_draws = 0  # sequences begun (eager calls; a tf.function counts its trace)
+
+    # Keras' (and edward2's) names of the recurrent kernel's settings.
+    @property
+    def recurrent_initializer(self):
+        return self.recurrent_kernel_initializer
+
+    @property
+    def recurrent_regularizer(self):
+        return self.recurrent_kernel_regularizer
+
+    @property
+    def recurrent_constraint(self):
+        return self.recurrent_kernel_constraint
 
     def build(self, input_shape):
         input_dim = input_shape[-1]
@@ -245,6 +266,7 @@ class _CellBase(BayesianLayer):
             "activation": keras.activations.serialize(self.activation),
             "recurrent_activation": keras.activations.serialize(self.recurrent_activation),
             "use_bias": self.use_bias,
+            "implementation": self.implementation,
             **self._weight_config("kernel"),
             **self._weight_config("recurrent_kernel", "recurrent"),
             **self._weight_config("bias"),
