@@ -290,7 +290,13 @@ class MADE(keras.layers.Layer):
       use_bias: biases in the masked layers.
       event_ndims: 1 (`[..., d]` inputs) or 2 (`[..., length, channels]`).
       seed: seeds a `'random'` order and the masks' degrees.
+      input_order: edward2's name for `order`.
+      hidden_order: the hidden units' degrees, `'left-to-right'` (cycling through the
+        positions, edward2's default; the only one here).
       **kwargs: `keras.layers.Layer` arguments.
+
+    edward2's form is accepted too: `MADE(units, hidden_dims, input_order=..., ...)`, `units`
+    being `params`.
     """
 
     def __init__(
@@ -302,9 +308,24 @@ class MADE(keras.layers.Layer):
         use_bias=True,
         event_ndims=1,
         seed=None,
+        input_order=None,
+        hidden_order="left-to-right",
         **kwargs,
     ):
         super().__init__(**kwargs)
+        if isinstance(hidden_dims, (int, np.integer)):  # edward2: MADE(units, hidden_dims)
+            if not isinstance(order, (list, tuple)):
+                raise ValueError(
+                    f"MADE: with an int first argument (edward2's units) the second is the "
+                    f"hidden sizes, got {order!r}."
+                )
+            params, hidden_dims, order = int(hidden_dims), order, "left-to-right"
+        if input_order is not None:
+            order = input_order
+        if hidden_order != "left-to-right":
+            raise ValueError(
+                f"MADE: hidden_order must be 'left-to-right' (the only one), got {hidden_order!r}."
+            )
         if event_ndims not in (1, 2):
             raise ValueError(f"MADE: event_ndims must be 1 or 2, got {event_ndims!r}.")
         self.use_bias, self.event_ndims = use_bias, event_ndims
