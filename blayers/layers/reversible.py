@@ -315,7 +315,7 @@ class MADE(keras.layers.Layer):
         super().__init__(**kwargs)
         if isinstance(hidden_dims, (int, np.integer)):  # edward2: MADE(units, hidden_dims)
             if not isinstance(order, (list, tuple)):
-                raise ValueError(
+                raise TypeError(
                     f"MADE: with an int first argument (edward2's units) the second is the "
                     f"hidden sizes, got {order!r}."
                 )
