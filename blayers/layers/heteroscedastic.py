@@ -25,7 +25,7 @@ from blayers.sampling import standard_normal
 
 tfd = tfp.distributions
 
-__all__ = ["ExactSigmoidDense", "MCSigmoidDenseFA", "MCSoftmaxDenseFA"]
+__all__ = ["ExactSigmoidDense", "MCSigmoidDenseFA", "MCSoftmaxDenseFA", "MultiHeadMCSoftmaxDenseFA"]
 
 
 @register
@@ -142,6 +142,78 @@ class MCSigmoidDenseFA(MCSoftmaxDenseFA):
         del training
         u = self.noisy_logits(inputs)
         return _log_mean(tf.math.log_sigmoid(u)) - _log_mean(tf.math.log_sigmoid(-u))
+
+
+@register
+class MultiHeadMCSoftmaxDenseFA(MCSoftmaxDenseFA):
+    """Heteroscedastic softmax heads with one shared latent noise (edward2's
+    `MultiHeadMCSoftmaxDenseFA`): the logits of all `E` heads, `u` in `R^{E C}`, are one
+    Gaussian with a factor-analysis covariance (the factors correlate the heads), and head `e`
+    predicts `E_u[softmax(u_e / T)]`. Returns each head's `log p`: `[B, E, C]`, or with
+    `member_major=True` `[E * B, C]` rows for `EnsembleOutput`.
+
+    Args:
+      num_classes: classes `C` per head.
+      num_factors: rank `K` of the shared covariance's low-rank part.
+      ensemble_size: heads `E`.
+      temperature: the softmax temperature `T`.
+      num_mc_samples: Monte Carlo draws of the noisy logits per example.
+      member_major: return `[E * B, C]` member-major rows.
+      seed: seeds the draws.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        num_classes,
+        num_factors=10,
+        ensemble_size=1,
+        temperature=1.0,
+        num_mc_samples=1000,
+        member_major=False,
+        seed=None,
+        **kwargs,
+    ):
+        name = f"MultiHeadMCSoftmaxDenseFA ({kwargs.get('name', 'multi_head')})"
+        if not isinstance(num_classes, (int, np.integer)) or num_classes < 2:
+            raise ValueError(f"{name}: num_classes must be an integer >= 2, got {num_classes!r}.")
+        if not isinstance(ensemble_size, (int, np.integer)) or ensemble_size < 1:
+            raise ValueError(
+                f"{name}: ensemble_size must be a positive integer, got {ensemble_size!r}."
+            )
+        self.head_classes, self.ensemble_size = int(num_classes), int(ensemble_size)
+        self.member_major = bool(member_major)
+        super().__init__(
+            self.head_classes * self.ensemble_size,
+            num_factors=num_factors,
+            temperature=temperature,
+            num_mc_samples=num_mc_samples,
+            seed=seed,
+            **kwargs,
+        )
+
+    def call(self, inputs, training=None):
+        del training
+        u = self.noisy_logits(inputs)  # [S, B, E C]
+        u = tf.reshape(u, tf.concat([tf.shape(u)[:2], [self.ensemble_size, self.head_classes]], 0))
+        log_probs = _log_mean(tf.nn.log_softmax(u, axis=-1))  # [B, E, C]
+        if self.member_major:
+            return tf.reshape(tf.transpose(log_probs, [1, 0, 2]), [-1, self.head_classes])
+        return log_probs
+
+    def compute_output_shape(self, input_shape):
+        batch = input_shape[0]
+        if self.member_major:
+            return (None if batch is None else batch * self.ensemble_size, self.head_classes)
+        return (batch, self.ensemble_size, self.head_classes)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_classes": self.head_classes,
+            "ensemble_size": self.ensemble_size,
+            "member_major": self.member_major,
+        }
 
 
 @register

@@ -101,3 +101,25 @@ def test_ensemble_sync_batch_norm_is_each_members_batch_norm():
             twin(rows, training=False),
             atol=1e-4,
         )
+
+
+def test_multi_head_mc_softmax_is_each_heads_mean_softmax_of_one_shared_noise():
+    x = np.random.RandomState(5).randn(4, 3).astype("float32")
+    layer = L.MultiHeadMCSoftmaxDenseFA(
+        3, num_factors=2, ensemble_size=2, num_mc_samples=20_000, seed=0
+    )
+    _set(layer, x)
+    probs = np.exp(layer(x).numpy())  # [B, E, C]
+    assert probs.shape == (4, 2, 3)
+    np.testing.assert_allclose(probs.sum(-1), 1.0, rtol=1e-5)
+    loc, factors, diag = (t.numpy() for t in layer.noise_distribution(x))
+    rng = np.random.RandomState(6)
+    n = 50_000
+    u = loc + np.einsum("bck,nbk->nbc", factors, rng.randn(n, 4, 2)) + diag * rng.randn(n, 4, 6)
+    u = u.reshape(n, 4, 2, 3)
+    s = np.exp(u - u.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    se = s.std(0) / np.sqrt(n) + s.std(0) / np.sqrt(20_000)
+    np.testing.assert_array_less(np.abs(probs - s.mean(0)), 5 * se)
+    rows = L.MultiHeadMCSoftmaxDenseFA(3, 2, ensemble_size=2, member_major=True, seed=0)(x)
+    assert rows.shape == (8, 3)
