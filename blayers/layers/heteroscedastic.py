@@ -20,12 +20,18 @@ import numpy as np
 import tensorflow as tf
 import tensorflow_probability as tfp
 
-from blayers.layers.base import SeededLayer, register
+from blayers.layers.base import NestedLayers, SeededLayer, register
 from blayers.sampling import standard_normal
 
 tfd = tfp.distributions
 
-__all__ = ["ExactSigmoidDense", "MCSigmoidDenseFA", "MCSoftmaxDenseFA", "MultiHeadMCSoftmaxDenseFA"]
+__all__ = [
+    "EnsembleHeteroscedasticOutputs",
+    "ExactSigmoidDense",
+    "MCSigmoidDenseFA",
+    "MCSoftmaxDenseFA",
+    "MultiHeadMCSoftmaxDenseFA",
+]
 
 
 @register
@@ -275,4 +281,99 @@ class ExactSigmoidDense(keras.layers.Layer):
             "num_outputs": self.num_outputs,
             "logit_noise": self.logit_noise,
             "min_scale": self.min_scale,
+        }
+
+
+@register
+class EnsembleHeteroscedasticOutputs(NestedLayers, keras.layers.Layer):
+    """A weighted ensemble of heteroscedastic output layers (edward2's
+    `EnsembleHeteroscedasticOutputs`), e.g. an `ExactSigmoidDense` with normal and one with
+    logistic noise. With `averaging='ensemble_cross_ent'` the predictive is the mixture
+    `p = sum_i w_i p_i` (trained knowing it is ensembled: `-log sum_i w_i p_i`); with
+    `'gibbs_cross_ent'` the training logits are `sum_i w_i logits_i` (a loss `-sum_i w_i log
+    p_i` in spirit, which can promote diversity) and the prediction is the mixture.
+
+    Returns logits: `log p` (`num_classes > 2`) or the Bernoulli logits `log p - log(1 - p)`
+    (`num_classes == 2`, sigmoid members), probabilities clipped to `[eps, 1 - eps]`.
+
+    Args:
+      num_classes: classes (2: binary members with sigmoid outputs).
+      layers: the member output layers (their outputs are logits, as blayers' are).
+      ensemble_weighting: one weight a member, a probability distribution.
+      averaging: `'ensemble_cross_ent'` (default) or `'gibbs_cross_ent'`.
+      eps: the probabilities' clip.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    nested_layer_args = ("layers",)
+
+    def __init__(
+        self,
+        num_classes,
+        layers,
+        ensemble_weighting,
+        averaging="ensemble_cross_ent",
+        eps=1e-7,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = f"EnsembleHeteroscedasticOutputs ({self.name})"
+        weights = [float(w) for w in ensemble_weighting]
+        if len(weights) != len(layers) or abs(sum(weights) - 1.0) > 1e-5 or min(weights) < 0:
+            raise ValueError(
+                f"{name}: ensemble_weighting must be a probability distribution with one weight "
+                f"a layer ({len(layers)}), got {ensemble_weighting!r}."
+            )
+        if averaging not in ("ensemble_cross_ent", "gibbs_cross_ent"):
+            raise ValueError(
+                f"{name}: averaging must be 'ensemble_cross_ent' or 'gibbs_cross_ent', got "
+                f"{averaging!r}."
+            )
+        self.num_classes, self.layers = int(num_classes), list(layers)
+        self.ensemble_weighting, self.averaging, self.eps = weights, averaging, float(eps)
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["layers"] = [keras.saving.deserialize_keras_object(c) for c in config["layers"]]
+        return cls(**config)
+
+    def build(self, input_shape):
+        for layer in self.layers:
+            if not layer.built:
+                layer.build(input_shape)
+
+    def _log_probs(self, logits):
+        if self.num_classes == 2:
+            return tf.math.log_sigmoid(logits)
+        return tf.nn.log_softmax(logits, axis=-1)
+
+    def _logits(self, probs):
+        probs = tf.clip_by_value(probs, self.eps, 1.0 - self.eps)
+        if self.num_classes == 2:
+            return tf.math.log(probs) - tf.math.log(1.0 - probs)
+        return tf.math.log(probs)
+
+    def call(self, inputs, training=None):
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        logits = [tf.convert_to_tensor(layer(x, training=training)) for layer in self.layers]
+        weights = [tf.cast(w, x.dtype) for w in self.ensemble_weighting]
+        if self.averaging == "gibbs_cross_ent" and training:
+            return tf.add_n([w * l for w, l in zip(weights, logits)])
+        log_probs = tf.stack(
+            [tf.math.log(w) + self._log_probs(l) for w, l in zip(weights, logits)], axis=-1
+        )
+        return self._logits(tf.exp(tf.reduce_logsumexp(log_probs, axis=-1)))
+
+    def compute_output_shape(self, input_shape):
+        return self.layers[0].compute_output_shape(input_shape)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "num_classes": self.num_classes,
+            "layers": [keras.saving.serialize_keras_object(layer) for layer in self.layers],
+            "ensemble_weighting": self.ensemble_weighting,
+            "averaging": self.averaging,
+            "eps": self.eps,
         }

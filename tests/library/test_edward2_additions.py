@@ -123,3 +123,25 @@ def test_multi_head_mc_softmax_is_each_heads_mean_softmax_of_one_shared_noise():
     np.testing.assert_array_less(np.abs(probs - s.mean(0)), 5 * se)
     rows = L.MultiHeadMCSoftmaxDenseFA(3, 2, ensemble_size=2, member_major=True, seed=0)(x)
     assert rows.shape == (8, 3)
+
+
+def test_heteroscedastic_ensemble_mixes_the_members_probabilities(tmp_path):
+    x = np.random.RandomState(7).randn(5, 3).astype("float32")
+    normal = L.ExactSigmoidDense(1, logit_noise="normal")
+    logistic = L.ExactSigmoidDense(1, logit_noise="logistic")
+    ensemble = L.EnsembleHeteroscedasticOutputs(2, [normal, logistic], (0.3, 0.7))
+    p = tf.sigmoid(ensemble(x)).numpy()
+    expected = 0.3 * tf.sigmoid(normal(x)).numpy() + 0.7 * tf.sigmoid(logistic(x)).numpy()
+    np.testing.assert_allclose(p, expected, rtol=1e-5)
+    gibbs = L.EnsembleHeteroscedasticOutputs(2, [normal, logistic], (0.3, 0.7), "gibbs_cross_ent")
+    np.testing.assert_allclose(
+        gibbs(x, training=True), 0.3 * normal(x) + 0.7 * logistic(x), rtol=1e-5, atol=1e-6
+    )
+    np.testing.assert_allclose(tf.sigmoid(gibbs(x)), expected, rtol=1e-5)
+    model = keras.Sequential([keras.Input((3,)), ensemble])
+    model.save(tmp_path / "ens.keras")
+    np.testing.assert_allclose(
+        keras.models.load_model(tmp_path / "ens.keras")(x), model(x), rtol=1e-6
+    )
+    with pytest.raises(ValueError, match="probability distribution"):
+        L.EnsembleHeteroscedasticOutputs(2, [normal, logistic], (0.5, 0.6))
