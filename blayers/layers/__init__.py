@@ -49,6 +49,7 @@ _FAMILIES = (
     "mimo",
     "evidential",
     "bayesian_linear_model",
+    "posterior_network",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")

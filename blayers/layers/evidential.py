@@ -114,6 +114,8 @@ class DirichletPredictive(tfd.Categorical):
         (Eq. 3, the Dirichlet-marginal likelihood) or `'digamma'` (Eq. 4, the Bayes risk of
         the cross-entropy).
       kl_weight: `lambda_t` of the KL of the misleading evidence.
+      entropy_regularizer: `lambda` of `- lambda H(Dir(alpha))` in the loss (the Posterior
+        Network's regularizer; 0 for Sensoy et al.'s).
     """
 
     def __init__(
@@ -121,6 +123,7 @@ class DirichletPredictive(tfd.Categorical):
         concentration,
         loss="mse",
         kl_weight=0.0,
+        entropy_regularizer=0.0,
         validate_args=False,
         allow_nan_stats=True,
         name="DirichletPredictive",
@@ -129,6 +132,7 @@ class DirichletPredictive(tfd.Categorical):
         self.concentration = tf.convert_to_tensor(concentration)
         self.strength = tf.reduce_sum(self.concentration, axis=-1, keepdims=True)
         self.loss, self.kl_weight = loss, kl_weight
+        self.entropy_regularizer = entropy_regularizer
         super().__init__(
             probs=self.concentration / self.strength,
             validate_args=validate_args,
@@ -171,14 +175,19 @@ class DirichletPredictive(tfd.Categorical):
             data = tf.reduce_sum(y * (tf.math.log(strength) - tf.math.log(alpha)), axis=-1)
         else:
             data = tf.reduce_sum(y * (tf.math.digamma(strength) - tf.math.digamma(alpha)), axis=-1)
-        kept = y + (1.0 - y) * alpha
-        kl = tfd.Dirichlet(kept).kl_divergence(tfd.Dirichlet(tf.ones_like(kept)))
-        return -(data + tf.cast(self.kl_weight, alpha.dtype) * kl)
+        loss = data
+        if not (isinstance(self.kl_weight, (int, float)) and self.kl_weight == 0):
+            kept = y + (1.0 - y) * alpha
+            kl = tfd.Dirichlet(kept).kl_divergence(tfd.Dirichlet(tf.ones_like(kept)))
+            loss += tf.cast(self.kl_weight, alpha.dtype) * kl
+        if self.entropy_regularizer:
+            loss -= self.entropy_regularizer * tfd.Dirichlet(alpha).entropy()
+        return -loss
 
 
 # Traceable random-variable constructors, as `blayers.distributions`' (interceptors see them).
 _NIG_RV = rv_lib.make_constructor(NormalInverseGammaPredictive)
-_DIRICHLET_RV = rv_lib.make_constructor(DirichletPredictive)
+make_dirichlet_rv = rv_lib.make_constructor(DirichletPredictive)
 
 
 @register
@@ -301,7 +310,7 @@ class Dirichlet(_OutputLayer):
 
     def _random_variable(self, x):
         concentration = _EVIDENCE[self.evidence](x) + 1.0
-        return _DIRICHLET_RV(
+        return make_dirichlet_rv(
             concentration,
             loss=self.loss,
             kl_weight=tf.cast(self._weight, x.dtype),

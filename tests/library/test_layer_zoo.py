@@ -97,6 +97,10 @@ CASES = {
         _dense_input,
     ),
     "BayesianLinearModel": (lambda: [L.BayesianLinearModel(0.5)], _dense_input),
+    "PosteriorNetwork": (
+        lambda: [keras.layers.Dense(3), L.PosteriorNetwork(3, flow_depth=2, seed=0)],
+        _dense_input,
+    ),
     "EnsembleSyncBatchNorm": (
         lambda: [L.EnsembleTile(2), keras.layers.Conv2D(4, 1), L.EnsembleSyncBatchNorm(2)],
         _image_input,
