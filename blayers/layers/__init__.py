@@ -50,6 +50,7 @@ _FAMILIES = (
     "evidential",
     "bayesian_linear_model",
     "posterior_network",
+    "neural_process",
 )
 for _family in _FAMILIES:
     importlib.import_module(f"blayers.layers.{_family}")
