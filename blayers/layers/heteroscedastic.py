@@ -28,6 +28,7 @@ tfd = tfp.distributions
 __all__ = [
     "EnsembleHeteroscedasticOutputs",
     "ExactSigmoidDense",
+    "HeteroscedasticSNGPLayer",
     "MCSigmoidDenseFA",
     "MCSoftmaxDenseFA",
     "MultiHeadMCSoftmaxDenseFA",
@@ -92,7 +93,9 @@ class MCSoftmaxDenseFA(SeededLayer):
 
     def noisy_logits(self, inputs):
         """`[num_mc_samples, B, C]` draws of `u / T`."""
-        loc, factors, diag = self.noise_distribution(inputs)
+        return self._draw(*self.noise_distribution(inputs))
+
+    def _draw(self, loc, factors, diag):
         s, batch = self.num_mc_samples, tf.shape(loc)[0]
         seed_c, seed_k = tf.unstack(tf.random.experimental.stateless_split(self.next_seed(), 2))
         noise = diag * standard_normal(tf.stack([s, batch, self.num_classes]), seed_c, loc.dtype)
@@ -376,4 +379,112 @@ class EnsembleHeteroscedasticOutputs(NestedLayers, keras.layers.Layer):
             "ensemble_weighting": self.ensemble_weighting,
             "averaging": self.averaging,
             "eps": self.eps,
+        }
+
+
+@register
+class HeteroscedasticSNGPLayer(MCSoftmaxDenseFA):
+    """Heteroscedastic SNGP (Fortuin et al., 2022; edward2's `HeteroscedasticSNGPLayer`): the
+    logits' location is an SNGP head (`RandomFeatureGaussianProcess`) and their noise the
+    factor-analysis Gaussian of `MCSoftmaxDenseFA`; at prediction the noise's diagonal also
+    carries the GP's predictive variance, `d^2 <- het_var_weight d^2 + sngp_var_weight
+    Var_GP(x)`, so the softmax averages over both the label noise and the function's
+    uncertainty. Returns `log p(y | x)` as logits.
+
+    Args:
+      num_classes: classes `C`.
+      num_factors: rank `K` of the noise covariance's low-rank part.
+      temperature: the softmax temperature.
+      num_mc_samples: Monte Carlo draws per example.
+      sngp_var_weight, het_var_weight: the two variances' weights at prediction.
+      num_inducing, gp_kernel_scale, gp_cov_momentum, gp_cov_ridge_penalty, normalize_input,
+        l2_regularization: the SNGP head's (`RandomFeatureGaussianProcess`); edward2's
+        default `gp_cov_momentum=-1` (the exact precision over an epoch).
+      seed: seeds the draws.
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        num_classes,
+        num_factors=10,
+        temperature=1.0,
+        num_mc_samples=1000,
+        sngp_var_weight=1.0,
+        het_var_weight=1.0,
+        num_inducing=1024,
+        gp_kernel_scale=1.0,
+        gp_cov_momentum=-1.0,
+        gp_cov_ridge_penalty=1.0,
+        normalize_input=False,
+        l2_regularization=1e-6,
+        seed=None,
+        **kwargs,
+    ):
+        from blayers.layers.gp.sngp import RandomFeatureGaussianProcess
+
+        super().__init__(
+            num_classes,
+            num_factors=num_factors,
+            temperature=temperature,
+            num_mc_samples=num_mc_samples,
+            seed=seed,
+            **kwargs,
+        )
+        self.sngp_var_weight, self.het_var_weight = float(sngp_var_weight), float(het_var_weight)
+        self.gp_settings = {
+            "num_inducing": int(num_inducing),
+            "gp_kernel_scale": float(gp_kernel_scale),
+            "gp_cov_momentum": float(gp_cov_momentum),
+            "gp_cov_ridge_penalty": float(gp_cov_ridge_penalty),
+            "normalize_input": bool(normalize_input),
+            "l2_regularization": float(l2_regularization),
+        }
+        self.loc_layer = None  # the SNGP head gives the location
+        self.sngp_layer = RandomFeatureGaussianProcess(
+            self.num_classes,
+            return_covariance=True,
+            name="sngp",
+            dtype=self.dtype_policy,
+            seed=seed,
+            **self.gp_settings,
+        )
+
+    def build(self, input_shape):
+        for layer in (self.diag_layer, self.factor_layer, self.sngp_layer):
+            if layer is not None:
+                layer.build(input_shape)
+
+    def begin_epoch(self):
+        """The SNGP head's precision restarts with each epoch (`gp_cov_momentum < 0`)."""
+        self.sngp_layer.begin_epoch()
+
+    def noise_distribution(self, inputs, training=None):
+        """`(loc, factors, diag)` with the SNGP head's logits as `loc` and, at prediction, its
+        predictive variance added to the diagonal."""
+        x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        loc, covariance = self.sngp_layer(x, training=training)
+        diag = self.diag_layer(x) + 1e-6
+        factors = None
+        if self.factor_layer is not None:
+            factors = tf.reshape(self.factor_layer(x), [-1, self.num_classes, self.num_factors])
+        if not training:
+            variance = tf.linalg.diag_part(covariance)[:, None]  # [B, 1], shared by classes
+            diag = tf.sqrt(self.het_var_weight * tf.square(diag) + self.sngp_var_weight * variance)
+        return loc, factors, diag
+
+    def noisy_logits(self, inputs, training=None):
+        loc, factors, diag = self.noise_distribution(inputs, training)
+        return self._draw(loc, factors, diag)
+
+    def call(self, inputs, training=None):
+        u = self.noisy_logits(inputs, training)
+        return _log_mean(tf.nn.log_softmax(u, axis=-1))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "sngp_var_weight": self.sngp_var_weight,
+            "het_var_weight": self.het_var_weight,
+            **self.gp_settings,
         }

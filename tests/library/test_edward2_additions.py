@@ -145,3 +145,32 @@ def test_heteroscedastic_ensemble_mixes_the_members_probabilities(tmp_path):
     )
     with pytest.raises(ValueError, match="probability distribution"):
         L.EnsembleHeteroscedasticOutputs(2, [normal, logistic], (0.5, 0.6))
+
+
+def test_heteroscedastic_sngp_adds_the_gp_variance_at_prediction():
+    """Training: the noise's diagonal is the heteroscedastic one; prediction: sqrt(het d^2 +
+    sngp Var_GP), the GP's variance from the SNGP head's covariance; the location is the head's
+    logits; it learns."""
+    rng = np.random.RandomState(0)
+    x = rng.randn(64, 4).astype("float32")
+    y = (x[:, 0] > 0).astype("int32") + (x[:, 1] > 0).astype("int32")
+    layer = L.HeteroscedasticSNGPLayer(
+        3, num_factors=2, num_mc_samples=50, num_inducing=64, sngp_var_weight=2.0, seed=0
+    )
+    layer(x, training=True)
+    layer.begin_epoch()
+    layer(x, training=True)  # the exact precision over this "epoch"
+    loc, factors, diag = layer.noise_distribution(x[:5], training=False)
+    gp_loc, covariance = layer.sngp_layer(x[:5], training=False)
+    het = layer.diag_layer(x[:5]).numpy() + 1e-6
+    expected = np.sqrt(het**2 + 2.0 * np.diag(covariance.numpy())[:, None])
+    np.testing.assert_allclose(diag, expected, rtol=1e-5)
+    np.testing.assert_allclose(loc, gp_loc, rtol=1e-6)
+    _, _, train_diag = layer.noise_distribution(x[:5], training=True)
+    np.testing.assert_allclose(train_diag, het, rtol=1e-6)
+    model = keras.Sequential([keras.Input((4,)), L.HeteroscedasticSNGPLayer(3, 2, num_inducing=64)])
+    model.compile(
+        keras.optimizers.Adam(0.02), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    )
+    model.fit(x, y, epochs=60, batch_size=64, verbose=0)
+    assert np.mean(np.argmax(model(x, training=False), -1) == y) > 0.85

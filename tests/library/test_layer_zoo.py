@@ -92,6 +92,10 @@ CASES = {
     "Dirichlet": (lambda: [keras.layers.Dense(5), L.Dirichlet(annealing_steps=3)], _dense_input),
     "ExactSigmoidDense": (lambda: [L.ExactSigmoidDense(2, logit_noise="logistic")], _dense_input),
     "MCSigmoidDenseFA": (lambda: [L.MCSigmoidDenseFA(1, num_factors=2, seed=1)], _dense_input),
+    "HeteroscedasticSNGPLayer": (
+        lambda: [L.HeteroscedasticSNGPLayer(3, 2, num_mc_samples=20, num_inducing=16, seed=1)],
+        _dense_input,
+    ),
     "MultiHeadMCSoftmaxDenseFA": (
         lambda: [L.MultiHeadMCSoftmaxDenseFA(3, 2, ensemble_size=2, seed=1)],
         _dense_input,
@@ -138,7 +142,7 @@ def test_keras_round_trip(name, tmp_path):
     model.save(path)
     loaded = keras.models.load_model(path)
     with blayers.posterior_mean():
-        if "MCS" in name:  # Monte Carlo: same seed state, same draws
+        if "MCS" in name or "SNGPLayer" in name:  # Monte Carlo: same seed state, same draws
             state = model.layers[-1].seed_generator.state.numpy()
             before = _outputs(model, x)
             loaded.layers[-1].seed_generator.state.assign(state)
