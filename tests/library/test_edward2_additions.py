@@ -160,7 +160,7 @@ def test_heteroscedastic_sngp_adds_the_gp_variance_at_prediction():
     layer(x, training=True)
     layer.begin_epoch()
     layer(x, training=True)  # the exact precision over this "epoch"
-    loc, factors, diag = layer.noise_distribution(x[:5], training=False)
+    loc, _, diag = layer.noise_distribution(x[:5], training=False)
     gp_loc, covariance = layer.sngp_layer(x[:5], training=False)
     het = layer.diag_layer(x[:5]).numpy() + 1e-6
     expected = np.sqrt(het**2 + 2.0 * np.diag(covariance.numpy())[:, None])
