@@ -6,6 +6,8 @@ the outputs are kept, so memory holds one pass's activations whatever `num_sampl
 """
 
 import collections
+import sys
+import types
 
 import numpy as np
 import tensorflow as tf
@@ -99,3 +101,15 @@ class _null_context:
 
     def __exit__(self, *exc):
         return False
+
+
+class _CallableModule(types.ModuleType):
+    """`blayers.predict` names both this module and its function: importing the module
+    (`import blayers.predict`, a documentation tool) rebinds the package's attribute to the
+    module, so the module calls the function too."""
+
+    def __call__(self, *args, **kwargs):
+        return predict(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

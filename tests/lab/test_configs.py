@@ -27,8 +27,10 @@ def _text_with_includes(path):
 
 # Full-scale configs whose data comes through TFDS: run end to end on mocked TFDS data.
 TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES + MESH and "tfds_" in _text_with_includes(p)]
-# ResNet-50, the baselines' Wide ResNet and Transformer-base: about 25 s each.
+# ResNet-50, the baselines' Wide ResNet, Transformer-base and the binarized-MNIST VQ-VAE (its
+# digits smoke config trains the same model in the fast suite): about 25 s each.
 SLOW_TFDS = {
+    "vqvae_binarized_mnist.gin",
     "uncertainty_baselines_cifar10.gin",
     "resnet50_imagenet.gin",
     "resnet50_cifar10.gin",

@@ -37,7 +37,7 @@ def _model(method):
 def test_resumes_exactly(tmp_path, method):
     """MIMO's permutations and the Dirichlet head's annealing step are state: a run cut at a
     checkpoint resumes to the uninterrupted run's losses and metrics."""
-    digits, model = data_lib.digits(ood="uniform_noise"), _model(method)
+    digits, model = data_lib.digits(), _model(method)
     common = dict(_COMMON, checkpoint_every=4)
     twin = loop.fit(str(tmp_path / "twin"), data=digits, model=model, train_steps=8, **common)
     loop.fit(str(tmp_path / "cut"), data=digits, model=model, train_steps=4, **common)
@@ -50,7 +50,7 @@ def test_resumes_exactly(tmp_path, method):
 
 @pytest.mark.parametrize("method", ["packed", "masksembles"])
 def test_trains_and_members_disagree(tmp_path, method):
-    digits = data_lib.digits(ood="uniform_noise")
+    digits = data_lib.digits()
     metrics = loop.fit(str(tmp_path), data=digits, model=_model(method), train_steps=8, **_COMMON)
     first, last = _records(tmp_path, "eval")
     assert last < first

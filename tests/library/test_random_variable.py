@@ -235,3 +235,15 @@ def test_random_variables_pass_through_tf_function_signatures():
     assert first == x.__tf_tracing_type__(None) and first.is_subtype_of(first)
     assert first != second and not first.is_subtype_of(second)
     assert first.most_specific_common_supertype([second]) is None
+
+
+def test_predict_stays_callable_after_its_module_is_imported():
+    """`import blayers.predict` (mkdocstrings, a user) binds the package's `predict` to the
+    module; the module then calls the function."""
+    import importlib
+
+    importlib.import_module("blayers.predict")
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    prediction = blayers.predict(model, np.ones((3, 2), "float32"), num_samples=2)
+    assert prediction.mean.shape == (3, 1)
+    assert blayers.predict.Prediction is blayers.Prediction
