@@ -34,14 +34,27 @@ def _with_posterior(layer, mu=MU, sigma=SIGMA, input_dim=4):
     return layer
 
 
+def _graph_draws(layer, x, num_draws):
+    """`num_draws` calls of `layer` on `x` in one traced graph loop (tracing one call, not
+    one call per draw)."""
+
+    @tf.function
+    def call(n):
+        draws = tf.TensorArray(tf.float32, size=n)
+        for i in tf.range(n):
+            draws = draws.write(i, layer(x))
+        return draws.stack()
+
+    return call(num_draws).numpy()
+
+
 def _draws(layer, x, num_draws):
     """`num_draws` outputs of `layer` at each row of `x`, as [num_draws, rows, units]."""
     if not isinstance(layer, DenseLocalReparameterization):
         # Reparameterization: rows share one weight draw per call. Flipout: rows share the
         # perturbation and are only uncorrelated, not independent. Independent draws need
         # separate calls.
-        call = tf.function(lambda: tf.stack([layer(x) for _ in range(100)]))
-        return np.concatenate([call().numpy() for _ in range(num_draws // 100)])
+        return _graph_draws(layer, x, num_draws)
     # Local reparameterization samples each example independently: one big batch.
     tiled = np.tile(x, (num_draws, 1))
     return layer(tiled).numpy().reshape(num_draws, *x.shape[:-1], layer.units)
@@ -69,15 +82,7 @@ def test_examples_share_or_decorrelate_perturbations(cls, correlated):
     outputs; Flipout's sign flips and local reparameterization make them uncorrelated."""
     layer = _with_posterior(cls(2))
     x = np.stack([X[0], X[0]])
-
-    @tf.function
-    def call(n):  # one traced call, n draws in a graph loop
-        draws = tf.TensorArray(tf.float32, size=n)
-        for i in tf.range(n):
-            draws = draws.write(i, layer(x))
-        return draws.stack()
-
-    draws = call(4000).numpy()[..., 0]  # [4000, 2]
+    draws = _graph_draws(layer, x, 4000)[..., 0]  # [4000, 2]
     corr = np.corrcoef(draws[:, 0], draws[:, 1])[0, 1]
     if correlated:
         assert corr == pytest.approx(1.0, abs=1e-6)

@@ -246,4 +246,3 @@ def test_predict_stays_callable_after_its_module_is_imported():
     model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
     prediction = blayers.predict(model, np.ones((3, 2), "float32"), num_samples=2)
     assert prediction.mean.shape == (3, 1)
-    assert blayers.predict.Prediction is blayers.Prediction
