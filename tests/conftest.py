@@ -8,8 +8,15 @@ import math
 import gin
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import blayers
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # `-n 2` on two cores: one intra-op thread a worker, as the sweeps run trainers side by side
+    # (TensorFlow's default, a thread per core in each worker, oversubscribes the CPU: the same
+    # tests take up to twice as long). A test process it starts keeps TensorFlow's default.
+    tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
 @pytest.fixture(autouse=True)
