@@ -33,7 +33,7 @@ def _model(method):
     )
 
 
-@pytest.mark.parametrize("method", ["mimo", "evidential"])
+@pytest.mark.parametrize("method", ["mimo", pytest.param("evidential", marks=pytest.mark.slow)])
 def test_resumes_exactly(tmp_path, method):
     """MIMO's permutations and the Dirichlet head's annealing step are state: a run cut at a
     checkpoint resumes to the uninterrupted run's losses and metrics."""
