@@ -159,6 +159,18 @@ class EnsembleMixture(tfd.MixtureSameFamily):
         return {"components_distribution": properties["components_distribution"]}
 
 
+ENSEMBLE_LIKELIHOODS = ("categorical", "normal")
+
+
+def check_ensemble_likelihood(layer_name, distribution):
+    """`distribution` if it is one of `ENSEMBLE_LIKELIHOODS`, else a ValueError naming the layer."""
+    if distribution not in ENSEMBLE_LIKELIHOODS:
+        raise ValueError(
+            f"{layer_name}: distribution must be 'categorical' or 'normal', got {distribution!r}."
+        )
+    return distribution
+
+
 def ensemble_random_variable(outputs, ensemble_size, distribution, layer_name):
     """Member-major `[E * B, k]` outputs -> a `RandomVariable` over the members' uniform mixture
     (`EnsembleMixture`, batch `[B]`): `distribution='categorical'` reads logits, `'normal'`
@@ -205,12 +217,7 @@ class EnsembleOutput(NamedOutput, keras.layers.Layer):
     def __init__(self, ensemble_size, distribution="categorical", **kwargs):
         super().__init__(**kwargs)
         self.ensemble_size = check_ensemble_size(f"EnsembleOutput ({self.name})", ensemble_size)
-        if distribution not in ("categorical", "normal"):
-            raise ValueError(
-                f"EnsembleOutput ({self.name}): distribution must be 'categorical' or 'normal', "
-                f"got {distribution!r}."
-            )
-        self.distribution = distribution
+        self.distribution = check_ensemble_likelihood(f"EnsembleOutput ({self.name})", distribution)
 
     def call(self, inputs):
         outputs = tf.convert_to_tensor(inputs, self.compute_dtype)

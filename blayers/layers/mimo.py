@@ -22,7 +22,11 @@ the training loss fits every member (and every repetition) on its own examples
 import tensorflow as tf
 
 from blayers.layers.base import NamedOutput, NestedLayers, SeededLayer, register
-from blayers.layers.ensemble import check_ensemble_size, ensemble_random_variable
+from blayers.layers.ensemble import (
+    check_ensemble_likelihood,
+    check_ensemble_size,
+    ensemble_random_variable,
+)
 
 __all__ = ["MIMO"]
 
@@ -62,10 +66,7 @@ class MIMO(NestedLayers, NamedOutput, SeededLayer):
         name = f"MIMO ({self.name})"
         self.network = network
         self.ensemble_size = check_ensemble_size(name, ensemble_size)
-        if distribution not in ("categorical", "normal"):
-            raise ValueError(
-                f"{name}: distribution must be 'categorical' or 'normal', got {distribution!r}."
-            )
+        check_ensemble_likelihood(name, distribution)
         if not 0.0 <= input_repetition_probability <= 1.0:
             raise ValueError(
                 f"{name}: input_repetition_probability must be in [0, 1], got "
