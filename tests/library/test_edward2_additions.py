@@ -162,7 +162,7 @@ def test_heteroscedastic_sngp_adds_the_gp_variance_at_prediction():
     layer(x, training=True)  # the exact precision over this "epoch"
     loc, _, diag = layer.noise_distribution(x[:5], training=False)
     gp_loc, covariance = layer.sngp_layer(x[:5], training=False)
-    het = layer.diag_layer(x[:5]).numpy() + 1e-6
+    het = layer.diag_layer(x[:5]).numpy() + 1e-3
     expected = np.sqrt(het**2 + 2.0 * np.diag(covariance.numpy())[:, None])
     np.testing.assert_allclose(diag, expected, rtol=1e-5)
     np.testing.assert_allclose(loc, gp_loc, rtol=1e-6)
@@ -174,3 +174,146 @@ def test_heteroscedastic_sngp_adds_the_gp_variance_at_prediction():
     )
     model.fit(x, y, epochs=60, batch_size=64, verbose=0)
     assert np.mean(np.argmax(model(x, training=False), -1) == y) > 0.85
+
+
+@pytest.mark.parametrize("noise", ["logistic", "gumbel"])
+def test_mc_softmax_dense_noise_families_are_their_monte_carlo_predictive(noise):
+    """`MCSoftmaxDense`'s predictive with logistic or Gumbel noise against draws of that law
+    (scipy's), within 5 standard errors of both estimates."""
+    x = np.random.RandomState(8).randn(3, 4).astype("float32")
+    layer = L.MCSoftmaxDense(4, logit_noise=noise, num_mc_samples=40_000, seed=0)
+    _set(layer, x)
+    p = np.exp(layer(x).numpy())
+    loc, _, scale = (None if t is None else t.numpy() for t in layer.noise_distribution(x))
+    law = stats.logistic if noise == "logistic" else stats.gumbel_r
+    u = loc + scale * law.rvs(size=(100_000, *loc.shape), random_state=9)
+    s = np.exp(u - u.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    se = s.std(0) / np.sqrt(100_000) + s.std(0) / np.sqrt(40_000)
+    np.testing.assert_array_less(np.abs(p - s.mean(0)), 5 * se + 1e-6)
+    binary = L.MCSoftmaxDense(2, seed=0)  # edward2: two classes are one sigmoid logit
+    assert binary(x).shape == (3, 1)
+
+
+def test_mc_output_tuple_is_its_draws_mean_variance_and_unaveraged_logits():
+    """With a call's `seed`, the tuple's probabilities, variance and per-draw logits are exactly
+    those of the draws `noisy_logits` makes with that seed."""
+    x = np.random.RandomState(10).randn(5, 3).astype("float32")
+    layer = L.MCSoftmaxDenseFA(
+        4,
+        num_factors=2,
+        num_mc_samples=64,
+        logits_only=False,
+        compute_pred_variance=True,
+        return_unaveraged_logits=True,
+        seed=0,
+    )
+    logits, unaveraged, log_probs, probs, variance = layer(x, seed=7)
+    u = layer.noisy_logits(x, seed=7).numpy()  # [S, B, C]
+    s = np.exp(u - u.max(-1, keepdims=True))
+    s /= s.sum(-1, keepdims=True)
+    np.testing.assert_allclose(probs, s.mean(0), rtol=1e-4)
+    np.testing.assert_allclose(variance, s.var(0), rtol=1e-3, atol=1e-7)
+    np.testing.assert_allclose(log_probs, np.log(s.mean(0)), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(logits, log_probs, rtol=1e-4, atol=1e-5)
+    assert unaveraged.shape == (5, 64, 4)
+    np.testing.assert_allclose(np.exp(unaveraged).sum(-1), 1.0, rtol=1e-5)
+    assert not np.allclose(layer(x, seed=8)[3], variance)  # another seed, other draws
+
+
+def test_parameter_efficient_factors_and_segmentation_covariance():
+    """The parameter-efficient loadings are `diag(v(x)) V`; per pixel, the segmentation
+    layer's noisy logits have covariance `V V^T + diag(d^2)` (Monte Carlo, 5 standard
+    errors), and two pixels' noises are independent."""
+    x = np.random.RandomState(11).randn(3, 4).astype("float32")
+    pe = L.MCSoftmaxDenseFA(5, num_factors=2, parameter_efficient=True, seed=0)
+    pe(x)
+    _, factors, _ = pe.noise_distribution(x)
+    v = pe.scale_layer_heteroscedastic(x).numpy()
+    expected = v[:, :, None] * pe.scale_layer_homoscedastic.kernel.numpy().T[None]
+    np.testing.assert_allclose(factors, expected, rtol=1e-6)
+    image = np.random.RandomState(12).randn(1, 2, 1, 4).astype("float32")
+    seg = L.MCSoftmaxDenseFASegmentation(3, 2, num_mc_samples=50_000, seed=0)
+    _set(seg, image)
+    loc, factors, diag = (t.numpy() for t in seg.noise_distribution(image))
+    u = seg.noisy_logits(image).numpy()  # [S, 1, 2, 1, 3]
+    assert u.shape == (50_000, 1, 2, 1, 3)
+    for pixel in range(2):
+        draws = u[:, 0, pixel, 0]
+        f, d = factors[0, pixel, 0], diag[0, pixel, 0]
+        cov = f @ f.T + np.diag(d**2)
+        sample_cov = np.cov(draws, rowvar=False)
+        se = np.sqrt((cov**2 + np.outer(np.diag(cov), np.diag(cov))) / 50_000)
+        np.testing.assert_array_less(np.abs(sample_cov - cov), 5 * se)
+        np.testing.assert_allclose(
+            draws.mean(0), loc[0, pixel, 0], atol=5 * np.sqrt(np.diag(cov) / 50_000).max()
+        )
+    cross = np.corrcoef(u[:, 0, 0, 0, 0], u[:, 0, 1, 0, 0])[0, 1]
+    assert abs(cross) < 5 / np.sqrt(50_000)
+    with pytest.raises(ValueError, match="batch, height, width"):
+        L.MCSoftmaxDenseFASegmentation(3, 2)(x)
+
+
+def test_shared_samples_tuned_temperature_and_custom_layers():
+    x = np.random.RandomState(13).randn(2, 3).astype("float32")
+    twice = np.concatenate([x[:1], x[:1]])
+    shared = L.MCSoftmaxDenseFA(4, 2, num_mc_samples=8, share_samples_across_batch=True, seed=0)
+    u = shared.noisy_logits(twice).numpy()
+    np.testing.assert_allclose(u[:, 0], u[:, 1], rtol=1e-6)  # one standard draw for the batch
+    own = L.MCSoftmaxDenseFA(4, 2, num_mc_samples=8, seed=0)
+    own(twice)
+    own.set_weights(shared.get_weights())
+    assert not np.allclose(own.noisy_logits(twice)[:, 0], own.noisy_logits(twice)[:, 1])
+    tuned = L.MCSigmoidDenseFA(1, tune_temperature=True, temperature_lower_bound=0.5)
+    tuned(x)
+    assert float(tuned.current_temperature()) == pytest.approx((0.5 + 3.0) / 2)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tuned(x, training=True))
+    assert tape.gradient(loss, tuned.pre_sigmoid_temperature) is not None
+    # The user's layers in the FA layer: the same map as the built-in one with those weights.
+    base = L.MCSoftmaxDenseFA(4, 2, num_mc_samples=16, seed=0)
+    base(x)
+    custom = L.MCSoftmaxDenseFACustomLayers(
+        4,
+        2,
+        scale_layer=keras.layers.Dense(8),
+        loc_layer=keras.layers.Dense(4),
+        diag_layer=keras.layers.Dense(4, activation="softplus"),
+        num_mc_samples=16,
+    )
+    custom(x)
+    for mine, theirs in (
+        (custom.scale_layer, base.factor_layer),
+        (custom.loc_layer, base.loc_layer),
+        (custom.diag_layer, base.diag_layer),
+    ):
+        mine.set_weights(theirs.get_weights())
+    loc, factors, diag = base.noise_distribution(x)
+    c_loc, c_factors, c_diag = custom.noise_distribution(x)
+    np.testing.assert_allclose(c_loc, loc, rtol=1e-6)
+    np.testing.assert_allclose(c_factors, factors, rtol=1e-6)
+    np.testing.assert_allclose(c_diag, diag, rtol=1e-6)
+
+
+def test_linear_kernel_sngp_is_bayesian_linear_regression():
+    """`gp_kernel_type='linear'`: the features are the inputs, and the predictive covariance
+    is the closed form `X* (X^T X / ridge + I)^-1 X*^T` with the exact precision."""
+    from blayers.layers.gp.sngp import RandomFeatureGaussianProcess
+
+    rng = np.random.RandomState(14)
+    x, x_new = rng.randn(20, 3).astype("float32"), rng.randn(4, 3).astype("float32")
+    layer = RandomFeatureGaussianProcess(
+        1,
+        gp_kernel_type="linear",
+        scale_random_features=False,
+        gp_cov_momentum=-1,
+        gp_cov_ridge_penalty=2.0,
+        return_gp_cov=True,
+        return_random_features=True,
+    )
+    _, _, phi = layer(x, training=True)
+    np.testing.assert_allclose(phi, x, rtol=1e-6)
+    _, covariance, _ = layer(x_new, training=False)
+    x64, new64 = x.astype(np.float64), x_new.astype(np.float64)
+    expected = new64 @ np.linalg.inv(x64.T @ x64 / 2.0 + np.eye(3)) @ new64.T
+    np.testing.assert_allclose(covariance, expected, rtol=1e-4, atol=1e-6)

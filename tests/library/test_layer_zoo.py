@@ -101,6 +101,33 @@ CASES = {
         _dense_input,
     ),
     "BayesianLinearModel": (lambda: [L.BayesianLinearModel(0.5)], _dense_input),
+    "MCSoftmaxDense": (lambda: [L.MCSoftmaxDense(3, logit_noise="gumbel", seed=1)], _dense_input),
+    "MCSoftmaxDenseFA_tuned_efficient": (
+        lambda: [
+            L.MCSoftmaxDenseFA(
+                3, 2, parameter_efficient=True, tune_temperature=True, num_mc_samples=20, seed=1
+            )
+        ],
+        _dense_input,
+    ),
+    "MCSoftmaxDenseFASegmentation": (
+        lambda: [L.MCSoftmaxDenseFASegmentation(3, 2, num_mc_samples=20, seed=1)],
+        _image_input,
+    ),
+    "MCSoftmaxDenseFACustomLayers": (
+        lambda: [
+            L.MCSoftmaxDenseFACustomLayers(
+                3,
+                2,
+                keras.layers.Dense(6),
+                keras.layers.Dense(3),
+                keras.layers.Dense(3, activation="softplus"),
+                num_mc_samples=20,
+                seed=1,
+            )
+        ],
+        _dense_input,
+    ),
     "PosteriorNetwork": (
         lambda: [keras.layers.Dense(3), L.PosteriorNetwork(3, flow_depth=2, seed=0)],
         _dense_input,

@@ -32,13 +32,18 @@ The package: `kernels` (kernels and numerics), `base` (the exact and sparse laye
 from blayers.layers.gp.exact import GaussianLikelihood, GaussianProcess
 from blayers.layers.gp.kernels import KERNELS, jittered_cholesky, kernel_in_dtype, make_kernel
 from blayers.layers.gp.random_features import RandomFourierFeatures
-from blayers.layers.gp.sngp import RandomFeatureGaussianProcess, mean_field_logits
+from blayers.layers.gp.sngp import (
+    LaplaceRandomFeatureCovariance,
+    RandomFeatureGaussianProcess,
+    mean_field_logits,
+)
 from blayers.layers.gp.sparse import SparseGaussianProcess
 
 __all__ = [
     "KERNELS",
     "GaussianLikelihood",
     "GaussianProcess",
+    "LaplaceRandomFeatureCovariance",
     "RandomFeatureGaussianProcess",
     "RandomFourierFeatures",
     "SparseGaussianProcess",
