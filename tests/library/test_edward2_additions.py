@@ -317,3 +317,68 @@ def test_linear_kernel_sngp_is_bayesian_linear_regression():
     x64, new64 = x.astype(np.float64), x_new.astype(np.float64)
     expected = new64 @ np.linalg.inv(x64.T @ x64 / 2.0 + np.eye(3)) @ new64.T
     np.testing.assert_allclose(covariance, expected, rtol=1e-4, atol=1e-6)
+
+
+def test_add_weight_makes_a_keras_layer_bayesian():
+    """`utils.add_weight(keras.layers.Dense)` with a distribution initializer: each call a new
+    draw of the kernel (the output's variance across calls is the mean-field one), the KL of
+    the draw in `losses` (the closed form), gradients to the variational parameters, and it
+    fits a regression; a deterministic Keras initializer stays a variable."""
+    from blayers.layers import utils
+
+    BayesDense = utils.add_weight(keras.layers.Dense)
+    layer = BayesDense(
+        1,
+        kernel_initializer=blayers.initializers.get("trainable_normal"),
+        kernel_regularizer=blayers.regularizers.get("normal_kl_divergence"),
+        use_bias=False,
+    )
+    x = np.ones((1, 3), "float32")
+    draws = np.array([layer(x).numpy()[0, 0] for _ in range(1500)])
+    init = layer.kernel_initializer
+    params = init.parameters()
+    mean, stddev = params["mean"].numpy().ravel(), params["stddev"].numpy().ravel()
+    variance = float(np.sum(stddev**2))
+    np.testing.assert_allclose(draws.mean(), mean.sum(), atol=5 * np.sqrt(variance / 1500))
+    np.testing.assert_allclose(draws.var(), variance, rtol=5 * np.sqrt(2 / 1500))
+    layer(x)
+    (kl,) = layer.losses
+    closed = np.sum(-np.log(stddev) + (stddev**2 + mean**2) / 2 - 0.5)
+    np.testing.assert_allclose(kl, closed, rtol=1e-4)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(layer(x)) + tf.add_n(layer.losses)
+    grads = tape.gradient(loss, layer.trainable_weights)
+    assert len(grads) == 2 and all(g is not None for g in grads)
+    rng = np.random.RandomState(0)
+    features = rng.randn(256, 3).astype("float32")
+    targets = features @ np.array([[1.0], [-2.0], [0.5]], "float32")
+    model = keras.Sequential(
+        [
+            keras.Input((3,)),
+            BayesDense(1, kernel_initializer=blayers.initializers.get("trainable_normal")),
+        ]
+    )
+    model.compile(keras.optimizers.Adam(0.05), "mse")
+    model.fit(features, targets, epochs=60, batch_size=64, verbose=0)
+    learned = model.layers[0].kernel_initializer.parameters()["mean"].numpy().ravel()
+    np.testing.assert_allclose(learned, [1.0, -2.0, 0.5], atol=0.15)
+    plain = BayesDense(2)
+    plain(x)
+    assert isinstance(plain.kernel, keras.Variable)
+
+
+def test_mean_field_logits_reads_variances_or_a_covariance():
+    from blayers.layers.gp.sngp import mean_field_logits
+
+    logits = np.random.RandomState(0).randn(3, 4).astype("float32")
+    variances = np.array([0.5, 1.0, 2.0], "float32")
+    expected = logits / np.sqrt(1 + 0.7 * variances)[:, None]
+    for given in (variances, variances[:, None], np.diag(variances)):
+        np.testing.assert_allclose(mean_field_logits(logits, given, 0.7), expected, rtol=1e-6)
+    np.testing.assert_allclose(
+        mean_field_logits(logits, variances, 0.7, likelihood="poisson"),
+        logits * np.exp(0.7 * variances / 2)[:, None],
+        rtol=1e-6,
+    )
+    with pytest.raises(ValueError, match="likelihood"):
+        mean_field_logits(logits, variances, likelihood="probit")

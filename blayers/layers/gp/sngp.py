@@ -23,13 +23,44 @@ __all__ = [
 ]
 
 
-def mean_field_logits(logits, variances, mean_field_factor=math.pi / 8.0):
-    """`logits / sqrt(1 + lambda var)`: the mean-field approximation of the posterior-mean
-    softmax `E[softmax(f)]` for `f ~ N(logits, var)` (Lu et al., 2020; `lambda = pi / 8` is the
-    probit approximation). `variances`: `[B]` (or `[B, 1]`), one per example."""
-    variances = tf.convert_to_tensor(variances, logits.dtype)
-    if variances.shape.rank == 1:
-        variances = variances[:, None]
+def mean_field_logits(
+    logits, variances=None, mean_field_factor=math.pi / 8.0, likelihood="logistic"
+):
+    """The mean-field approximation of the posterior-mean predictive for logits `f ~ N(logits,
+    var)` (Lu et al., 2020): `logits / sqrt(1 + lambda var)` for a softmax or sigmoid
+    (`likelihood='logistic'` or `'binary_logistic'`; `lambda = pi / 8` is the probit
+    approximation), `logits + lambda var / 2` in log-rate space for `'poisson'` (edward2's
+    `logits * exp(lambda var / 2)`, its scaling of the logits).
+
+    Args:
+      logits: `[B, C]` (or `[B]`).
+      variances: one variance per example, `[B]` or `[B, 1]`, or a covariance `[B, B]`
+        (edward2's `covmat`: its diagonal is used); None: 1 for every example (then a
+        temperature `sqrt(1 + lambda)`).
+      mean_field_factor: `lambda`; negative: the logits unchanged.
+      likelihood: `'logistic'`, `'binary_logistic'` or `'poisson'`.
+    """
+    if likelihood not in ("logistic", "binary_logistic", "poisson"):
+        raise ValueError(
+            "mean_field_logits: likelihood must be 'logistic', 'binary_logistic' or 'poisson', "
+            f"got {likelihood!r}."
+        )
+    logits = tf.convert_to_tensor(logits)
+    if mean_field_factor < 0:
+        return logits
+    if variances is None:
+        variances = tf.ones([], logits.dtype)
+    else:
+        variances = tf.cast(tf.convert_to_tensor(variances), logits.dtype)
+        shape = variances.shape
+        if shape.rank == 2 and shape[-1] != 1 and shape[-1] == shape[-2]:
+            variances = tf.linalg.diag_part(variances)  # a covariance
+        elif shape.rank == 2:
+            variances = variances[:, 0]
+        if logits.shape.rank > 1:
+            variances = variances[:, None]
+    if likelihood == "poisson":
+        return logits * tf.exp(variances * mean_field_factor / 2.0)
     return logits / tf.sqrt(1.0 + mean_field_factor * variances)
 
 
