@@ -174,6 +174,21 @@ class _DiscreteFlow(NestedLayers, ReversibleLayer):
         scale = one_hot_argmax(scale + tf.cast(self._scale_mask, dtype), self.temperature)
         return one_hot_argmax(loc, self.temperature), scale
 
+    def forward(self, x):
+        return self._exact(self._forward, x)
+
+    def reverse(self, y):
+        return self._exact(self._reverse, y)
+
+    def _exact(self, transform, inputs):
+        """`transform` in the compute dtype; integer one-hots (TFP's `OneHotCategorical`
+        default) come back as integers, exactly."""
+        inputs = tf.convert_to_tensor(inputs)
+        outputs = transform(tf.cast(inputs, self.compute_dtype))
+        if inputs.dtype.is_integer:
+            return tf.cast(tf.round(outputs), inputs.dtype)
+        return tf.cast(outputs, inputs.dtype)
+
     def _network(self, inputs):
         net = self.layer(inputs)
         if net.shape.rank == inputs.shape.rank + 1:  # MADE's [..., length, params]
@@ -202,14 +217,12 @@ class DiscreteAutoregressiveFlow(_DiscreteFlow):
       **kwargs: `keras.layers.Layer` arguments.
     """
 
-    def reverse(self, y):
-        y = tf.convert_to_tensor(y, self.compute_dtype)
+    def _reverse(self, y):
         loc, scale = self._loc_scale(self._network(y), y.dtype)
         scaled = y if scale is None else one_hot_multiply(y, scale)
         return one_hot_add(scaled, loc)
 
-    def forward(self, x):
-        x = tf.convert_to_tensor(x, self.compute_dtype)
+    def _forward(self, x):
         length = x.shape[-2]
         outputs = tf.zeros_like(x)
         position = tf.range(length)
@@ -258,14 +271,12 @@ class DiscreteBipartiteFlow(_DiscreteFlow):
         loc, scale = self._loc_scale(self._network(inputs * mask), inputs.dtype)
         return mask, loc, scale
 
-    def reverse(self, y):
-        y = tf.convert_to_tensor(y, self.compute_dtype)
+    def _reverse(self, y):
         mask, loc, scale = self._parts(y)
         scaled = y if scale is None else one_hot_multiply(y, scale)
         return mask * y + (1.0 - mask) * one_hot_add(scaled, loc)
 
-    def forward(self, x):
-        x = tf.convert_to_tensor(x, self.compute_dtype)
+    def _forward(self, x):
         mask, loc, scale = self._parts(x)
         new = one_hot_minus(x, loc)
         if scale is not None:
@@ -305,13 +316,11 @@ class SinkhornAutoregressiveFlow(_DiscreteFlow):
         soft = sinkhorn(logits / self.temperature)
         return soft + tf.stop_gradient(hard_permutation(soft) - soft)
 
-    def reverse(self, y):
-        y = tf.convert_to_tensor(y, self.compute_dtype)
+    def _reverse(self, y):
         permutations = self._permutations(tf.cast(self._network(y), y.dtype))
         return tf.einsum("...j,...jk->...k", y, permutations)
 
-    def forward(self, x):
-        x = tf.convert_to_tensor(x, self.compute_dtype)
+    def _forward(self, x):
         outputs = tf.zeros_like(x)
         position = tf.range(x.shape[-2])
         for t in range(x.shape[-2]):

@@ -108,7 +108,10 @@ class ReversibleLayer(keras.layers.Layer):
                 bijector = tfb.Chain([bijector])
             distribution = tfd.TransformedDistribution(base, bijector)
             return RandomVariable(distribution, value=self.forward(inputs.value))
-        return self.forward(tf.convert_to_tensor(inputs, self.compute_dtype))
+        inputs = tf.convert_to_tensor(inputs)
+        if not inputs.dtype.is_integer:  # integers: a discrete flow's one-hots, kept exact
+            inputs = tf.cast(inputs, self.compute_dtype)
+        return self.forward(inputs)
 
     def compute_output_shape(self, input_shape):
         return input_shape
