@@ -22,7 +22,13 @@ from blayers.layers.base import LocalLosses, NamedOutput, SeededLayer, register
 
 tfd = tfp.distributions
 
-__all__ = ["NeuralProcess", "dot_product_attention", "laplace_attention", "uniform_attention"]
+__all__ = [
+    "Attention",
+    "NeuralProcess",
+    "dot_product_attention",
+    "laplace_attention",
+    "uniform_attention",
+]
 
 _ATTENTION = ("uniform", "laplace", "dot_product", "multihead")
 
@@ -56,6 +62,93 @@ def _mlp(sizes, name, dtype):
 
 
 @register
+class Attention(keras.layers.Layer):
+    """The deterministic path's attention (edward2's `Attention`): called on `(context_x,
+    target_x, values)` (`[B, n_c, d_x]`, `[B, n_t, d_x]`, `[B, n_c, d_v]`), returns each
+    target's aggregate of the values, `[B, n_t, d_v]`.
+
+    Args:
+      rep: `'identity'` (keys and queries are the inputs) or `'mlp'` (an MLP of
+        `output_sizes` each).
+      output_sizes: that MLP's sizes (default `[32, 32]`).
+      att_type: `'uniform'` (a neural process), `'laplace'`, `'dot_product'` or `'multihead'`
+        (an attentive one).
+      scale, normalise: the Laplace scale and whether weights sum to one.
+      num_heads: heads of `'multihead'` (they split the values' size).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        rep="identity",
+        output_sizes=None,
+        att_type="uniform",
+        scale=1.0,
+        normalise=True,
+        num_heads=8,
+        **kwargs,
+    ):
+        super().__init__(**kwargs)
+        name = f"Attention ({self.name})"
+        if att_type not in _ATTENTION:
+            raise ValueError(f"{name}: att_type must be one of {_ATTENTION}, got {att_type!r}.")
+        if rep not in ("identity", "mlp"):
+            raise ValueError(f"{name}: rep must be 'identity' or 'mlp', got {rep!r}.")
+        self.rep, self.att_type = rep, att_type
+        self.output_sizes = [int(size) for size in (output_sizes or [32, 32])]
+        self.scale, self.normalise, self.num_heads = float(scale), bool(normalise), int(num_heads)
+        if rep == "mlp":
+            self.key_mlp = _mlp(self.output_sizes, "keys", self.dtype_policy)
+            self.query_mlp = _mlp(self.output_sizes, "queries", self.dtype_policy)
+        self.multihead = None
+
+    def build(self, input_shapes):
+        context_shape, target_shape, values_shape = input_shapes
+        if self.rep == "mlp":
+            self.key_mlp.build(context_shape)
+            self.query_mlp.build(target_shape)
+        if self.att_type == "multihead":
+            size = values_shape[-1]
+            self.multihead = keras.layers.MultiHeadAttention(
+                self.num_heads,
+                max(size // self.num_heads, 1),
+                output_shape=size,
+                name="multihead",
+                dtype=self.dtype_policy,
+            )
+            keys = self.output_sizes[-1] if self.rep == "mlp" else context_shape[-1]
+            queries = self.output_sizes[-1] if self.rep == "mlp" else target_shape[-1]
+            self.multihead.build((None, None, queries), (None, None, size), (None, None, keys))
+
+    def call(self, inputs):
+        context_x, target_x, values = inputs
+        keys, queries = context_x, target_x
+        if self.rep == "mlp":
+            keys, queries = self.key_mlp(context_x), self.query_mlp(target_x)
+        if self.att_type == "uniform":
+            return uniform_attention(queries, values)
+        if self.att_type == "laplace":
+            return laplace_attention(queries, keys, values, self.scale, self.normalise)
+        if self.att_type == "dot_product":
+            return dot_product_attention(queries, keys, values, self.normalise)
+        return self.multihead(queries, values, key=keys)
+
+    def compute_output_shape(self, input_shapes):
+        return tuple(input_shapes[1][:-1]) + (input_shapes[2][-1],)
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "rep": self.rep,
+            "output_sizes": self.output_sizes,
+            "att_type": self.att_type,
+            "scale": self.scale,
+            "normalise": self.normalise,
+            "num_heads": self.num_heads,
+        }
+
+
+@register
 class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
     """An (attentive) neural process (module docstring), called on `((context_x, context_y),
     target_x)` (each `[B, n, d]`), with `target_y` in training; returns a `RandomVariable` over
@@ -75,6 +168,8 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
       attention_sizes: that MLP's sizes (default `[32, 32]`).
       attention_scale, attention_normalise: the Laplace scale and whether weights sum to one.
       num_heads: heads of `'multihead'` (they split the representation's size).
+      attention_wrapper: an `Attention` layer instead (edward2's argument; the `attention_*`
+        arguments are then not used).
       seed: seeds the latent's and the output's draws.
       output_name: the returned random variable's name (default: the layer's).
       **kwargs: `keras.layers.Layer` arguments.
@@ -93,18 +188,30 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
         attention_scale=1.0,
         attention_normalise=True,
         num_heads=8,
+        attention_wrapper=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
         name = f"NeuralProcess ({self.name})"
-        if attention_type not in _ATTENTION:
-            raise ValueError(
-                f"{name}: attention_type must be one of {_ATTENTION}, got {attention_type!r}."
+        if attention_wrapper is None:
+            attention_wrapper = Attention(
+                rep=attention_rep,
+                output_sizes=attention_sizes,
+                att_type=attention_type,
+                scale=attention_scale,
+                normalise=attention_normalise,
+                num_heads=num_heads,
+                name="attention",
+                dtype=self.dtype_policy,
             )
-        if attention_rep not in ("identity", "mlp"):
-            raise ValueError(
-                f"{name}: attention_rep must be 'identity' or 'mlp', got {attention_rep!r}."
+        elif isinstance(attention_wrapper, dict):
+            attention_wrapper = keras.saving.deserialize_keras_object(attention_wrapper)
+        if not isinstance(attention_wrapper, Attention):
+            raise TypeError(
+                f"{name}: attention_wrapper must be a blayers Attention layer, got "
+                f"{attention_wrapper!r}."
             )
+        self.attention = attention_wrapper
         if decoder_sizes[-1] % 2:
             raise ValueError(
                 f"{name}: the decoder's last size holds means and scales (2 d_y), got "
@@ -117,11 +224,6 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
         self.deterministic_encoder_sizes = [
             int(s) for s in (deterministic_encoder_sizes or latent_encoder_sizes)
         ]
-        self.attention_type, self.attention_rep = attention_type, attention_rep
-        self.attention_sizes = [int(s) for s in (attention_sizes or [32, 32])]
-        self.attention_scale = float(attention_scale)
-        self.attention_normalise = bool(attention_normalise)
-        self.num_heads = int(num_heads)
         dtype = self.dtype_policy
         self.latent_mlp = _mlp(self.latent_encoder_sizes, "latent_encoder", dtype)
         self.latent_hidden = keras.layers.Dense(
@@ -137,14 +239,6 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
             self.deterministic_mlp = _mlp(
                 self.deterministic_encoder_sizes, "deterministic_encoder", dtype
             )
-            if attention_rep == "mlp":
-                self.key_mlp = _mlp(self.attention_sizes, "keys", dtype)
-                self.query_mlp = _mlp(self.attention_sizes, "queries", dtype)
-            if attention_type == "multihead":
-                size = self.deterministic_encoder_sizes[-1]
-                self.multihead = keras.layers.MultiHeadAttention(
-                    self.num_heads, max(size // self.num_heads, 1), name="multihead", dtype=dtype
-                )
 
     def latent_distribution(self, x, y):
         """`q(z | x, y)`: `N(mu, diag(0.1 + 0.9 sigmoid(s)))` `[B, num_latents]` of the pairs'
@@ -154,20 +248,19 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
         scale = 0.1 + 0.9 * tf.sigmoid(self.latent_scale(hidden))
         return tfd.MultivariateNormalDiag(loc=self.latent_loc(hidden), scale_diag=scale)
 
-    def attend(self, context_x, target_x, values):
+    @property
+    def attention_type(self):
+        """The deterministic path's attention (`self.attention.att_type`)."""
+        return self.attention.att_type
+
+    def latent_encoder(self, x, y):
+        """`q(z | x, y)` as a random variable (edward2's `latent_encoder`)."""
+        return rv_lib.RandomVariable(self.latent_distribution(x, y), seed=self.next_seed())
+
+    def deterministic_encoder(self, context_x, context_y, target_x):
         """The deterministic path's representation of each target, `[B, n_t, d]`."""
-        keys, queries = context_x, target_x
-        if self.attention_rep == "mlp":
-            keys, queries = self.key_mlp(context_x), self.query_mlp(target_x)
-        if self.attention_type == "uniform":
-            return uniform_attention(queries, values)
-        if self.attention_type == "laplace":
-            return laplace_attention(
-                queries, keys, values, self.attention_scale, self.attention_normalise
-            )
-        if self.attention_type == "dot_product":
-            return dot_product_attention(queries, keys, values, self.attention_normalise)
-        return self.multihead(queries, values, key=keys)
+        values = self.deterministic_mlp(tf.concat([context_x, context_y], axis=-1))
+        return self.attention((context_x, target_x, values))
 
     def call(self, inputs, target_y=None, training=None):
         (context_x, context_y), target_x = inputs
@@ -185,14 +278,13 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
         num_targets = tf.shape(target_x)[1]
         representation = tf.tile(z[:, None, :], [1, num_targets, 1])
         if self.use_deterministic_path:
-            values = self.deterministic_mlp(tf.concat([context_x, context_y], axis=-1))
-            deterministic = self.attend(context_x, target_x, values)
+            deterministic = self.deterministic_encoder(context_x, context_y, target_x)
             representation = tf.concat([deterministic, representation], axis=-1)
         hidden = self.decoder_mlp(tf.concat([representation, target_x], axis=-1))
         loc, raw = tf.split(hidden, 2, axis=-1)
-        return rv_lib.Independent(
-            tfd.Normal(loc, 0.1 + 0.9 * tf.nn.softplus(raw)),
-            reinterpreted_batch_ndims=1,
+        return rv_lib.MultivariateNormalDiag(
+            loc=loc,
+            scale_diag=0.1 + 0.9 * tf.nn.softplus(raw),
             seed=self.next_seed(),
             name=self.output_name,
         )
@@ -205,10 +297,5 @@ class NeuralProcess(LocalLosses, NamedOutput, SeededLayer):
             "decoder_sizes": self.decoder_sizes,
             "use_deterministic_path": self.use_deterministic_path,
             "deterministic_encoder_sizes": self.deterministic_encoder_sizes,
-            "attention_type": self.attention_type,
-            "attention_rep": self.attention_rep,
-            "attention_sizes": self.attention_sizes,
-            "attention_scale": self.attention_scale,
-            "attention_normalise": self.attention_normalise,
-            "num_heads": self.num_heads,
+            "attention_wrapper": keras.saving.serialize_keras_object(self.attention),
         }
