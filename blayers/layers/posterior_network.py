@@ -16,7 +16,13 @@ Dirichlet's entropy.
 Flows (per class, `flow_depth` layers each, evaluated in the data-to-base direction where their
 log-determinants are closed-form): `'radial'` (Rezende & Mohamed, 2015, the paper's choice;
 `z <- z + beta h(r) (z - z0)`, `h = 1 / (alpha + r)`, `beta >= -alpha` keeps each map
-invertible) and `'affine'` (a per-dimension scale and shift).
+invertible), `'affine'` (a per-dimension scale and shift) and `'maf'` (edward2's default: one
+masked autoregressive flow (Papamakarios et al., 2017) per class, `u = (z - mu(z)) exp(-s(z))`
+with `mu`, `s` from a `MADE` of `flow_depth` hidden layers of `flow_width` units, whose
+log-determinant `-sum s(z)` is one pass).
+
+`PosteriorNetworkLayer` is edward2's form: the same network, returning the concentrations as a
+tensor.
 """
 
 import math
@@ -27,10 +33,11 @@ import tensorflow as tf
 
 from blayers.layers.base import NamedOutput, SeededLayer, register
 from blayers.layers.evidential import make_dirichlet_rv
+from blayers.layers.reversible import MADE
 
-__all__ = ["PosteriorNetwork"]
+__all__ = ["PosteriorNetwork", "PosteriorNetworkLayer"]
 
-_FLOWS = ("radial", "affine")
+_FLOWS = ("radial", "affine", "maf")
 
 
 @register
@@ -40,9 +47,10 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
 
     Args:
       num_classes: classes `C`.
-      flow_type: `'radial'` (default, the paper's) or `'affine'` (edward2's default `'maf'` is
-        not offered: TFP's autoregressive network is a tf-keras layer).
-      flow_depth: flow layers per class (the paper uses 6 radial layers; edward2's default 8).
+      flow_type: `'radial'` (default, the paper's), `'affine'` or `'maf'` (edward2's default).
+      flow_depth: flow layers per class (the paper uses 6 radial layers; edward2's default 8);
+        for `'maf'`, the hidden layers of its `MADE`.
+      flow_width: the `MADE`'s hidden units (`'maf'`; default twice the latent size).
       class_counts: training examples per class `N_c` (default ones, as edward2's).
       entropy_regularizer: `lambda` of the Dirichlet's entropy in the loss (the paper's 1e-5).
       seed: seeds the returned variable's draw.
@@ -57,6 +65,7 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
         flow_depth=8,
         class_counts=None,
         entropy_regularizer=1e-5,
+        flow_width=None,
         **kwargs,
     ):
         super().__init__(**kwargs)
@@ -79,6 +88,7 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
             int(flow_depth),
         )
         self.class_counts = [float(c) for c in counts]
+        self.flow_width = None if flow_width is None else int(flow_width)
         self.entropy_regularizer = float(entropy_regularizer)
         # The paper's (PyTorch's default) normalization of the latents.
         self.batch_norm = keras.layers.BatchNormalization(
@@ -97,6 +107,14 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
             self.centers = self.add_weight(name="centers", shape=(*shape, d), initializer=normal)
             self.raw_alpha = self.add_weight(name="raw_alpha", shape=shape, initializer=normal)
             self.raw_beta = self.add_weight(name="raw_beta", shape=shape, initializer=normal)
+        elif self.flow_type == "maf":
+            width = self.flow_width or 2 * self.latent_dim
+            self.mafs = [
+                MADE([width] * self.flow_depth, params=2, name=f"maf_{c}", dtype=self.dtype_policy)
+                for c in range(self.num_classes)
+            ]
+            for made in self.mafs:
+                made.build((None, self.latent_dim))
         else:
             self.log_scale = self.add_weight(
                 name="log_scale", shape=(*shape, d), initializer="zeros"
@@ -105,9 +123,17 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
 
     def class_log_density(self, latents):
         """`log p(z | c)` `[B, C]` of (normalized) latents `[B, d]` under each class's flow."""
+        d = float(self.latent_dim)
+        if self.flow_type == "maf":
+            densities = []
+            for made in self.mafs:
+                shift, log_scale = tf.unstack(made(latents), axis=-1)  # [B, d] each
+                u = (latents - shift) * tf.exp(-log_scale)
+                base = -0.5 * tf.reduce_sum(tf.square(u), -1) - 0.5 * d * math.log(2 * math.pi)
+                densities.append(base - tf.reduce_sum(log_scale, axis=-1))
+            return tf.stack(densities, axis=-1)
         z = tf.tile(latents[:, None, :], [1, self.num_classes, 1])  # [B, C, d]
         log_det = tf.zeros(tf.shape(z)[:2], z.dtype)
-        d = float(self.latent_dim)
         for layer in range(self.flow_depth):
             if self.flow_type == "radial":
                 alpha = tf.nn.softplus(tf.cast(self.raw_alpha[layer], z.dtype))  # [C]
@@ -127,13 +153,17 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
         base = -0.5 * tf.reduce_sum(tf.square(z), axis=-1) - 0.5 * d * math.log(2 * math.pi)
         return base + log_det
 
-    def call(self, inputs, training=None):
+    def concentration(self, inputs, training=None):
+        """`alpha = 1 + N_c p(z | c)`, `[B, C]`."""
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
         latents = self.batch_norm(x, training=training)
         log_density = self.class_log_density(latents)
         counts = tf.constant(self.class_counts, log_density.dtype)
         # 1 + N_c p(z | c), without overflow where a density is huge.
-        concentration = 1.0 + tf.exp(tf.minimum(tf.math.log(counts) + log_density, 80.0))
+        return 1.0 + tf.exp(tf.minimum(tf.math.log(counts) + log_density, 80.0))
+
+    def call(self, inputs, training=None):
+        concentration = self.concentration(inputs, training)
         return make_dirichlet_rv(
             concentration,
             loss="digamma",
@@ -154,4 +184,49 @@ class PosteriorNetwork(NamedOutput, SeededLayer):
             "flow_depth": self.flow_depth,
             "class_counts": self.class_counts,
             "entropy_regularizer": self.entropy_regularizer,
+            "flow_width": self.flow_width,
         }
+
+
+@register
+class PosteriorNetworkLayer(PosteriorNetwork):
+    """edward2's `PosteriorNetworkLayer`: `PosteriorNetwork`'s network, returning the
+    concentrations `alpha` `[B, C]` as a tensor (or, `return_probs=True`, the expected
+    probabilities `alpha / sum(alpha)`), with edward2's default `'maf'` flows. Train it on the
+    paper's loss through `PosteriorNetwork`, or on the user's loss of these tensors.
+
+    Args:
+      num_classes: classes `C`.
+      flow_type: `'maf'` (default), `'radial'` or `'affine'`.
+      flow_depth: flow layers per class (`'maf'`: its `MADE`'s hidden layers).
+      flow_width: the `MADE`'s hidden units (default twice the latent size).
+      class_counts: training examples per class (default ones).
+      **kwargs: `keras.layers.Layer` arguments.
+    """
+
+    def __init__(
+        self,
+        num_classes,
+        flow_type="maf",
+        flow_depth=8,
+        flow_width=None,
+        class_counts=None,
+        **kwargs,
+    ):
+        super().__init__(
+            num_classes,
+            flow_type=flow_type,
+            flow_depth=flow_depth,
+            class_counts=class_counts,
+            flow_width=flow_width,
+            **kwargs,
+        )
+
+    def call(self, inputs, training=None, return_probs=False):
+        alpha = self.concentration(inputs, training)
+        if return_probs:
+            return alpha / tf.reduce_sum(alpha, axis=-1, keepdims=True)
+        return alpha
+
+    def compute_output_shape(self, input_shape):
+        return tuple(input_shape[:-1]) + (self.num_classes,)

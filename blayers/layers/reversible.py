@@ -206,8 +206,9 @@ class Permute(ReversibleLayer):
             perm = np.asarray(self.order)
             if sorted(perm.tolist()) != list(range(d)):
                 raise ValueError(f"Permute: order {self.order} is not a permutation of {d}.")
-        self._perm = tf.constant(perm, tf.int32)
-        self._inverse_perm = tf.constant(np.argsort(perm), tf.int32)
+        # NumPy, not tensors: a layer built inside a trace must not keep a graph constant.
+        self._perm = perm.astype(np.int32)
+        self._inverse_perm = np.argsort(perm).astype(np.int32)
 
     def forward(self, x):
         return tf.gather(x, self._perm, axis=-1)
@@ -360,7 +361,7 @@ class MADE(keras.layers.Layer):
         self.input_degrees = degrees
         masks = _made_masks(degrees, self.hidden_dims, rng, channels)
         masks[-1] = np.repeat(masks[-1], params, axis=1)  # `params` outputs per input
-        self._masks = [tf.constant(m) for m in masks]
+        self._masks = masks  # NumPy: a MADE built inside a trace keeps no graph constant
         self._event = (d, channels)
         sizes = [d * channels, *self.hidden_dims, d * params]
         self.kernels, self.biases = [], []
@@ -436,7 +437,7 @@ class RealNVP(NestedLayers, ReversibleLayer):
 
     def build(self, input_shape):
         d = input_shape[-1]
-        self._mask = tf.constant((np.arange(d) % 2 == self.parity).astype("float32"))
+        self._mask = (np.arange(d) % 2 == self.parity).astype("float32")  # NumPy (traces)
         if not self.network.built:
             self.network.build(input_shape)
 
@@ -450,14 +451,17 @@ class RealNVP(NestedLayers, ReversibleLayer):
         return shift * free, tf.tanh(log_scale) * free  # tanh keeps early steps stable
 
     def forward(self, x):
+        x = tf.convert_to_tensor(x, self.compute_dtype)
         shift, log_scale = self._shift_and_log_scale(x * self._mask)
         return x * self._mask + (1.0 - self._mask) * (x * tf.exp(log_scale) + shift)
 
     def reverse(self, y):
+        y = tf.convert_to_tensor(y, self.compute_dtype)
         shift, log_scale = self._shift_and_log_scale(y * self._mask)
         return y * self._mask + (1.0 - self._mask) * ((y - shift) * tf.exp(-log_scale))
 
     def log_det_jacobian(self, x):
+        x = tf.convert_to_tensor(x, self.compute_dtype)
         _, log_scale = self._shift_and_log_scale(x * self._mask)
         return tf.reduce_sum(log_scale, axis=-1)
 
