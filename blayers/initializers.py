@@ -575,8 +575,10 @@ class TrainableMixtureOfDeltas(TrainableInitializer):
         self._parameter("logits", logits_initializer, None, None, component_shape)
 
     def _distribution(self, params, shape):
+        # Trained as logits; the mixture reads its weights as `probs` (edward2's).
         return tfd.MixtureSameFamily(
-            tfd.Categorical(logits=params["logits"]), tfd.Deterministic(loc=params["loc"])
+            tfd.Categorical(probs=tf.nn.softmax(params["logits"], axis=-1)),
+            tfd.Deterministic(loc=params["loc"]),
         )
 
     def get_config(self):
@@ -648,13 +650,15 @@ class OrthogonalRandomFeatures(keras.initializers.Initializer):
 
     Args:
       stddev: the marginal standard deviation of the entries (1 / length scale).
+      random_norm: the columns' norms are chi(d) draws (Yu et al.'s Theorem 1); False: all
+        `sqrt(d)`, their mean square (Theorem 2).
       seed: seeds the directions and norms.
     """
 
-    def __init__(self, stddev=1.0, seed=None):
+    def __init__(self, stddev=1.0, random_norm=True, seed=None):
         if not stddev > 0:
             raise ValueError(f"orthogonal_random_features needs stddev > 0, got {stddev}.")
-        self.stddev, self.seed = float(stddev), seed
+        self.stddev, self.random_norm, self.seed = float(stddev), bool(random_norm), seed
 
     def __call__(self, shape, dtype=None):
         if len(shape) != 2:
@@ -668,13 +672,13 @@ class OrthogonalRandomFeatures(keras.initializers.Initializer):
         for _ in range(-(-num // d)):
             q, r = np.linalg.qr(rng.randn(d, d))
             q = q * np.sign(np.diag(r))  # Haar-distributed rotation
-            norms = np.sqrt(rng.chisquare(d, size=d))
+            norms = np.sqrt(rng.chisquare(d, size=d) if self.random_norm else np.full(d, d))
             blocks.append(q * norms[None, :])
         matrix = self.stddev * np.concatenate(blocks, axis=1)[:, :num]
         return tf.constant(matrix, dtype=dtype or "float32")
 
     def get_config(self):
-        return {"stddev": self.stddev, "seed": self.seed}
+        return {"stddev": self.stddev, "random_norm": self.random_norm, "seed": self.seed}
 
 
 def is_distribution_initializer(initializer):
