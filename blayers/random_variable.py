@@ -26,6 +26,16 @@ tfd = tfp.distributions
 __all__ = ["RandomVariable", "fixed_at"]
 
 
+def _can_sample(distribution):
+    """Whether the distribution's class implements sampling (TFP's base class does not)."""
+    for cls in type(distribution).__mro__:
+        if cls is tfd.Distribution:
+            return False
+        if any(name in vars(cls) for name in ("_sample_n", "_call_sample_n", "sample")):
+            return True
+    return True  # not a TFP distribution's hierarchy: left to the first draw
+
+
 class RandomVariable:
     """A distribution and one value of it, behaving like the value in TF and Keras.
 
@@ -61,6 +71,12 @@ class RandomVariable:
                     f"RandomVariable value of shape {value.shape} does not match sample_shape + "
                     f"batch_shape + event_shape = {expected} of {distribution.name}."
                 )
+        elif not _can_sample(distribution):
+            # Said now, not at the first use of a value that could never be drawn.
+            raise NotImplementedError(
+                f"RandomVariable: {type(distribution).__name__} ({distribution.name}) has no "
+                "sampler; give the variable a value (value=...)."
+            )
         self._value = value
         self._value_given = value is not None
 
@@ -143,15 +159,22 @@ class RandomVariable:
     # `encoding.kl_divergence(blayers.Normal(0., 1.))`) are forwarded; see _forward below.
 
     def __repr__(self):
+        # The value if drawn (a repr does not draw it): edward2's form.
         value = ""
         if self._value is not None and tf.executing_eagerly():
-            value = " numpy=" + np.array2string(self._value.numpy(), threshold=8, edgeitems=2)
+            array = self._value.numpy()
+            text = repr(array) if np.ndim(array) == 0 else np.array2string(array, threshold=8)
+            value = f" numpy={text}"
         return (
             f"<blayers.RandomVariable '{self._distribution.name}' shape={self.shape} "
             f"dtype={self.dtype.name}{value}>"
         )
 
-    __str__ = __repr__
+    def __str__(self):
+        # edward2's `RandomVariable("value", shape=..., dtype=...)`: printing reads the value.
+        value = self.value
+        text = np.array2string(value.numpy(), threshold=8) if tf.executing_eagerly() else "?"
+        return f'RandomVariable("{text}", shape={self.shape}, dtype={self.dtype.name})'
 
     # Hashing is by identity (Keras and tf.nest keep layers' outputs in sets and dicts, and two
     # variables with equal values are still two variables). Comparison follows the value where
