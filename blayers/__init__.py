@@ -37,6 +37,8 @@ _NAMES = {
     "condition": "blayers.tracing",
     "tape": "blayers.tracing",
     "make_log_joint": "blayers.programs",
+    "make_log_joint_fn": "blayers.programs",
+    "make_random_variable": "blayers.distributions",
     "predict": "blayers.predict",
     "Prediction": "blayers.predict",
     "set_seed": "blayers.seeds",

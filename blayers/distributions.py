@@ -49,6 +49,12 @@ def make_constructor(cls):
     return traceable(constructor)
 
 
+def make_random_variable(distribution_cls):
+    """edward2's name for `make_constructor`: a traceable random-variable constructor over a
+    distribution class (a user's own, or a TFP one)."""
+    return make_constructor(distribution_cls)
+
+
 def _is_generated(name, obj):
     return (
         inspect.isclass(obj)

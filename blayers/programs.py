@@ -38,7 +38,14 @@ from blayers.tracing import tape, trace, traceable, unique_key
 
 tfd = tfp.distributions
 
-__all__ = ["ELBO", "VariationalProgram", "elbo", "log_prob_terms", "make_log_joint"]
+__all__ = [
+    "ELBO",
+    "VariationalProgram",
+    "elbo",
+    "log_prob_terms",
+    "make_log_joint",
+    "make_log_joint_fn",
+]
 
 
 def log_prob_terms(model, *args, values=None, **kwargs):
@@ -282,3 +289,6 @@ class VariationalProgram(keras.Model):
         self.last_elbo = result
         n = tf.shape(inputs)[0]
         return tf.fill([n], -result.surrogate / tf.cast(n, result.surrogate.dtype))
+
+
+make_log_joint_fn = make_log_joint  # edward2's name

@@ -56,7 +56,10 @@ class _LayerBijector(tfb.Bijector):
     def __init__(self, layer, dtype):
         self._layer = layer
         super().__init__(
-            forward_min_event_ndims=1, is_constant_jacobian=False, dtype=dtype, name=layer.name
+            forward_min_event_ndims=layer.event_ndims,
+            is_constant_jacobian=False,
+            dtype=dtype,
+            name=layer.name,
         )
 
     def _forward(self, x):
@@ -83,6 +86,8 @@ def _is_flow(distribution):
 class ReversibleLayer(keras.layers.Layer):
     """Base class: subclasses implement `forward`, `reverse` and `log_det_jacobian`."""
 
+    event_ndims = 1  # the last axis is the event (`log_det_jacobian` reduces it)
+
     def forward(self, x):
         raise NotImplementedError(f"{type(self).__name__} has no forward direction.")
 
@@ -96,7 +101,7 @@ class ReversibleLayer(keras.layers.Layer):
     def call(self, inputs):
         if isinstance(inputs, RandomVariable):
             base = inputs.distribution
-            if base.event_shape.rank == 0:  # the last axis is the flow's event
+            if base.event_shape.rank < self.event_ndims:  # the last axis is the flow's event
                 base = tfd.Independent(base, reinterpreted_batch_ndims=1)
             bijector = _LayerBijector(self, inputs.dtype)
             if _is_flow(base):
@@ -129,7 +134,9 @@ def TransformedRandomVariable(
 
     Args:
       random_variable: a `blayers.RandomVariable` (the base).
-      reversible_layer: a `ReversibleLayer` (`RealNVP`, `ActNorm`, a discrete flow, ...).
+      reversible_layer: a `ReversibleLayer` (`RealNVP`, `ActNorm`, a discrete flow, ...), or
+        edward2's duck-typed callable with `reverse(y)` and `log_det_jacobian(y)` (edward2's
+        convention: the reverse map's log-determinant at the output).
       name: the variable's name for interceptors.
       sample_shape: draws of the transformed distribution instead of `f(x)` (with no value).
       value: an explicit value instead of `f(x)`.
@@ -140,14 +147,46 @@ def TransformedRandomVariable(
             f"TransformedRandomVariable needs a blayers.RandomVariable, got {random_variable!r}."
         )
     if not isinstance(reversible_layer, ReversibleLayer):
-        raise TypeError(
-            "TransformedRandomVariable needs a blayers.layers.ReversibleLayer, got "
-            f"{reversible_layer!r}."
-        )
+        if not all(hasattr(reversible_layer, m) for m in ("reverse", "log_det_jacobian")):
+            raise TypeError(
+                "TransformedRandomVariable needs a blayers.layers.ReversibleLayer (or an "
+                "edward2-style callable with `reverse` and `log_det_jacobian`), got "
+                f"{reversible_layer!r}."
+            )
+        reversible_layer = _Edward2Reversible(reversible_layer)
     transformed = reversible_layer(random_variable)
     if value is None and not tuple(sample_shape):
         return transformed
     return RandomVariable(transformed.distribution, sample_shape=sample_shape, value=value)
+
+
+class _Edward2Reversible(ReversibleLayer):
+    """An edward2-style reversible callable as a `ReversibleLayer`: `layer(x)` forward,
+    `layer.reverse(y)`, and `layer.log_det_jacobian(y)` in edward2's convention, the
+    log-determinant of the reverse map at the output (`log p(y) = log p(reverse(y)) +
+    log_det_jacobian(y)`), so the forward map's at `x` is `-log_det_jacobian(layer(x))`."""
+
+    def __init__(self, layer, **kwargs):
+        super().__init__(**kwargs)
+        self._wrapped = layer
+        self.built = True  # no weights of its own (Keras would otherwise trace `call` to build)
+
+    def call(self, inputs):
+        if isinstance(inputs, RandomVariable):
+            # Elementwise (edward2's `Exp`) or per event: as the layer's log-determinant says.
+            x = inputs.value
+            elementwise = self.log_det_jacobian(x).shape.rank == x.shape.rank
+            self.event_ndims = 0 if elementwise else 1
+        return super().call(inputs)
+
+    def forward(self, x):
+        return tf.convert_to_tensor(self._wrapped(x))
+
+    def reverse(self, y):
+        return self._wrapped.reverse(y)
+
+    def log_det_jacobian(self, x):
+        return -self._wrapped.log_det_jacobian(self.forward(x))
 
 
 @register
