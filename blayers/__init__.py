@@ -51,6 +51,7 @@ _SUBMODULES = {
     "distributions": "blayers.distributions",
     "initializers": "blayers.initializers",
     "layers": "blayers.layers",
+    "losses": "blayers.losses",
     "metrics": "blayers.metrics",
     "objectives": "blayers.objectives",
     "posthoc": "blayers.posthoc",

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+import tensorflow_probability as tfp
 from scipy import special
 
 import blayers
@@ -134,3 +135,29 @@ def test_learns_and_loses_evidence_away_from_the_data(tmp_path):
     np.testing.assert_allclose(
         again(x[:5], training=False).distribution.concentration, d.concentration[:5], rtol=1e-5
     )
+
+
+def test_uce_loss_is_the_expected_cross_entropy_minus_the_entropy():
+    """`blayers.losses.uce_loss`: `E_Dir[-log p_y]` (Monte Carlo, 5 standard errors) minus
+    `lambda H[Dir]`; sparse and one-hot labels agree, and it is `PosteriorNetwork`'s loss."""
+    rng = np.random.RandomState(3)
+    alpha = rng.uniform(0.5, 4.0, size=(4, 3)).astype("float32")
+    labels = np.array([0, 2, 1, 2])
+    draws = rng.dirichlet(alpha[0], size=200_000)
+    nll = -np.log(draws[:, 0])
+    loss = blayers.losses.uce_loss(entropy_reg=0.0, num_classes=3)(labels[:1], alpha[:1])
+    np.testing.assert_allclose(loss, nll.mean(), atol=5 * nll.std() / np.sqrt(200_000))
+    sparse = blayers.losses.uce_loss(entropy_reg=0.1, num_classes=3)(labels, alpha)
+    dense = blayers.losses.uce_loss(entropy_reg=0.1, sparse=False)(np.eye(3)[labels], alpha)
+    np.testing.assert_allclose(sparse, dense, rtol=1e-6)
+    digamma = special.digamma(alpha.sum(-1)) - special.digamma(alpha[np.arange(4), labels])
+    entropy = tf.reduce_mean(tfp.distributions.Dirichlet(alpha).entropy()).numpy()
+    np.testing.assert_allclose(sparse, digamma.mean() - 0.1 * entropy, rtol=1e-5)
+    rv = blayers.layers.evidential.make_dirichlet_rv(
+        alpha, loss="digamma", kl_weight=0.0, entropy_regularizer=0.1
+    )
+    np.testing.assert_allclose(
+        sparse, -np.mean(rv.distribution.training_log_prob(labels)), rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="num_classes"):
+        blayers.losses.uce_loss()
