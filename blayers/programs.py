@@ -8,7 +8,10 @@ name='z')`, blayers layers that return them (GP layers, stochastic output layers
 its `name`.
 
 * `make_log_joint(model)`: `log_joint(*args, **values) = sum_v log p(v | parents)` over every
-  variable the program constructs, each set to `values[name]` where given (else drawn). Variables
+  variable the program constructs, each set to `values[name]` (or to the value an outer
+  `condition` gives it); a variable left without a value raises `LookupError` rather than
+  entering at a random draw, and a value for a name the program lacks raises `KeyError`
+  (both as edward2's `make_log_joint_fn`). Variables
   constructed while another's density is evaluated count too (the GP inside a `PoissonProcess`'s
   rate). It composes with `condition` and `tape` (their interceptors see every construction).
 * `elbo(model, posterior, observed=...)`: `E_q[log p(x, z) - log q(z)]`, the posterior program's
@@ -40,6 +43,7 @@ tfd = tfp.distributions
 
 __all__ = [
     "ELBO",
+    "UnknownVariableError",
     "VariationalProgram",
     "elbo",
     "log_prob_terms",
@@ -48,17 +52,33 @@ __all__ = [
 ]
 
 
-def log_prob_terms(model, *args, values=None, **kwargs):
+class UnknownVariableError(KeyError, ValueError):
+    """A value for a name the program never constructs (a `KeyError`, as in edward2, and a
+    `ValueError`)."""
+
+    def __str__(self):
+        return str(self.args[0])
+
+
+def log_prob_terms(model, *args, values=None, require_values=False, **kwargs):
     """`OrderedDict name -> summed log density` of each variable `model(*args, **kwargs)`
-    constructs, every one set to `values[name]` where given; and the program's return value.
+    constructs, every one set to `values[name]` where given (else drawn); and the program's
+    return value.
+
+    Args:
+      require_values: raise `LookupError` for a variable left without a value (neither in
+        `values` nor given by an outer interceptor) instead of drawing it.
 
     Raises:
-      ValueError: a name in `values` that the program never constructs (naming the ones it does),
-        or a value whose shape does not fit its variable.
+      UnknownVariableError: a name in `values` that the program never constructs (naming the
+        ones it does).
+      ValueError: a value whose shape does not fit its variable.
+      LookupError: with `require_values`, the variables left without a value.
     """
     values = dict(values or {})
     terms = collections.OrderedDict()
     constructed = set()
+    missing = []
 
     def interceptor(f, *f_args, **f_kwargs):
         name = f_kwargs.get("name")
@@ -72,6 +92,8 @@ def log_prob_terms(model, *args, values=None, **kwargs):
             name = rv.distribution.name
             if name in values and not rv.has_value:
                 rv = RandomVariable(rv.distribution, rv.sample_shape, value=values[name])
+        if not rv.value_given:
+            missing.append(name)
         # Variables built while this density is evaluated (a rate's GP) belong to the program.
         with trace(interceptor):
             log_prob = tf.reduce_sum(rv.distribution.log_prob(rv.value))
@@ -83,9 +105,15 @@ def log_prob_terms(model, *args, values=None, **kwargs):
         result = model(*args, **kwargs)
     unused = sorted(set(values) - constructed)
     if unused:
-        raise ValueError(
+        raise UnknownVariableError(
             f"make_log_joint: no random variable named {unused} in the program; it constructs "
             f"{list(terms)}."
+        )
+    if require_values and missing:
+        raise LookupError(
+            f"make_log_joint: no value for {missing}: pass each variable's value "
+            f"(log_joint({missing[0]}=...)) or condition on it; a log joint at a random draw "
+            "would be a different number at every call."
         )
     return terms, result
 
@@ -98,7 +126,9 @@ def make_log_joint(model):
 
     Returns:
       `log_joint(*args, **values)`: calls `model(*args)` with each variable named in `values`
-      set to that value (the others drawn) and returns `sum log p(v | parents)`, a scalar.
+      set to that value and returns `sum log p(v | parents)`, a scalar. Every variable needs
+      a value (from `values` or an outer `condition`): `LookupError` names those without; a
+      value for a name the program lacks raises `UnknownVariableError` (a `KeyError`).
 
     Example (normal-normal):
       ```python
@@ -111,7 +141,7 @@ def make_log_joint(model):
     """
 
     def log_joint(*args, **values):
-        terms, _ = log_prob_terms(model, *args, values=values)
+        terms, _ = log_prob_terms(model, *args, values=values, require_values=True)
         return tf.add_n(list(terms.values())) if terms else tf.constant(0.0)
 
     log_joint.__name__ = f"log_joint_of_{getattr(model, '__name__', type(model).__name__)}"

@@ -197,3 +197,13 @@ def test_output_layers_name_their_variables():
         blayers.layers.Normal(name="obs")(tf.zeros([2, 3]))
         blayers.layers.Categorical(output_name="label")(tf.zeros([2, 3]))
     assert list(recorded) == ["obs", "label"]
+
+
+def test_log_joint_needs_every_value():
+    """A variable left without a value is named (`LookupError`), not drawn: a log joint at a
+    random draw would change from call to call."""
+    log_joint = blayers.make_log_joint(normal_normal)
+    with pytest.raises(LookupError, match=r"no value for \['x'\]"):
+        log_joint(z=0.3)
+    with pytest.raises(KeyError):  # edward2's error for a name the program lacks
+        log_joint(z=0.3, x=X, w=1.0)
