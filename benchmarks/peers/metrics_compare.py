@@ -34,7 +34,17 @@ sys.path.insert(0, REPO)
 import laplace_compare  # the same data and MLP
 import run as peers  # the shared venv helper
 
-REQUIREMENTS = ["torch", "torchvision", "lightning", "rich", "torch-uncertainty==0.13.0"]
+# huggingface_hub and timm: torch-uncertainty's models and transforms packages import them (its
+# MIMO MLP and batch format).
+REQUIREMENTS = [
+    "torch",
+    "torchvision",
+    "lightning",
+    "rich",
+    "huggingface_hub",
+    "timm",
+    "torch-uncertainty==0.13.0",
+]
 METRICS = ("augrc", "aurc", "classwise_ece", "adaptive_ece", "smooth_ece")
 
 
