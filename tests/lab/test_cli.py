@@ -57,7 +57,8 @@ def test_unknown_parameter_fails_with_file_and_line(tmp_path):
     ("signals", "status"),
     [
         pytest.param((signal.SIGINT,), 130, marks=pytest.mark.slow),  # the third case's path
-        ((signal.SIGTERM,), 143),
+        # The third case's second signal: its SIGTERM path runs in the fast suite too.
+        pytest.param((signal.SIGTERM,), 143, marks=pytest.mark.slow),
         ((signal.SIGINT, signal.SIGTERM), 130),
     ],
     ids=["sigint", "sigterm", "ctrl_c_then_the_sweeps_sigterm"],

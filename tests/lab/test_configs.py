@@ -87,8 +87,19 @@ def _train_briefly(path, model_dir, steps, *bindings):
     assert metrics and all(math.isfinite(v) for v in metrics.values())
 
 
+# The Transformer's language-model and WMT14 smoke runs differ from its translation smoke run in
+# their data only: they run with the slow suite.
+SLOW_SMOKES = {"bayesian_transformer_lm_smoke.gin", "bayesian_transformer_wmt14_smoke.gin"}
+
+
 @pytest.mark.parametrize(
-    "path", [p for p in SMOKES if p not in MESH + PLANET], ids=lambda p: p.name
+    "path",
+    [
+        pytest.param(p, marks=pytest.mark.slow) if p.name in SLOW_SMOKES else p
+        for p in SMOKES
+        if p not in MESH + PLANET
+    ],
+    ids=lambda p: p.name,
 )
 def test_smoke_config_trains(path, tmp_path):
     if "uci_replicas" in _text_with_includes(path):  # the user's UCI folder: a toy one here

@@ -309,7 +309,12 @@ def test_second_trainer_on_a_model_dir_refuses(tmp_path):
         RunLock(str(tmp_path)).acquire()
 
 
-@pytest.mark.parametrize("stop_at", [10, 7], ids=["checkpoint_on_eval_step", "between_evals"])
+@pytest.mark.parametrize(
+    "stop_at",
+    # Between evaluations: the same restore with the evaluation schedule's offset (slow suite).
+    [10, pytest.param(7, marks=pytest.mark.slow)],
+    ids=["checkpoint_on_eval_step", "between_evals"],
+)
 def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
     """Evaluation must not advance the training random streams: a run stopped at step 10 (a
     checkpoint that is also an evaluation step) or 7 resumes with the uninterrupted run's
