@@ -31,6 +31,7 @@ TFDS_CONFIGS = [p for p in CONFIGS if p not in SMOKES + MESH and "tfds_" in _tex
 # digits smoke config trains the same model in the fast suite): about 25 s each.
 SLOW_TFDS = {
     "realnvp_mnist.gin",  # realnvp_digits_smoke trains the same flow in the fast suite
+    "vae_mnist_subset.gin",  # vae_digits_smoke trains the same VAE in the fast suite
     "vqvae_binarized_mnist.gin",
     "uncertainty_baselines_cifar10.gin",
     "resnet50_imagenet.gin",

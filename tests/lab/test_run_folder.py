@@ -273,12 +273,18 @@ def test_a_checkpoint_of_another_model_is_one_error_without_tensorflow_s_warning
 
     import tensorflow as tf
 
-    saved = tf.train.Checkpoint(**{f"v{i}": tf.Variable(tf.zeros(3)) for i in range(8)})
-    runs.Checkpointer(str(tmp_path), saved).save(1)
-    other = tf.train.Checkpoint(v0=tf.Variable(tf.zeros(4)))
-    with caplog.at_level("WARNING"), pytest.raises(runs.CheckpointMismatchError):
-        runs.Checkpointer(str(tmp_path), other).restore()
-    del other
-    gc.collect()
+    # The worker's older objects out of the collection: a full collection of a long-lived test
+    # process's heap takes 20 s; the objects made below are still collected.
+    gc.freeze()
+    try:
+        saved = tf.train.Checkpoint(**{f"v{i}": tf.Variable(tf.zeros(3)) for i in range(8)})
+        runs.Checkpointer(str(tmp_path), saved).save(1)
+        other = tf.train.Checkpoint(v0=tf.Variable(tf.zeros(4)))
+        with caplog.at_level("WARNING"), pytest.raises(runs.CheckpointMismatchError):
+            runs.Checkpointer(str(tmp_path), other).restore()
+        del other
+        gc.collect()
+    finally:
+        gc.unfreeze()
     unused = [r for r in caplog.records if "could not be found" in r.getMessage()]
     assert not unused, [r.getMessage() for r in unused][:3]

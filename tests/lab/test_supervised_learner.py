@@ -173,7 +173,12 @@ def _jitter(features, target, seed):
     return features + 0.3 * tf.random.stateless_normal(tf.shape(features), seed), target
 
 
-@pytest.mark.parametrize("augment", [None, _jitter], ids=["plain", "augmented"])
+@pytest.mark.parametrize(
+    "augment",
+    # Plain data: `test_resume_is_exact_from_any_checkpoint` checks more in the fast suite.
+    [pytest.param(None, marks=pytest.mark.slow), _jitter],
+    ids=["plain", "augmented"],
+)
 def test_resume_continues_from_the_checkpoint(tmp_path, augment):
     digits = _small_digits()
     digits.augment = augment  # per-example noise: a resumed run must replay its draws
