@@ -408,10 +408,11 @@ class MCSoftmaxDenseFA(MCOutputLayer):
     def noise_distribution(self, inputs, training=None):
         """`(loc [..., C], factors [..., C, K] or None, diag [..., C])` of the noisy logits."""
         x = tf.convert_to_tensor(inputs, self.compute_dtype)
+        # `convert_to_tensor`: a user's layers (`MCSoftmaxDenseFACustomLayers`) may return others.
         return (
-            self.loc_layer(x),
+            tf.convert_to_tensor(self.loc_layer(x)),
             self.factor_loadings(x),
-            self.diag_layer(x) + MIN_SCALE_MONTE_CARLO,
+            tf.convert_to_tensor(self.diag_layer(x)) + MIN_SCALE_MONTE_CARLO,
         )
 
     def compute_output_shape(self, input_shape):
@@ -470,11 +471,6 @@ class MCSoftmaxDenseFACustomLayers(NestedLayers, MCSoftmaxDenseFA):
     @property
     def scale_layer(self):
         return self.scale_layer_heteroscedastic if self.parameter_efficient else self.factor_layer
-
-    def noise_distribution(self, inputs, training=None):
-        x = tf.convert_to_tensor(inputs, self.compute_dtype)
-        diag = tf.convert_to_tensor(self.diag_layer(x)) + MIN_SCALE_MONTE_CARLO
-        return tf.convert_to_tensor(self.loc_layer(x)), self.factor_loadings(x), diag
 
     def get_config(self):
         return {**super().get_config(), **self._nested_config()}

@@ -391,8 +391,9 @@ class RandomFeatureGaussianProcess(SeededLayer):
         return self.gp_cov_layer.update_feature_covariance_matrix() * self.gp_cov_ridge_penalty
 
     def predictive_covariance(self, phi):
-        """`Phi Sigma Phi^T`, `[B, B]`."""
-        return tf.matmul(phi, tf.matmul(self.feature_covariance(), phi, transpose_b=True))
+        """`Phi Sigma Phi^T`, `[B, B]` (`gp_cov_layer`'s, with its cached inverse)."""
+        self.gp_cov_layer.update_feature_covariance_matrix()
+        return self.gp_cov_layer.compute_predictive_covariance(phi)
 
     def call(self, inputs, training=None):
         phi = self.features(inputs)
