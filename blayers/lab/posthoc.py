@@ -32,20 +32,26 @@ from blayers.lab import cli_env, posthoc_methods, runs
 from blayers.lab.tasks.base import features, targets
 from blayers.posthoc.batches import input_batches
 
-__all__ = ["build", "posthoc", "restore", "train_in_memory"]
+__all__ = ["build", "posthoc", "restore", "split_indices", "train_in_memory"]
+
+
+def split_indices(n, calibration_fraction=0.5, split_seed=0):
+    """The test set's calibration and evaluation indices (of its `n` examples in order), as
+    `posthoc` splits them: what an outside tool scores to compare with a method's numbers."""
+    order = np.random.default_rng(split_seed).permutation(n)
+    cut = round(calibration_fraction * n)
+    if not 0 < cut < n:
+        raise ValueError(
+            f"posthoc: calibration_fraction={calibration_fraction} leaves no calibration or no "
+            f"evaluation examples of the {n} test examples."
+        )
+    return order[:cut], order[cut:]
 
 
 def _split(dataset, n, fraction, seed):
     """Indices of the calibration and evaluation parts, and the examples as arrays."""
     x, y = next(iter(dataset.batch(max(n, 1))))
-    order = np.random.default_rng(seed).permutation(n)
-    cut = round(fraction * n)
-    if not 0 < cut < n:
-        raise ValueError(
-            f"posthoc: calibration_fraction={fraction} leaves no calibration or no evaluation "
-            f"examples of the {n} test examples."
-        )
-    return order[:cut], order[cut:], x.numpy(), y.numpy()
+    return (*split_indices(n, fraction, seed), x.numpy(), y.numpy())
 
 
 def _dataset(x, y=None):

@@ -81,16 +81,21 @@ class MCBatchNorm:
             for layer, momentum in zip(self.layers, momenta):
                 layer.momentum = momentum
 
+    def batch_rows(self, num_samples):
+        """The training rows of each draw's mini-batch (seeded by `seed`; distinct rows within
+        a batch)."""
+        rng = np.random.default_rng(self.seed)
+        return [
+            rng.choice(self.num_train, self.batch_size, replace=False) for _ in range(num_samples)
+        ]
+
     def draws(self, num_samples):
         """A generator of `num_samples` draws: within each, the model normalizes with one
         random training mini-batch's statistics; the trained statistics come back after the
         last (or when the generator is closed)."""
-        rng = np.random.default_rng(self.seed)
         with self.kept():
-            for _ in range(num_samples):
-                self.set_batch_statistics(
-                    rng.choice(self.num_train, self.batch_size, replace=False)
-                )
+            for rows in self.batch_rows(num_samples):
+                self.set_batch_statistics(rows)
                 yield
 
     def predict(self, x, num_samples=10, batch_size=512):

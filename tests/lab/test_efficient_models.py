@@ -55,3 +55,22 @@ def test_trains_and_members_disagree(tmp_path, method):
     first, last = _records(tmp_path, "eval")
     assert last < first
     assert metrics["mutual_information"] > 0  # one network's members disagree
+
+
+def test_mlp_batch_norm_normalizes_each_hidden_layer_before_its_activation():
+    """`mlp.batch_norm`: Dense -> BatchNormalization -> activation per hidden layer (what
+    `--method=mc_batchnorm` samples); refused with replicas, whose batches it would mix."""
+    import keras
+
+    from blayers.lab.data.base import Replica
+
+    model = models.mlp((4,), 3, hidden_units=(8, 8), dense_layer="Dense", batch_norm=True)
+    kinds = [type(layer).__name__ for layer in model.layers]
+    assert kinds == ["Dense", "BatchNormalization", "Activation"] * 2 + ["Dense"]
+    assert model.layers[0].activation is keras.activations.linear
+    x = np.random.RandomState(0).randn(64, 4).astype("float32") * 5 + 3
+    hidden = keras.Sequential(model.layers[:2])(x, training=True).numpy()
+    np.testing.assert_allclose(hidden.mean(0), 0.0, atol=1e-4)  # normalized over the batch
+    with pytest.raises(ValueError, match="mlp.batch_norm"):
+        replicas = [Replica(f"r{i}", None, seed=i) for i in range(2)]
+        models.mlp((4,), 3, dense_layer="Dense", batch_norm=True, replicas=replicas)

@@ -124,12 +124,77 @@ def test_methods_refuse_what_they_cannot_do(finished_run):
 def test_snapshots_mix_the_runs_kept_checkpoints(finished_run):
     """The run keeps its checkpoints of steps 50, 100 and 150: the snapshot ensemble mixes
     their three predictives, and the scored model stays the run's."""
-    summary, _ = _in_process(finished_run, "snapshots")
+    summary, arrays = _in_process(finished_run, "snapshots")
     assert summary["final"]["ensemble_size"] == 3
     assert "[50, 100, 150]" in summary["notes"][0]
+    assert summary["label"] == "checkpoint ensemble (last 3)"  # a constant rate: no cycles
     assert summary["final"]["nll"] != summary["base"]["nll"]
     again, _ = _in_process(finished_run, "temperature")
     assert again["base"] == pytest.approx(summary["base"])
+    # `split_indices` names the examples scored, for outside tools to score the same ones.
+    from blayers.lab import data, posthoc
+    from blayers.lab.tasks.base import targets
+
+    calibration, evaluation = posthoc.split_indices(360)
+    assert len(calibration) == summary["num_calibration"]
+    np.testing.assert_array_equal(arrays["labels"], targets(data.digits().test)[evaluation])
+
+
+@pytest.mark.slow  # its own run of three cycles (about 20 s)
+def test_snapshot_config_keeps_one_converged_model_a_cycle(tmp_path):
+    """configs/digits_snapshots(_smoke).gin: each kept checkpoint ends a cosine cycle (its last
+    update's rate near 0); the snapshots differ and their mixture is at most the members' mean
+    NLL (Jensen), each member having learned."""
+    result = _run(
+        [
+            "blayers.train",
+            "--gin_file=digits_snapshots_smoke",
+            "--gin_param=train.progress = False",
+            f"--model_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary, arrays = _in_process(tmp_path / "run", "snapshots")
+    note = summary["notes"][0]
+    assert summary["final"]["ensemble_size"] == 3 and "[50, 100, 150]" in note
+    assert summary["label"] == "snapshot ensemble (3 cycles)"
+    rates = [float(r) for r in note.split("learning rates ")[1].rstrip(".").split(", ")]
+    # Each near 0: three equal cycles (doubling ones would leave step 100 mid-cycle at 0.0025).
+    assert len(rates) == 3 and max(rates) < 1e-3 * 0.005
+    probs, labels = arrays["probs"], arrays["labels"]  # [members x draws, n, classes]
+    members = probs.reshape(3, -1, *probs.shape[1:]).mean(1)
+    nlls = [-np.log(m[np.arange(len(labels)), labels]).mean() for m in members]
+    assert summary["final"]["nll"] <= np.mean(nlls) + 1e-9
+    assert summary["final"]["mutual_information"] > 1e-4  # the snapshots disagree
+    assert min((m.argmax(-1) == labels).mean() for m in members) > 0.7  # chance: 0.1
+
+
+@pytest.mark.slow  # its own run (about 15 s)
+def test_mc_batchnorm_samples_a_batch_normalized_run(tmp_path):
+    """`mlp.batch_norm = True` on the main job's twin, then `--method=mc_batchnorm`: the draws
+    differ (each normalizes with its own training batch), the mixture obeys Jensen against
+    them and keeps the run's accuracy within a few examples."""
+    result = _run(
+        [
+            "blayers.train",
+            "--gin_file=digits_mlp_smoke",
+            "--gin_param=mlp.dense_layer = 'Dense'",
+            "--gin_param=mlp.batch_norm = True",
+            "--gin_param=train.train_steps = 150",
+            "--gin_param=train.eval_every = None",
+            "--gin_param=train.progress = False",
+            f"--model_dir={tmp_path / 'run'}",
+        ]
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary, arrays = _in_process(tmp_path / "run", "mc_batchnorm", ["posthoc.num_samples = 8"])
+    final, base = summary["final"], summary["base"]
+    probs, labels = arrays["probs"], arrays["labels"]
+    assert probs.shape == (8, summary["num_evaluation"], 10)
+    assert final["mutual_information"] > 1e-4 and base["mutual_information"] < 1e-9
+    nlls = [-np.log(p[np.arange(len(labels)), labels]).mean() for p in probs]
+    assert final["nll"] <= np.mean(nlls) + 1e-9
+    assert abs(final["accuracy"] - base["accuracy"]) < 0.03 and base["accuracy"] > 0.8
 
 
 @pytest.mark.slow  # a second trainer run and two post-hoc passes (about a minute)
@@ -296,7 +361,9 @@ def test_a_method_is_one_new_file(finished_run, tmp_path, monkeypatch):
     (folder / "sharpen_here.py").write_text(_PLUGIN.format(name="sharpen_here"))
     monkeypatch.setattr(posthoc_methods, "__path__", [*posthoc_methods.__path__, str(folder)])
     assert "sharpen_here" in posthoc_methods.methods()
-    summary, _ = _in_process(finished_run, "sharpen_here", ["Sharpen.power = 3.0"])
+    # The module names the class: the docs' own `Sharpen` example may share this process.
+    binding = "sharpen_here.Sharpen.power = 3.0"
+    summary, _ = _in_process(finished_run, "sharpen_here", [binding])
     assert summary["final"]["power"] == 3.0 and summary["label"] == "sharpen"
     assert summary["final"]["accuracy"] == summary["base"]["accuracy"]  # argmax kept
     assert summary["final"]["entropy"] < summary["base"]["entropy"]

@@ -49,6 +49,23 @@ def test_a_draw_normalizes_with_its_mini_batch():
     assert bn.momentum == pytest.approx(0.99)
 
 
+def test_each_draw_uses_the_rows_batch_rows_names():
+    """`batch_rows` is what `draws` normalizes with: distinct rows per batch, seeded, and each
+    draw's predictions equal to setting that batch's statistics by hand."""
+    model = _model()
+    train = np.random.RandomState(0).randn(50, 3).astype("float32")
+    x = np.random.RandomState(1).randn(7, 3).astype("float32")
+    mcbn = MCBatchNorm(model, train, batch_size=10, seed=3)
+    rows = mcbn.batch_rows(4)
+    assert len(rows) == 4 and all(len(set(r)) == 10 for r in rows)
+    assert all(np.array_equal(a, b) for a, b in zip(rows, mcbn.batch_rows(4)))  # seeded
+    draws = mcbn.predict(x, num_samples=4)
+    for k, batch in enumerate(rows):
+        with mcbn.kept():
+            mcbn.set_batch_statistics(batch)
+            np.testing.assert_allclose(draws[k], model(x, training=False), rtol=1e-6)
+
+
 def test_refusals_name_the_problem():
     plain = keras.Sequential([keras.Input((3,)), keras.layers.Dense(2)])
     with pytest.raises(ValueError, match="no BatchNormalization layer"):

@@ -69,11 +69,12 @@ def mlp(
     learn_noise=True,
     layer_kwargs=None,
     prior_precision=None,
+    batch_norm=False,
     name="mlp",
     replicas=None,
 ):
-    """Multilayer perceptron: [Flatten] -> [MCDropout] -> (dense_layer(h), [MCDropout]) * L ->
-    output_layer [-> GaussianLikelihood].
+    """Multilayer perceptron: [Flatten] -> [MCDropout] -> (dense_layer(h), [BatchNormalization,
+    activation], [MCDropout]) * L -> output_layer [-> GaussianLikelihood].
 
     Args:
       dense_layer: class or name of the hidden layers (`'DenseFlipout'`, `'Dense'`, ...).
@@ -92,6 +93,9 @@ def mlp(
         examples `N`, so the trained weights are the MAP of `mean NLL + lambda ||W||^2 / (2N)`
         (weight decay `lambda / N` per example). Laplace and SWAG then approximate the posterior
         of that prior. Layers with random weights ignore it (their prior is in their KL).
+      batch_norm: batch normalization between each hidden layer and its activation (Ioffe &
+        Szegedy, 2015), e.g. for `--method=mc_batchnorm`; not with replicas (the statistics
+        would mix the replicas' batches).
       replicas: None, or the `blayers.lab.data.Replica`s of replicated data: every layer then
         has `replicas=R` (`blayers.replicas`; `'Dense'` is the blayers dense layer with Keras'
         deterministic initializer) and a replica's `hparams` may set its own `dropout_rate`
@@ -112,6 +116,12 @@ def mlp(
     hidden_kwargs, output_kwargs = _map_prior(prior_precision, hidden_cls, output_cls, replicas)
     group = {}
     if replicas is not None:
+        if batch_norm:
+            raise ValueError(
+                "mlp.batch_norm: replicated data (SupervisedLearner.data's replicas) would mix "
+                "the replicas' batches in one normalization; train the replicas as separate "
+                "runs for batch normalization."
+            )
         if len(input_shape) > 1:
             raise ValueError(f"mlp: replicas take vector features, got shape {input_shape}.")
         group = {"replicas": len(replicas), "replica_seeds": [r.seed for r in replicas]}
@@ -128,9 +138,16 @@ def mlp(
     if input_dropout and dropout:
         model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
     for units in hidden_units:
-        model_layers.append(
-            hidden_cls(units, activation=activation, **kwargs, **hidden_kwargs, **group)
-        )
+        if batch_norm:
+            model_layers += [
+                hidden_cls(units, **kwargs, **hidden_kwargs),
+                keras.layers.BatchNormalization(),
+                keras.layers.Activation(activation),
+            ]
+        else:
+            model_layers.append(
+                hidden_cls(units, activation=activation, **kwargs, **hidden_kwargs, **group)
+            )
         if dropout:
             model_layers.append(blayers_layers.MCDropout(dropout_rate, **group))
     if noise_variance is None:

@@ -19,7 +19,7 @@ class MCBatchNorm(Method):
     """
 
     name, label = "mc_batchnorm", "MC-BatchNorm"
-    needs_batch_norm = True  # tables of MLPs leave it out
+    needs_batch_norm = True  # a table trains its network with batch norm first
 
     def __init__(self, batch_size=None, seed=0):
         super().__init__()
