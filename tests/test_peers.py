@@ -157,3 +157,21 @@ def test_snapshots_and_mc_batchnorm_match_torch_uncertainty(tmp_path, monkeypatc
     # On the same trained CNN and the same batches the two MC-BatchNorms agree up to the batch
     # variance's n / (n - 1) (torch-uncertainty keeps the unbiased one).
     assert table["mc_batchnorm_same_weights/max_abs_difference"] < 1e-3
+
+
+@pytest.mark.slow
+def test_deep_evidential_regression_matches_torch_uncertainty(tmp_path):
+    """The same MLP from the same initial weights with blayers' `NormalInverseGamma` and
+    torch-uncertainty's `NormalInverseGammaLinear` + `DERLoss` (the same Student-t NLL and
+    evidence penalty; blayers' equal to its float64 value to float32 rounding): both learn Friedman's function, and their test NLLs agree within 0.15
+    (the seeds' spread is about 0.05)."""
+    import evidential_regression_compare
+
+    table = evidential_regression_compare.main(
+        ["--datasets", "friedman", "--seeds", "1", "--out", str(tmp_path / "der.json")]
+    )["friedman"]
+    assert table["seeds"] == 1, "torch-uncertainty did not run"
+    for library in ("blayers", "torch_uncertainty"):
+        assert table[f"{library}/rmse"][0] < 2.0, library  # the targets' sd is about 5
+    assert abs(table["difference/nll"][0]) < 0.15
+    assert table["blayers/loss_max_relative_error"] < 1e-5  # the paper's loss, to float32

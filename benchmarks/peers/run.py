@@ -103,13 +103,24 @@ def ensure_venv(name, requirements, venv_dir, timeout):
     return python, None
 
 
-def compare_main(argv, doc, venv, requirements, default_out, one_case, summarize, markdown):
+def compare_main(
+    argv,
+    doc,
+    venv,
+    requirements,
+    default_out,
+    one_case,
+    summarize,
+    markdown,
+    datasets=("digits", "mnist5k"),
+):
     """The command line of a same-data comparison with one peer library (`laplace_compare`,
-    `calibration_compare`): `one_case(dataset, seed, python, timeout)` per data set and seed
-    (python: the peer's environment's interpreter, or None when it cannot be created), then
-    `summarize(rows)` written as JSON and `markdown(table)` beside it. Returns the table."""
+    `calibration_compare`): `one_case(dataset, seed, python, timeout)` per data set (default
+    `datasets`) and seed (python: the peer's environment's interpreter, or None when it cannot
+    be created), then `summarize(rows)` written as JSON and `markdown(table)` beside it.
+    Returns the table."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
-    parser.add_argument("--datasets", default="digits,mnist5k")
+    parser.add_argument("--datasets", default=",".join(datasets))
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--out", default=default_out)
     parser.add_argument(
