@@ -116,8 +116,7 @@ def one_case(name, seed, python, timeout):
 def summarize(rows):
     """Per data set: means and standard errors over seeds, and the largest disagreements."""
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [r for r in rows if r["dataset"] == name and isinstance(r["netcal"], dict)]
+    for name, group in peers.groups_by_dataset(rows, "netcal"):
         entry = {"seeds": len(group)}
         for label in ("temperature", "vector"):
             for metric in ("nll_cal", "nll", "ece", "accuracy"):

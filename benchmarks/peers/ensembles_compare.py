@@ -401,10 +401,7 @@ def summarize(rows):
     """Per data set and method: both libraries' means and standard errors over seeds, and the
     paired NLL difference blayers - torch-uncertainty."""
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [
-            r for r in rows if r["dataset"] == name and isinstance(r["torch_uncertainty"], dict)
-        ]
+    for name, group in peers.groups_by_dataset(rows, "torch_uncertainty"):
         entry = {"seeds": len(group)}
         for method in METHODS:
             for library in ("blayers", "torch_uncertainty"):

@@ -1,7 +1,7 @@
 """blayers' deep evidential regression against torch-uncertainty's, trained on the same data with
 the same network and schedule.
 
-For each data set (scikit-learn's diabetes, 442 patients; Friedman's #1 function, 2,000 points
+For each data set (scikit-learn's diabetes, 442 patients; Friedman's first function, 2,000 points
 of `make_friedman1` with noise 1, a documented synthetic set) and seed, a seeded 80/20 split,
 inputs and targets standardized by the training part; each library trains, from the same
 initial weights (Keras' defaults, copied into the torch network: its own default
@@ -205,10 +205,7 @@ def blayers_loss(params, targets, regularizer):
 
 def summarize(rows):
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [
-            r for r in rows if r["dataset"] == name and isinstance(r["torch_uncertainty"], dict)
-        ]
+    for name, group in peers.groups_by_dataset(rows, "torch_uncertainty"):
         entry = {"seeds": len(group)}
         for library in LIBRARIES:
             for metric, _ in METRICS:

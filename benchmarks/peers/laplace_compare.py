@@ -128,8 +128,7 @@ def summarize(rows):
     """Per data set: mean and standard error over seeds of each library's metrics, and the
     paired differences blayers - laplace-torch."""
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [r for r in rows if r["dataset"] == name and isinstance(r["laplace_torch"], dict)]
+    for name, group in peers.groups_by_dataset(rows, "laplace_torch"):
         entry = {"seeds": len(group)}
         for label in ("map", "blayers", "laplace_torch"):
             for metric in ("accuracy", "nll", "ece", "fit_seconds", "prior_precision"):

@@ -118,8 +118,7 @@ def _relative(ours, theirs):
 
 def summarize(rows):
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [r for r in rows if r["dataset"] == name and isinstance(r["laplace_torch"], dict)]
+    for name, group in peers.groups_by_dataset(rows, "laplace_torch"):
         entry = {"seeds": len(group)}
         for key in KEYS:
             values = [r["laplace_torch"][key] for r in group]

@@ -109,10 +109,7 @@ def one_case(name, seed, python, timeout):
 def summarize(rows):
     """Per data set: both libraries' means and the largest disagreements over seeds."""
     table = {}
-    for name in dict.fromkeys(r["dataset"] for r in rows):
-        group = [
-            r for r in rows if r["dataset"] == name and isinstance(r["torch_uncertainty"], dict)
-        ]
+    for name, group in peers.groups_by_dataset(rows, "torch_uncertainty"):
         entry = {"seeds": len(group)}
         for metric in METRICS:
             entry[f"blayers/{metric}"] = float(np.mean([r["blayers"][metric] for r in group]))

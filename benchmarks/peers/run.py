@@ -148,6 +148,13 @@ def compare_main(
     return table
 
 
+def groups_by_dataset(rows, peer):
+    """`(dataset, rows)` in the rows' order, each with the rows where `peer` ran (its entry is
+    a dict, not the reason it did not)."""
+    for name in dict.fromkeys(r["dataset"] for r in rows):
+        yield name, [r for r in rows if r["dataset"] == name and isinstance(r[peer], dict)]
+
+
 def call_worker(python, worker, args, timeout):
     """Runs `worker` (a script beside this one) with the peer's `python`: its last
     `RESULT {json}` line as a dict, or an `error: ...` string naming its exit and stderr."""
