@@ -46,6 +46,10 @@ class Softplus(keras.constraints.Constraint):
     def __call__(self, w):
         return fused.softplus(w)
 
+    def with_square(self, w):
+        """`(softplus(w), softplus(w)^2)` in one fused pass (`fused.softplus_and_square`)."""
+        return fused.softplus_and_square(w)
+
     def inverse(self, y):
         """`softplus^{-1}(y)`, stably (`softplus_inverse`)."""
         return softplus_inverse(tf.convert_to_tensor(y))

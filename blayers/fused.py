@@ -40,6 +40,7 @@ __all__ = [
     "should_fuse",
     "signs",
     "softplus",
+    "softplus_and_square",
     "threefry2x32",
     "unit_uniform",
 ]
@@ -280,6 +281,40 @@ def softplus(x):
     if not should_fuse(x.shape, x.dtype):
         return tf.nn.softplus(x)
     return _softplus_fused(x)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _softplus_and_square_xla(x):
+    value = _softplus(x)
+    return value, value * value
+
+
+@tf.function(jit_compile=True, reduce_retracing=True)
+def _softplus_and_square_grad(upstream, upstream_square, value):
+    # d/dx of (s, s^2) against both upstreams: (g_s + 2 s g_v) sigmoid(x), one pass.
+    return -(upstream + 2.0 * value * upstream_square) * tf.math.expm1(-value)
+
+
+@tf.custom_gradient
+def _softplus_and_square_fused(x):
+    value, square = _softplus_and_square_xla(x)
+
+    def grad(upstream, upstream_square):
+        return _softplus_and_square_grad(upstream, upstream_square, value)
+
+    return (value, square), grad
+
+
+def softplus_and_square(x):
+    """`(softplus(x), softplus(x)^2)`: a standard deviation and its variance (local
+    reparameterization needs both) in one fused pass, and one backward pass for both
+    gradients instead of the square's, their sum's and the softplus' (large float32 tensors;
+    TF's ops otherwise)."""
+    x = tf.convert_to_tensor(x)
+    if not should_fuse(x.shape, x.dtype):
+        value = tf.nn.softplus(x)
+        return value, tf.square(value)
+    return _softplus_and_square_fused(x)
 
 
 # -- KL[N(m, s^2) || N(m_p, s_p^2)] ---------------------------------------------------------------

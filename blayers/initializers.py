@@ -154,13 +154,26 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             )
         return self.random_variable()
 
-    def parameters(self):
-        """The distribution's parameters: variables passed through their constraints."""
+    def parameters(self, with_variance=False):
+        """The distribution's parameters: variables passed through their constraints. With
+        `with_variance`, for a weight whose layer reads the variance (`variance_wanted`), also
+        `'variance'`, formed with the stddev in one pass."""
         out = {}
         for name, param in self._parameters.items():
             value = getattr(self, name)
+            if (
+                with_variance
+                and name == "stddev"
+                and self.variance_wanted
+                and hasattr(param.constraint, "with_square")
+            ):
+                out["stddev"], out["variance"] = param.constraint.with_square(value)
+                continue
             out[name] = param.constraint(value) if param.constraint else tf.identity(value)
         return out
+
+    # Set by a layer whose estimator reads the weight's variance (`add_bayesian_weight`).
+    variance_wanted = False
 
     @property
     def replica_keys(self):
@@ -173,7 +186,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
 
     def random_variable(self):
         """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""
-        distribution = self._distribution(self.parameters(), self.weight_shape)
+        distribution = self._distribution(self.parameters(with_variance=True), self.weight_shape)
         return rv_lib.Independent(
             distribution,
             reinterpreted_batch_ndims=len(self.weight_shape),
@@ -189,7 +202,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
         cell draws at `get_initial_state` and forms its weights at every step). Interceptors
         saw the first construction and are not consulted again."""
         distribution = tfd.Independent(
-            self._distribution(self.parameters(), self.weight_shape),
+            self._distribution(self.parameters(with_variance=True), self.weight_shape),
             reinterpreted_batch_ndims=len(self.weight_shape),
             name=rv.distribution.name,
         )
@@ -261,7 +274,10 @@ class TrainableNormal(TrainableInitializer):
     _stddev_shape = None
 
     def _distribution(self, params, shape):
-        return tfd.Normal(loc=params["mean"], scale=params["stddev"])
+        distribution = tfd.Normal(loc=params["mean"], scale=params["stddev"])
+        if "variance" in params:  # `sampling.normal_variance` reads it
+            distribution.blayers_variance = params["variance"]
+        return distribution
 
 
 @_register("trainable_he_normal")

@@ -280,6 +280,14 @@ def normal_parameters(distribution):
     return None
 
 
+def normal_variance(distribution):
+    """The variance a trainable Normal formed with its standard deviation in one pass
+    (`TrainableNormal` for a layer that reads it), or None."""
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    return getattr(distribution, "blayers_variance", None)
+
+
 def flat_multivariate_normal(distribution, diagonal=False):
     """The multivariate Normal over a weight's flattened entries: the full-covariance q of
     `trainable_multivariate_normal` (a `MultivariateNormalTriL` reshaped to the weight), and with

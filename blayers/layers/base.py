@@ -224,6 +224,10 @@ class BayesianLayer(SeededLayer):
     use_bias = False
     activation = None
 
+    # Weights whose estimator reads the variance with the stddev (local reparameterization's
+    # kernel): their trainable Normal forms both in one pass.
+    _variance_weights = ()
+
     def __init__(self, seed=None, **kwargs):
         activity_regularizer = kwargs.pop("activity_regularizer", None)
         super().__init__(
@@ -260,6 +264,7 @@ class BayesianLayer(SeededLayer):
                 # depend on how many initializers a process created, for weight loading and
                 # layout maps.
                 init.name = name
+                init.variance_wanted = name in self._variance_weights
                 init.build(shape)
             # The weight's random variable is known as '<layer>/<weight>' (`condition`, `tape`,
             # `blayers.programs.make_log_joint`).

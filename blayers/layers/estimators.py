@@ -27,6 +27,7 @@ from blayers.sampling import (
     flat_multivariate_normal,
     flip_signs,
     normal_parameters,
+    normal_variance,
     rademacher,
     standard_normal,
 )
@@ -105,6 +106,8 @@ class FlipoutEstimator:
 class LocalReparameterizationEstimator:
     """`op(x, M) + sqrt(op(x^2, S^2)) * eps`: pre-activations sampled, no kernel drawn."""
 
+    _variance_weights = ("kernel",)  # its initializer forms S and S^2 in one pass
+
     def linear_fn(self, kernel, batch_size=None, seed=None):
         del batch_size
         if flat_multivariate_normal(kernel.distribution) is not None:
@@ -114,9 +117,11 @@ class LocalReparameterizationEstimator:
                 "reparameterization or Flipout estimator."
             )
         mean, stddev = kernel_moments(kernel)
-        if stddev.shape != kernel.shape:
-            stddev = tf.broadcast_to(stddev, kernel.shape)
-        variance_kernel = tf.square(stddev)
+        variance_kernel = normal_variance(kernel.distribution)
+        if variance_kernel is None:
+            variance_kernel = tf.square(stddev)
+        if variance_kernel.shape != kernel.shape:
+            variance_kernel = tf.broadcast_to(variance_kernel, kernel.shape)
         seed = self.next_seed() if seed is None else seed
 
         def apply(x):

@@ -43,6 +43,8 @@ class VariationalDropout(LocalReparameterizationEstimator):
     regularizer `'log_uniform_kl_divergence'`.
     """
 
+    _variance_weights = ()  # its variance is `alpha theta^2`, not the stddev's square
+
     def __init__(
         self,
         *args,

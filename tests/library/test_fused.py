@@ -86,6 +86,44 @@ def test_softplus_value_and_gradient_against_float64():
     np.testing.assert_allclose(fused.softplus(small), tf.nn.softplus(small))
 
 
+def test_softplus_and_square_values_and_both_gradients_against_float64():
+    """One pass forms `(s, s^2)`; its gradient takes both upstreams at once:
+    `(g_s + 2 s g_v) sigmoid(x)`."""
+    x = tf.constant(np.linspace(-30.0, 30.0, BIG), tf.float32)
+    rng = np.random.RandomState(2)
+    g_s, g_v = (tf.constant(rng.randn(BIG).astype("float32")) for _ in range(2))
+    with tf.GradientTape() as tape:
+        tape.watch(x)
+        s, v = fused.softplus_and_square(x)
+        loss = tf.reduce_sum(g_s * s) + tf.reduce_sum(g_v * v)
+    grad = tape.gradient(loss, x).numpy()
+    x64 = x.numpy().astype(np.float64)
+    s64 = np.logaddexp(0.0, x64)
+    np.testing.assert_allclose(s.numpy(), s64, rtol=5e-7)
+    np.testing.assert_allclose(v.numpy(), s64**2, rtol=2e-6)
+    expected = (g_s.numpy() + 2.0 * s64 * g_v.numpy()) / (1.0 + np.exp(-x64))
+    np.testing.assert_allclose(grad, expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
+    small = tf.constant([-1.0, 0.0, 2.0])  # below MIN_SIZE: TF's ops
+    np.testing.assert_allclose(
+        fused.softplus_and_square(small)[1], tf.square(tf.nn.softplus(small))
+    )
+
+
+def test_local_reparameterization_reads_the_variance_formed_with_the_stddev():
+    """The local-reparameterization kernel's q carries `S^2` from the same pass as `S` (equal
+    to the square), Flipout's does not, and `parameters()` keeps its two entries."""
+    lr = DenseLocalReparameterization(256)
+    lr(tf.ones([2, 256]))
+    assert lr.kernel_initializer.variance_wanted
+    scale = sampling.normal_parameters(lr.kernel.distribution)[1]
+    variance = sampling.normal_variance(lr.kernel.distribution)
+    np.testing.assert_allclose(variance, np.square(scale), rtol=1e-6)
+    assert set(lr.kernel_initializer.parameters()) == {"mean", "stddev"}
+    flipout = DenseFlipout(256)
+    flipout(tf.ones([2, 256]))
+    assert sampling.normal_variance(flipout.kernel.distribution) is None
+
+
 def test_normal_kl_value_and_gradient():
     rng = np.random.RandomState(1)
     loc = tf.Variable(rng.randn(256, 256).astype("float32"))
