@@ -101,19 +101,24 @@ def _settings(name, n_train, seed):
         "thinning_epochs": sgld_epochs // 15,
         "image_side": 8 if name == "digits" else 28,
         "mc_draws": 16,
-        **SNAPSHOT,
     }
 
 
-# The snapshot ensemble's run: configs/digits_snapshots.gin's settings (the torch side reads
-# them; the lab run reads the config).
-SNAPSHOT = {
-    "snapshot_hidden": 256,
-    "snapshot_learning_rate": 0.005,
-    "snapshot_prior_precision": 0.1111,
-    "snapshot_cycles": 5,
-    "snapshot_cycle_steps": 300,
-}
+def _snapshot_settings():
+    """What the torch side replicates of the snapshot run, read from its parsed operative
+    config (so the two cannot drift apart)."""
+    import gin
+
+    hidden = gin.query_parameter("mlp.hidden_units")
+    if len(set(hidden)) != 1 or len(hidden) != 2:
+        raise ValueError(f"the torch twin has two equal hidden layers, the run {hidden}")
+    return {
+        "snapshot_hidden": hidden[0],
+        "snapshot_learning_rate": gin.query_parameter("make_optimizer.learning_rate"),
+        "snapshot_prior_precision": gin.query_parameter("mlp.prior_precision"),
+        "snapshot_cycles": gin.query_parameter("train.keep_checkpoints"),
+        "snapshot_cycle_steps": gin.query_parameter("cosine_decay_restarts.first_decay_steps"),
+    }
 
 
 def _score(probs, labels):
@@ -240,13 +245,15 @@ def blayers_snapshots(name, seed, work_dir):
         learner, run = posthoc_lib.restore(model_dir)
         summary, arrays = posthoc_lib.posthoc(learner, run, "snapshots")
         seconds = run.metrics()["train_seconds"]
+        settings = _snapshot_settings()
     finally:
         gin.clear_config()
-    assert summary["final"]["ensemble_size"] == SNAPSHOT["snapshot_cycles"], summary["notes"]
+    assert summary["final"]["ensemble_size"] == settings["snapshot_cycles"], summary["notes"]
     _, evaluation = posthoc_lib.split_indices(learner.data.num_test)
     x_train, y_train, x_test, y_test = lab_split(name, seed)
     assert np.array_equal(y_test[evaluation], arrays["labels"])  # the examples it scored
     worker = {
+        **settings,
         "snapshot_x_train": x_train.reshape(len(x_train), -1),
         "snapshot_y_train": y_train,
         "snapshot_x_test": x_test.reshape(len(x_test), -1)[evaluation],
