@@ -34,6 +34,31 @@ def test_threefry_matches_published_answers():
         assert (int(x0[0]), int(x1[0])) == expected
 
 
+def test_polynomial_log_against_float64_over_the_normal_range():
+    """The draw's and the KL's `log` (exponent from the bits, a polynomial on the mantissa)
+    over every binade of float32's normal numbers, near 1 (cancellation) and at the powers
+    of two; a stddev below the normal range counts as the smallest normal one in the KL."""
+    rng = np.random.RandomState(3)
+    x = np.concatenate(
+        [
+            np.logspace(-37.9, 38.5, BIG),
+            1.0 + rng.uniform(-1e-3, 1e-3, 1024),
+            2.0 ** np.arange(-126.0, 128.0),
+            rng.uniform(0.0, 1.0, BIG),
+        ]
+    ).astype(np.float32)
+    got = tf.function(fused._log, jit_compile=True)(tf.constant(x)).numpy().astype(np.float64)
+    expected = np.log(x.astype(np.float64))
+    np.testing.assert_allclose(got, expected, rtol=2e-7, atol=3e-8)
+    # Below the normal range the value is finite (about -88, not -inf): the KL clamps first.
+    tiny = np.finfo(np.float32).tiny
+    edge = fused._log(tf.constant([0.0, tiny / 4], tf.float32)).numpy()
+    assert np.all(np.isfinite(edge)) and np.all(edge < np.log(tiny))
+    kl = fused.normal_kl(tf.zeros([2, BIG // 2]), tf.fill([2, BIG // 2], tiny / 4), 0.0, 1.0)
+    per_entry = 0.5 * (tiny**2 - 1.0) - np.log(tiny)
+    assert float(kl) == pytest.approx(BIG * per_entry, rel=1e-4)  # a subnormal log: 1.6% more
+
+
 def test_box_muller_matches_float64_reference():
     words = fused.random_words(BIG, tf.constant([3, 4]))
     normal = fused.box_muller(words, None, tf.TensorShape([BIG])).numpy()
