@@ -177,6 +177,13 @@ def parts_ms(rounds, name):
     }
 
 
+def round_ratio(rounds, name, baseline):
+    """The median over rounds of `name`'s time over `baseline`'s in the same round
+    (`interleaved_times`): the machine's drifts between rounds (`Dense` alone moved 4.4-5.9 ms
+    between runs here) cancel in each round's ratio."""
+    return float(np.median(np.asarray(rounds[name]) / np.asarray(rounds[baseline])))
+
+
 def interleaved_times(steps, x, y, repeats, rounds):
     """`{name: [ms, one a round]}`: each `step(x, y)`'s median of `repeats` calls, the steps
     timed in turn `rounds` times, so that the machine's drifts fall on all alike."""

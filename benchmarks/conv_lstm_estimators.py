@@ -5,10 +5,11 @@ Conv: 3x3, 64 -> 64 channels, 32x32 inputs, batch 32 (`Conv2DReparameterization`
 `Conv2DFlipout`, `Conv2DLocalReparameterization` against `keras.layers.Conv2D`). LSTM: 256 units,
 32 steps, batch 64, in `keras.layers.RNN` (`LSTMCellReparameterization`, `LSTMCellFlipout`
 against `keras.layers.LSTMCell`). One step = forward, KL, backward, Adam; `tf.function`; all
-steps of a group interleaved in one process. Each Bayesian layer's breakdown removes one part at
-a time (`common.breakdown_steps`: draw, softplus, KL, Adam over SGD); the conv *matmul bound*
-is the convolutions alone (forward and filter gradient: one pair for Conv2D and
-reparameterization, two for Flipout and local reparameterization).
+steps of a group interleaved in one process (ratios: medians of each round's ratio). Each
+Bayesian layer's breakdown removes one part at a time (`common.breakdown_steps`: draw, softplus,
+KL, Adam over SGD); the conv *matmul bound* is the convolutions alone (forward and filter
+gradient: one pair for Conv2D and reparameterization, two for Flipout and local
+reparameterization).
 
     python benchmarks/conv_lstm_estimators.py --out benchmarks/results/conv_lstm_estimators.json
 """
@@ -27,6 +28,7 @@ from common import (
     interleaved_times,
     make_train_step,
     parts_ms,
+    round_ratio,
     write_results,
 )
 
@@ -121,11 +123,12 @@ def main():
         rows.append(f"| {twin} | {base:.1f} | 1.00 | | | | | | |")
         for name in builders:
             full = ms[f"{name} | full"]
+            ratio = round_ratio(rounds, f"{name} | full", twin)
             parts = parts_ms(rounds, name)
             bound = ms[f"convolutions x{CONV_PAIRS[name]}"] if name in CONV_PAIRS else None
             results[name] = {
                 "ms_per_step": round(full, 2),
-                "ratio_to_twin": round(full / base, 3),
+                "ratio_to_twin": round(ratio, 3),
                 "goal": GOALS.get(name),
                 "parts_ms": parts,
                 "matmul_bound_ms": None if bound is None else round(bound, 2),
@@ -133,7 +136,7 @@ def main():
             goal = f" (<= {GOALS[name]})" if name in GOALS else ""
             bound_cells = "| | |" if bound is None else f"| {bound:.1f} | {full / bound:.2f} |"
             rows.append(
-                f"| {name} | {full:.1f} | **{full / base:.2f}**{goal} | "
+                f"| {name} | {full:.1f} | **{ratio:.2f}**{goal} | "
                 + " | ".join(f"{v:.1f}" for v in parts.values())
                 + f" {bound_cells}"
             )
