@@ -300,7 +300,8 @@ _softplus_xla = tf.function(_softplus, jit_compile=True, reduce_retracing=True)
 def _sigmoid(x):
     # `1 / (1 + exp(-x))`: one exp, which XLA's CPU backend vectorizes (its `expm1`, the form
     # `1 - exp(-softplus(x))` would need for accuracy, ran 1.7x slower), and accurate to a few
-    # ulps over the whole line (0 where `exp(-x)` overflows, as sigmoid's float32 value is).
+    # ulps over the whole line (0 where `exp(-x)` overflows, x < -88, where sigmoid is below
+    # float32's normal range).
     return 1.0 / (1.0 + tf.exp(-x))
 
 

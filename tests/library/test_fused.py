@@ -57,6 +57,10 @@ def test_polynomial_log_against_float64_over_the_normal_range():
     kl = fused.normal_kl(tf.zeros([2, BIG // 2]), tf.fill([2, BIG // 2], tiny / 4), 0.0, 1.0)
     per_entry = 0.5 * (tiny**2 - 1.0) - np.log(tiny)
     assert float(kl) == pytest.approx(BIG * per_entry, rel=1e-4)  # a subnormal log: 1.6% more
+    # The clamp keeps a non-finite stddev non-finite: the loss check names the layer.
+    scale = np.full([BIG], 0.5, np.float32)
+    scale[7] = np.nan
+    assert np.isnan(float(fused.normal_kl(tf.zeros([BIG]), tf.constant(scale), 0.0, 1.0)))
 
 
 def test_box_muller_matches_float64_reference():
