@@ -1,10 +1,19 @@
 """Shared by the benchmark scripts: a timed training step of one layer, and JSON (and
-Markdown) output."""
+Markdown) output.
+
+Importing it gives the process the command lines' XLA vector width (`blayers.xla_cpu`: 512-bit
+on an AVX-512 CPU unless `XLA_FLAGS` names one), before anything compiles: a benchmark times the
+layers as `python -m blayers.train` runs them, and its JSON records the `XLA_FLAGS` it ran with
+(`XLA_FLAGS=--xla_cpu_prefer_vector_width=256` times XLA's default instead)."""
 
 import contextlib
 import json
 import os
 import time
+
+from blayers import xla_cpu
+
+xla_cpu.prefer_wide_vectors()  # XLA reads its flags at its first compilation
 
 import keras
 import numpy as np
@@ -58,6 +67,7 @@ def machine():
     import platform
 
     info = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    info["xla_flags"] = os.environ.get("XLA_FLAGS", "")
     try:
         with open("/proc/cpuinfo") as f:
             lines = f.read().splitlines()

@@ -4,7 +4,10 @@ and the step's own matrix products, and where the time goes.
 One step = forward pass, KL, backward pass and an Adam update of a single 1024 -> 1024 layer on
 a batch of 256, compiled with `tf.function`; everything is timed in one process, interleaved
 (`--rounds` rounds of `--repeats` steps each; times are medians over rounds, ratios medians of
-each round's ratio), so that the machine's drift falls on all alike:
+each round's ratio), so that the machine's drift falls on all alike. A run's ratios still move
+by 0.1-0.2 with the machine's state, so there are `--processes` runs (3), each in a fresh
+process, one after another, and every figure is the median over the runs (the JSON keeps each
+run's ratios):
 
 * `Dense` (Keras 3) and the three blayers estimators;
 * the same three from tfp.layers on tf-keras (`tfp.layers.Dense*`, tf-keras' Adam, the KL
@@ -21,7 +24,11 @@ Writes JSON and a Markdown table (`.md` beside it):
 """
 
 import argparse
+import json
 import os
+import subprocess
+import sys
+import tempfile
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
@@ -96,26 +103,8 @@ def matmul_step(gemm_pairs, units, input_dim):
     return step
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--units", type=int, default=1024)
-    parser.add_argument("--input_dim", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=9,
-        help="interleaved rounds over all steps; the median per step is kept",
-    )
-    parser.add_argument(
-        "--xla",
-        action="store_true",
-        help="also time whole steps compiled with XLA (jit_compile=True), random kernels included",
-    )
-    parser.add_argument("--out", default="benchmarks/results/dense_estimators.json")
-    args = parser.parse_args()
-
+def measure(args):
+    """`{step name: [ms, one a round]}`: every step of the table, interleaved in this process."""
     blayers.set_seed(0)
     units, input_dim = args.units, args.input_dim
     x = tf.random.normal([args.batch, input_dim])
@@ -135,22 +124,95 @@ def main():
         steps["Dense | XLA"] = make_train_step(keras.layers.Dense(units), shape, jit_compile=True)
         for name, (cls, _) in ESTIMATORS.items():
             steps[f"{name} | XLA"] = make_train_step(cls(units), shape, jit_compile=True)
-    rounds = interleaved_times(steps, x, y, args.repeats, args.rounds)
+    return interleaved_times(steps, x, y, args.repeats, args.rounds)
+
+
+def run_figures(rounds, args):
+    """One run's figures: step medians, each estimator's ratios and breakdown."""
     ms = {name: float(np.median(v)) for name, v in rounds.items()}
+    figures = {"ms": ms, "estimators": {}}
+    for name in ESTIMATORS:
+        figures["estimators"][name] = {
+            "ratio": round_ratio(rounds, f"{name} | full", "Dense"),
+            "tfp_ratio": round_ratio(rounds, f"tfp.layers.{name}", f"{name} | full"),
+            "parts": parts_ms(rounds, name),
+        }
+    if args.xla:
+        figures["xla_ratio_to_dense"] = {
+            name: ms[f"{name} | XLA"] / ms["Dense | XLA"] for name in ESTIMATORS
+        }
+    return figures
+
+
+def median_figures(runs):
+    """The median over runs of every figure (a nested dict of numbers)."""
+    first = runs[0]
+    if isinstance(first, dict):
+        return {key: median_figures([run[key] for run in runs]) for key in first}
+    return float(np.median(runs))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--units", type=int, default=1024)
+    parser.add_argument("--input_dim", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=50)
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=9,
+        help="interleaved rounds over all steps; the median per step is kept",
+    )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=3,
+        help="independent runs, each in a fresh process, one after another; every figure is "
+        "the median over the runs (a run's ratios move by 0.1-0.2 with the machine's state)",
+    )
+    parser.add_argument(
+        "--xla",
+        action="store_true",
+        help="also time whole steps compiled with XLA (jit_compile=True), random kernels included",
+    )
+    parser.add_argument("--out", default="benchmarks/results/dense_estimators.json")
+    parser.add_argument("--rounds_json", help=argparse.SUPPRESS)  # a run's output (a child)
+    args = parser.parse_args()
+    if args.rounds_json:
+        with open(args.rounds_json, "w") as f:
+            json.dump(measure(args), f)
+        return
+    if args.processes == 1:
+        runs = [measure(args)]
+    else:
+        runs = []
+        with tempfile.TemporaryDirectory() as folder:
+            for i in range(args.processes):
+                path = os.path.join(folder, f"run{i}.json")
+                subprocess.run(
+                    [sys.executable, __file__, *sys.argv[1:], f"--rounds_json={path}"], check=True
+                )
+                with open(path) as f:
+                    runs.append(json.load(f))
+    per_run = [run_figures(rounds, args) for rounds in runs]
+    figures = median_figures(per_run)
+    ms = figures["ms"]
 
     dense = ms["Dense"]
-    gflop = 2.0 * args.batch * input_dim * units / 1e9  # one GEMM
+    gflop = 2.0 * args.batch * args.input_dim * args.units / 1e9  # one GEMM
     rows, results = [], {}
     for name, (_, gemms) in ESTIMATORS.items():
         full = ms[f"{name} | full"]
         bound = ms[f"matmuls x{gemms}"]
         tfp_ms = ms[f"tfp.layers.{name}"]
-        parts = parts_ms(rounds, name)
-        ratio = round_ratio(rounds, f"{name} | full", "Dense")
-        tfp_ratio = round_ratio(rounds, f"tfp.layers.{name}", f"{name} | full")
+        ratio = figures["estimators"][name]["ratio"]
+        tfp_ratio = figures["estimators"][name]["tfp_ratio"]
+        parts = {k: round(v, 2) for k, v in figures["estimators"][name]["parts"].items()}
         results[name] = {
             "ms_per_step": round(full, 2),
             "ratio_to_dense": round(ratio, 3),
+            "ratio_to_dense_per_run": [round(r["estimators"][name]["ratio"], 3) for r in per_run],
             "goal_ratio_to_dense": GOALS[name],
             "tfp_layers_ms": round(tfp_ms, 2),
             "tfp_layers_over_blayers": round(tfp_ratio, 3),
@@ -167,6 +229,7 @@ def main():
         )
     results["Dense"] = {
         "ms_per_step": round(dense, 2),
+        "ms_per_step_per_run": [round(r["ms"]["Dense"], 2) for r in per_run],
         "Adam over SGD": round(dense - ms["Dense | SGD"], 2),
         "matmul_bound_ms": round(ms["matmuls x2"], 2),
         "ratio_to_matmul_bound": round(dense / ms["matmuls x2"], 3),
@@ -182,10 +245,11 @@ def main():
     )
     if args.xla:
         results["xla_ratio_to_dense"] = {
-            name: round(ms[f"{name} | XLA"] / ms["Dense | XLA"], 2) for name in ESTIMATORS
+            name: round(v, 2) for name, v in figures["xla_ratio_to_dense"].items()
         }
+    config = {k: v for k, v in vars(args).items() if k != "rounds_json"}
     payload = {
-        "config": vars(args) | {"tensorflow": tf.__version__, "keras": keras.__version__},
+        "config": config | {"tensorflow": tf.__version__, "keras": keras.__version__},
         "medians_ms": {k: round(v, 3) for k, v in ms.items()},
         "estimators": results,
     }

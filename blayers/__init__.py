@@ -64,6 +64,7 @@ _SUBMODULES = {
     "sgmcmc": "blayers.sgmcmc",
     "seeds": "blayers.seeds",
     "tracing": "blayers.tracing",
+    "xla_cpu": "blayers.xla_cpu",
 }
 _DISTRIBUTIONS = "blayers.distributions"
 

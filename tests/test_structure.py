@@ -345,6 +345,24 @@ def test_cli_environment_is_set_only_for_the_cli():
     assert not cli_env.is_cli(["python", "script.py"], ["script.py"])
 
 
+def test_the_command_lines_ask_xla_for_wide_vectors_on_avx512():
+    """`cli_env.prepare()` (the training CLI's and the experiments' first step) sets the
+    vector width `blayers.xla_cpu` picks, before TensorFlow compiles anything."""
+    from blayers import xla_cpu
+
+    code = (
+        "import os; from blayers.lab import cli_env; cli_env.prepare(); "
+        "print('XLA_FLAGS=' + os.environ.get('XLA_FLAGS', ''))"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True, env=env
+    )
+    flags = out.stdout.strip().splitlines()[-1]
+    wide = "XLA_FLAGS=--xla_cpu_prefer_vector_width=512"
+    assert flags == (wide if xla_cpu.has_avx512() else "XLA_FLAGS="), flags
+
+
 def test_the_architecture_map_matches_the_code():
     """`docs/architecture.md` names every learner (and no other), the post-hoc methods, the
     command-line entries that the import-graph test allows to start the lab, and the files an

@@ -259,3 +259,54 @@ def test_a_large_layer_learns_through_the_fused_path(cls):
     for _ in range(150):
         last, _ = step()
     assert float(last) < 0.2 * float(first)
+
+
+def test_wide_vectors_are_asked_for_on_avx512_only_and_a_user_width_wins(tmp_path):
+    from blayers import xla_cpu
+
+    avx512, avx2 = tmp_path / "avx512", tmp_path / "avx2"
+    avx512.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 avx512f avx512bw\n\n")
+    avx2.write_text("processor\t: 0\nflags\t\t: fpu sse avx2 fma\n\n")
+    assert xla_cpu.has_avx512(avx512) and not xla_cpu.has_avx512(avx2)
+    assert not xla_cpu.has_avx512(tmp_path / "missing")  # not Linux: XLA's default stays
+    environ = {}
+    assert xla_cpu.prefer_wide_vectors(environ, avx512)
+    assert environ == {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=512"}
+    environ = {"XLA_FLAGS": "--xla_dump_to=/tmp/x"}  # other flags are kept
+    assert xla_cpu.prefer_wide_vectors(environ, avx512)
+    assert environ["XLA_FLAGS"] == "--xla_dump_to=/tmp/x --xla_cpu_prefer_vector_width=512"
+    user = {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=256"}
+    assert not xla_cpu.prefer_wide_vectors(user, avx512)
+    assert user == {"XLA_FLAGS": "--xla_cpu_prefer_vector_width=256"}
+    environ = {}
+    assert not xla_cpu.prefer_wide_vectors(environ, avx2) and environ == {}
+
+
+_WIDTH_PROBE = """
+import sys, numpy as np, tensorflow as tf
+from blayers import fused
+x = tf.linspace(-30.0, 30.0, 1 << 16)
+words = fused.random_words(1 << 16, tf.constant([7, 11], tf.int64))
+value, square = fused.softplus_and_square(x)
+np.savez(sys.argv[1], words=words.numpy(),
+         normal=fused.box_muller(words, None, tf.constant([1 << 16])).numpy(),
+         softplus=value.numpy(), kl=fused.normal_kl(x, square + 0.1, 0.0, 2.0).numpy())
+"""
+
+
+def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_path):
+    """The CLIs' 512-bit XLA vectors (`blayers.xla_cpu`) change code generation, not the
+    maths: the same words bit for bit, the same normals and softplus to float32 rounding."""
+    import os
+    import subprocess
+    import sys
+
+    out = {}
+    for width in (256, 512):
+        env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_prefer_vector_width={width}")
+        path = tmp_path / f"{width}.npz"
+        subprocess.run([sys.executable, "-c", _WIDTH_PROBE, str(path)], check=True, env=env)
+        out[width] = np.load(path)
+    np.testing.assert_array_equal(out[256]["words"], out[512]["words"])
+    for name in ("normal", "softplus", "kl"):
+        np.testing.assert_allclose(out[256][name], out[512][name], rtol=2e-6, atol=1e-6)
