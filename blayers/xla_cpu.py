@@ -26,7 +26,11 @@ FLAG = "--xla_cpu_prefer_vector_width"
 
 def has_avx512(cpuinfo="/proc/cpuinfo"):
     """Whether the CPU reports AVX-512 Foundation (`avx512f` among `/proc/cpuinfo`'s flags);
-    False where that file is missing or unreadable (not Linux)."""
+    False where that file is missing or unreadable (not Linux).
+
+    Args:
+      cpuinfo: the file to read, Linux's `/proc/cpuinfo` by default.
+    """
     try:
         with open(cpuinfo) as f:
             for line in f:
@@ -40,7 +44,12 @@ def has_avx512(cpuinfo="/proc/cpuinfo"):
 def prefer_wide_vectors(environ=None, cpuinfo="/proc/cpuinfo"):
     """Appends `--xla_cpu_prefer_vector_width=512` to `XLA_FLAGS` in `environ` (default
     `os.environ`) on an AVX-512 CPU, unless `XLA_FLAGS` already names a vector width. Returns
-    whether it did. Call it before anything in the process compiles with XLA."""
+    whether it did. Call it before anything in the process compiles with XLA.
+
+    Args:
+      environ: the environment to change, `os.environ` by default.
+      cpuinfo: where the CPU's flags are read (`has_avx512`).
+    """
     environ = os.environ if environ is None else environ
     flags = environ.get("XLA_FLAGS", "")
     if FLAG in flags or not has_avx512(cpuinfo):
