@@ -128,6 +128,11 @@ def compare_main(
     )
     parser.add_argument("--timeout", type=int, default=1800)
     args = parser.parse_args(argv)
+    # The shared output helper (benchmarks/), imported before anything here compiles with XLA:
+    # it sets the command lines' XLA vector width, which the JSON's `machine` records.
+    sys.path.insert(0, os.path.dirname(HERE))
+    from common import write_results
+
     python, reason = ensure_venv(venv, requirements, args.venv_dir, args.timeout)
     if python is None:
         print(f"[{venv}] the peer is not available: {reason}", flush=True)
@@ -137,9 +142,6 @@ def compare_main(
             rows.append(one_case(name, seed, python, args.timeout))
             print(f"[{venv}] {name} seed {seed}: {json.dumps(rows[-1])}", flush=True)
     table = summarize(rows)
-    sys.path.insert(0, os.path.dirname(HERE))  # benchmarks/: the shared output helper
-    from common import write_results
-
     write_results(
         args.out,
         {"requirements": requirements, "unavailable": reason, "rows": rows, "table": table},
