@@ -39,6 +39,7 @@ __all__ = [
     "reusing_draws",
     "sample",
     "standard_normal",
+    "standard_normal_like",
     "uniform",
     "xla_is_fast",
 ]
@@ -167,6 +168,41 @@ def standard_normal(shape, seed, dtype=tf.float32, keys=None):
         _check_keys(shape, keys)
         return _standard_normal(shape, seed, dtype, keys)
     return _memoized("normal", _standard_normal, shape, seed, dtype)
+
+
+def standard_normal_like(x, seed, keys=None):
+    """`standard_normal(tf.shape(x), seed, x.dtype, keys)`: the same draws, also fused when
+    only `x`'s batch axis (the first, or the second after the replica axis) is unknown while
+    tracing, as in Keras' `fit`, whose steps trace with a `None` batch. Whether they are fused
+    is then decided by the size at run time, as `standard_normal` decides it for a static shape,
+    so a draw is the same function of its seed and its shape whether or not the trace knew the
+    batch (a local reparameterization layer's per-example noise, for one).
+
+    Args:
+      x: a tensor whose shape (and dtype) the draws take.
+      seed: a stateless seed (`[2]` integers).
+      keys: replica keys (`replica_keys`), when `x` leads with the replica axis.
+    """
+    shape, dtype = x.shape, tf.as_dtype(x.dtype)
+    lead = int(keys is not None)
+    if (
+        shape.is_fully_defined()
+        or shape.rank is None
+        or not shape[lead + 1 :].is_fully_defined()
+        or not shape[:lead].is_fully_defined()
+        or dtype != tf.float32
+    ):
+        return standard_normal(tf.shape(x), seed, dtype, keys)
+    if keys is not None:
+        _check_keys(shape[:1].as_list(), keys)
+    dynamic = tf.shape(x)
+    count = tf.reduce_prod(dynamic[lead:])
+    column = None if keys is None else _key_column(keys, 2)
+    return tf.cond(
+        count >= fused.MIN_SIZE,
+        lambda: fused.box_muller(fused.random_words(count, seed), column, dynamic),
+        lambda: _standard_normal(dynamic, seed, dtype, keys),
+    )
 
 
 def _standard_normal(shape, seed, dtype, keys=None):

@@ -30,6 +30,7 @@ from blayers.sampling import (
     normal_variance,
     rademacher,
     standard_normal,
+    standard_normal_like,
 )
 
 __all__ = [
@@ -127,7 +128,7 @@ class LocalReparameterizationEstimator:
         def apply(x):
             loc = self._linear(x, mean)
             variance = self._linear(tf.square(x), variance_kernel)
-            noise = standard_normal(tf.shape(loc), seed, loc.dtype, self.replica_keys)
+            noise = standard_normal_like(loc, seed, self.replica_keys)
             # The small floor keeps sqrt's gradient finite where an input patch is all zeros.
             return loc + tf.sqrt(variance + 1e-12) * noise
 

@@ -21,7 +21,7 @@ from blayers.layers.base import is_fixed, register
 from blayers.layers.convolutional import _Conv2D
 from blayers.layers.dense import _DenseBase
 from blayers.layers.estimators import LocalReparameterizationEstimator, kernel_moments
-from blayers.sampling import standard_normal
+from blayers.sampling import standard_normal_like
 
 __all__ = ["Conv2DVariationalDropout", "DenseVariationalDropout", "VariationalDropout"]
 
@@ -92,7 +92,7 @@ class VariationalDropout(LocalReparameterizationEstimator):
             variance = tf.exp(log_alpha) * tf.square(mean)
             loc = self._linear(inputs, mean)
             scale = tf.sqrt(self._linear(tf.square(inputs), variance) + _EPS)
-            outputs = loc + scale * standard_normal(tf.shape(loc), self.next_seed(), loc.dtype)
+            outputs = loc + scale * standard_normal_like(loc, self.next_seed())
         else:
             kept = tf.cast(log_alpha < self.threshold, mean.dtype)
             outputs = self._linear(inputs, mean * kept)

@@ -102,6 +102,39 @@ def test_fused_draws_are_seeded_and_replicas_depend_on_their_key_alone():
     assert abs(np.corrcoef(grouped[0], grouped[1])[0, 1]) < 5 / math.sqrt(BIG)
 
 
+@pytest.mark.parametrize("replicas", [None, 2])
+@pytest.mark.parametrize("batch", [256, 8])  # fused, and under fused.MIN_SIZE
+def test_normals_like_a_tensor_of_unknown_batch_are_the_static_shapes_draws(batch, replicas):
+    """A trace that does not know the batch (Keras' `fit`) draws the same normals, fused when
+    the run-time size is large, as one that does: a draw is a function of seed and shape."""
+    keys = None if replicas is None else sampling.replica_keys(range(replicas))
+    lead = [] if replicas is None else [replicas]
+    seed = tf.constant([9, 2], tf.int64)
+    x = tf.zeros(lead + [batch, 1024])
+    expected = sampling.standard_normal(lead + [batch, 1024], seed, keys=keys).numpy()
+    spec = tf.TensorSpec(lead + [None, 1024], tf.float32)
+    traced = tf.function(lambda t: sampling.standard_normal_like(t, seed, keys), [spec])
+    np.testing.assert_array_equal(traced(x).numpy(), expected)
+    graph = traced.get_concrete_function().graph
+    assert any(op.type == "If" or op.type == "StatelessIf" for op in graph.get_operations())
+    assert fused.should_fuse(expected.shape[len(lead) :], tf.float32) == (batch == 256)
+
+
+def test_local_reparameterization_draws_alike_with_and_without_a_static_batch():
+    layer = DenseLocalReparameterization(1024)
+    x = tf.random.stateless_normal([256, 512], [1, 2])
+    layer.build(x.shape)
+
+    def outputs(t, seed):
+        layer.call_weights()  # the kernel's posterior; the noise takes `seed`
+        return layer.linear_fn(layer.kernel, seed=seed)(t)
+
+    static = tf.function(outputs)
+    dynamic = tf.function(outputs, [tf.TensorSpec([None, 512]), tf.TensorSpec([2], tf.int64)])
+    seed = tf.constant([4, 5], tf.int64)
+    np.testing.assert_array_equal(static(x, seed).numpy(), dynamic(x, seed).numpy())
+
+
 def test_softplus_value_and_gradient_against_float64():
     x = tf.constant(np.linspace(-30.0, 30.0, BIG), tf.float32)
     with tf.GradientTape() as tape:
