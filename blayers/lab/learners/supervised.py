@@ -413,6 +413,7 @@ class SupervisedLearner(KerasLearner):
     def after_step(self):
         """In the step's graph, after the optimizer step and the step count (a sampler keeps
         its samples here); nothing by default."""
+        return  # a statement: AutoGraph cannot convert a body that is only a docstring
 
     def _make_train_step(self):
         net, opt, step, strategy = self.model, self.optimizer, self.step_variable, self.strategy
