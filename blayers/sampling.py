@@ -196,11 +196,9 @@ def standard_normal_like(x, seed, keys=None):
     if keys is not None:
         _check_keys(shape[:1].as_list(), keys)
     dynamic = tf.shape(x)
-    count = tf.reduce_prod(dynamic[lead:])
-    column = None if keys is None else _key_column(keys, 2)
     return tf.cond(
-        count >= fused.MIN_SIZE,
-        lambda: fused.box_muller(fused.random_words(count, seed), column, dynamic),
+        tf.reduce_prod(dynamic[lead:]) >= fused.MIN_SIZE,
+        lambda: _fused_standard_normal(dynamic, seed, keys),
         lambda: _standard_normal(dynamic, seed, dtype, keys),
     )
 
@@ -223,8 +221,13 @@ def _standard_normal(shape, seed, dtype, keys=None):
 
 
 def _fused_standard_normal(shape, seed, keys):
-    """float32 Box-Muller on Threefry words, each one fused pass (`blayers.fused`)."""
-    count = shape[1:].num_elements() if keys is not None else shape.num_elements()
+    """float32 Box-Muller on Threefry words, each one fused pass (`blayers.fused`); `shape` a
+    static `TensorShape` or a shape tensor (XLA then compiles once per run-time size)."""
+    lead = int(keys is not None)
+    if isinstance(shape, tf.TensorShape):
+        count = shape[lead:].num_elements()
+    else:
+        count = tf.reduce_prod(shape[lead:])
     column = None if keys is None else _key_column(keys, 2)
     return fused.box_muller(fused.random_words(count, seed), column, shape)
 
