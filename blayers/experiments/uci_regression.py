@@ -39,6 +39,7 @@ in one row.
 import contextlib
 import dataclasses
 import fcntl
+import importlib
 import json
 import math
 import os
@@ -48,8 +49,14 @@ from absl import app, flags
 
 from blayers.experiments.base import Experiment, ReportEntry
 from blayers.lab import runs
-from blayers.lab.data.uci import LAYOUT, uci, uci_num_splits
 from blayers.launch import sweep
+
+
+def _uci_data():
+    """`blayers.lab.data.uci`, loaded when first used: it loads TensorFlow, which the script's
+    `--help` (and the report, which lists this experiment) does without."""
+    return importlib.import_module("blayers.lab.data.uci")
+
 
 DATASETS = [
     "bostonHousing",
@@ -569,7 +576,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
     spec = METHODS[method]
     runs = []
     for dataset in datasets:
-        count = uci_num_splits(dataset, uci_dir)
+        count = _uci_data().uci_num_splits(dataset, uci_dir)
         chosen_splits = parse_splits(splits, count)
         name = run_name(dataset, chosen_splits, count)
         validation = spec.grid_search and selected is None
@@ -578,7 +585,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
             "uci_replicas.root": repr(os.path.abspath(uci_dir)),
             **dict(spec.bindings),
         }
-        data = uci(dataset, chosen_splits[0], uci_dir, validation=validation)
+        data = _uci_data().uci(dataset, chosen_splits[0], uci_dir, validation=validation)
         if spec.epochs:  # a network: its width and epochs
             bindings[f"{spec.model}.hidden_units"] = f"({HIDDEN_UNITS.get(dataset, 50)},)"
             epoch_steps = _epoch_steps(
@@ -659,7 +666,7 @@ def with_setting(rows, uci_dir, gin_params, epochs):
     other splits add to a row only at the same setting) and their data set's number of splits."""
     for row in rows:
         row["setting"] = {"gin_params": list(gin_params), "epochs": epochs}
-        row["of_splits"] = uci_num_splits(row["dataset"], uci_dir)
+        row["of_splits"] = _uci_data().uci_num_splits(row["dataset"], uci_dir)
     return rows
 
 
@@ -726,7 +733,7 @@ def checked_uci_dir(uci_dir, datasets):
     """`uci_dir`, once it is known to hold every data set of `datasets`; a usage error naming
     the folder, the expected layout and where the data is published otherwise."""
     if not uci_dir:
-        raise app.UsageError(f"--uci_dir is required. {LAYOUT}")
+        raise app.UsageError(f"--uci_dir is required. {_uci_data().LAYOUT}")
     uci_dir = os.path.expanduser(uci_dir)  # `--uci_dir=~/data/uci`: no shell expands that ~
     for dataset in datasets:
         if not re.fullmatch(r"[\w.+-]+", dataset) or set(dataset) == {"."}:
@@ -735,7 +742,7 @@ def checked_uci_dir(uci_dir, datasets):
                 "'.', '-', '_'; no path): each names a folder in --uci_dir."
             )
         try:
-            uci_num_splits(dataset, uci_dir)
+            _uci_data().uci_num_splits(dataset, uci_dir)
         except ValueError as error:
             raise app.UsageError(f"--uci_dir: {error}") from None
     return uci_dir

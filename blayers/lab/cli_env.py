@@ -62,9 +62,10 @@ def is_cli(orig_argv=None, argv=None):
 
 
 def prepare_if_cli():
-    """`prepare()` when this process runs a blayers command line, else nothing."""
+    """`prepare()` when this process runs a blayers command line, else nothing. The commands'
+    flags are defined without TensorFlow, so their `--help` does not load it."""
     if is_cli():
-        prepare()
+        prepare(help_loads_tensorflow=False)
 
 
 def prepare(help_loads_tensorflow=True):

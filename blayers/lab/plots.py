@@ -104,7 +104,7 @@ def training_curves(history, path):
     panels = panels or ["empty"]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
-    fig, axes = plt.subplots(rows, columns, figsize=(4.2 * columns, 3.2 * rows), squeeze=False)
+    fig, axes = _panel_grid(rows, columns, fixed_margins=not single)
     axes = axes.ravel()
     for ax in axes[len(panels) :]:
         ax.axis("off")
@@ -153,9 +153,42 @@ def training_curves(history, path):
                 ax.axhline(value, color="k", ls="--", lw=1, label=f"optimum {value:.4g}")
                 ax.legend(fontsize=7)
             _title(ax, panel if panel.startswith("test") else f"test {panel}")
-    fig.tight_layout()
+    if single:  # a handful of panels; the table's lines may need the margins as well
+        fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+# A panel's cell in inches: the axes and, around them, room for its title (two lines), tick
+# labels and axis labels.
+_CELL = (4.2, 3.2)
+_MARGINS = {"left": 0.85, "right": 0.15, "top": 0.5, "bottom": 0.55}
+
+
+def _panel_grid(rows, columns, fixed_margins=True):
+    """`rows x columns` panels with fixed margins (else left to `tight_layout`, which finds
+    about the same ones by drawing the whole figure an extra time: with two dozen panels that
+    doubled the seconds every run spent on its plot)."""
+    width, height = columns * _CELL[0], rows * _CELL[1]
+    if not fixed_margins:
+        return plt.subplots(rows, columns, figsize=(width, height), squeeze=False)
+    m = _MARGINS
+    axes_width = _CELL[0] - m["left"] - m["right"]
+    axes_height = _CELL[1] - m["top"] - m["bottom"]
+    return plt.subplots(
+        rows,
+        columns,
+        figsize=(width, height),
+        squeeze=False,
+        gridspec_kw={
+            "left": m["left"] / width,
+            "right": 1 - m["right"] / width,
+            "bottom": m["bottom"] / height,
+            "top": 1 - m["top"] / height,
+            "wspace": (m["left"] + m["right"]) / axes_width,
+            "hspace": (m["top"] + m["bottom"]) / axes_height,
+        },
+    )
 
 
 def _metrics_table(ax, record, keys, optima):

@@ -12,6 +12,7 @@ import weakref
 
 import keras
 import numpy as np
+import tensorflow as tf
 from scipy.special import logsumexp
 
 __all__ = ["FeatureDensity", "MahalanobisScore", "feature_ood_scores", "penultimate_features"]
@@ -168,7 +169,7 @@ _EXTRACTORS = weakref.WeakKeyDictionary()
 def _one_batch(extractor, inputs):
     """A batch's features `[b, d]`; an efficient ensemble's member-major batch (`E` copies of
     the batch, BatchEnsemble, rank-1) gives its members' mean."""
-    features = keras.ops.convert_to_numpy(extractor(inputs, training=False))
+    features = keras.ops.convert_to_numpy(extractor(inputs))
     rows = int(keras.ops.shape(inputs)[0])
     features = features.reshape(len(features), -1)
     if len(features) != rows and len(features) % rows == 0:
@@ -184,14 +185,16 @@ def penultimate_features(model, x, batch_size=500):
     if extractor is None:  # one feature model (and its traced predict) per network
         try:
             inputs = model.inputs[0] if len(model.inputs) == 1 else model.inputs
-            extractor = keras.Model(inputs, model.layers[-1].input)
+            feature_model = keras.Model(inputs, model.layers[-1].input)
         except (AttributeError, ValueError, TypeError, IndexError):
             return None
+        # Traced once: op by op, the network's passes cost several times their maths (an
+        # evaluation reads the training set's features again), and `predict`'s set-up more.
+        extractor = tf.function(lambda x: feature_model(x, training=False), reduce_retracing=True)
         _EXTRACTORS[model] = extractor
     if hasattr(x, "element_spec"):  # a dataset: already batched
         batches = (b[0] if isinstance(b, tuple) else b for b in x)
     else:
         batches = (x[i : i + batch_size] for i in range(0, len(x), batch_size))
-    # Direct calls: `predict`'s set-up costs more than these small passes.
     features = np.concatenate([_one_batch(extractor, b) for b in batches]).astype(np.float64)
     return features.reshape(len(features), -1)

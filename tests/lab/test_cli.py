@@ -3,6 +3,7 @@
 
 import json
 import pathlib
+import re
 import signal
 import subprocess
 import sys
@@ -376,9 +377,18 @@ _HELP = {
 @pytest.mark.parametrize("module", sorted(_HELP))
 def test_help_lists_every_flag_of_the_command_and_exits_0(module):
     """`--help` lists the command's own flags with their defaults on stdout, not absl's
-    (`--helpfull` has those), and exits 0."""
-    done = _run([module, "--help"], timeout=120)
+    (`--helpfull` has those), and exits 0, without loading TensorFlow (which takes seconds)."""
+    done = subprocess.run(  # noqa: PLW1510 - the return code is asserted
+        [sys.executable, "-X", "importtime", "-m", module, "--help"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
+    loaded = re.findall(r"^import time:.*\|\s*(\S+)$", done.stderr, flags=re.MULTILINE)
+    assert "absl.flags" in loaded  # the import log is read
+    assert "tensorflow" not in loaded, module
     for flag in _HELP[module]:
         assert flag in done.stdout or flag.replace("--", "--[no]") in done.stdout, (module, flag)
     assert "--only_check_args" not in done.stdout  # absl's own, left to --helpfull

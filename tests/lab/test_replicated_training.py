@@ -135,9 +135,10 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
     compared = range(len(REPLICAS)) if model is _mc_dropout else [1]
     # The deep GP's inner q(u) scales have components whose gradients are near zero: Adam's
     # normalized steps carry the float32 rounding of one replica's GEMMs against three's (they
-    # may sum in other orders) to about 1e-5 over 150 steps, where mixing replicas would move
-    # weights by up to the learning rate (1e-2) a step.
-    atol = 1e-4 if model in (_dgp2, _dgp3) else 1e-6
+    # may sum in other orders) over 150 steps, to about 1e-5 with AVX-512 kernels and 2e-4
+    # with AVX2's, where mixing replicas would move weights by up to the learning rate (1e-2)
+    # a step: a tenth of one step is the tolerance.
+    atol = 1e-3 if model in (_dgp2, _dgp3) else 1e-6
     for r in compared:
         replica = REPLICAS[r]
         alone, _ = _run(tmp_path / replica.name, [replica], steps=steps, model=model)
