@@ -27,7 +27,6 @@ import numpy as np
 from absl import flags
 
 from blayers.experiments.base import Experiment, ReportEntry
-from blayers.lab import plots
 from blayers.lab.runs import RunDir
 from blayers.launch import sweep
 
@@ -47,6 +46,8 @@ def plan(seeds):
 
 def summarize(root, results, models):
     """The figures and the table from the finished runs."""
+    from blayers.lab import plots  # matplotlib: not for `--help`
+
     finished = [n for n, _, status, _ in results if status.startswith(("finished", "skipped"))]
     summaries = {}
     for name in finished:
