@@ -65,7 +65,9 @@ def predict(model, x, num_samples=10, batch_size=256, return_samples=False, post
         num_samples = 1
 
     # A fresh tf.function per call, traced under the requested interception.
-    forward = tf.function(lambda inputs: _output_moments(model(inputs, training=False)))
+    forward = tf.function(
+        lambda inputs: _output_moments(model(inputs, training=False)), autograph=False
+    )
     context = tracing.posterior_mean() if posterior_mean else _null_context()
 
     means, stddevs, samples = [], [], []

@@ -285,6 +285,7 @@ class AllWeightsLaplace(_LaplaceBase):
             self._traced = tf.function(
                 lambda x: _jacobian_pass(self.model, self.blocks, self.last, x, self.dtype.name),
                 reduce_retracing=True,
+                autograph=False,
             )
         output, logits, parts = self._traced(tf.nest.map_structure(tf.convert_to_tensor, x))
         if not self._output_checked:

@@ -190,7 +190,9 @@ def penultimate_features(model, x, batch_size=500):
             return None
         # Traced once: op by op, the network's passes cost several times their maths (an
         # evaluation reads the training set's features again), and `predict`'s set-up more.
-        extractor = tf.function(lambda x: feature_model(x, training=False), reduce_retracing=True)
+        extractor = tf.function(
+            lambda x: feature_model(x, training=False), reduce_retracing=True, autograph=False
+        )
         _EXTRACTORS[model] = extractor
     if hasattr(x, "element_spec"):  # a dataset: already batched
         batches = (b[0] if isinstance(b, tuple) else b for b in x)

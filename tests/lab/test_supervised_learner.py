@@ -542,3 +542,64 @@ def test_density_bits_are_named_by_what_they_measure():
     assert result["bits_per_pixel_discrete"] == pytest.approx(np.log2(17), rel=1e-6)
     points = data_lib.Data("pts", "density", dataset, dataset, 20, 20, (4,))
     assert set(Density._flow_metrics(model, points, 2, 8)) == {"test_nll", "bits_per_dim"}
+
+
+def test_a_run_converts_nothing_with_autograph(tmp_path, monkeypatch):
+    """The learner's steps, evaluation draws and feature extractor are traced as written:
+    autograph's conversion took seconds in every process (a third of a smoke run's start)."""
+    from tensorflow.python.autograph.impl import api
+
+    converted = []
+    convert = api._convert_actual
+
+    def recording(entity, program_ctx):
+        converted.append(getattr(entity, "__qualname__", repr(entity)))
+        return convert(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", recording)
+    loop.fit(
+        str(tmp_path),
+        data=_small_digits(),
+        model=_mlp,
+        train_steps=4,
+        eval_every=2,
+        num_eval_samples=2,
+        progress=False,
+    )
+    assert (tmp_path / "metrics.json").exists()
+    assert converted == []
+
+
+@pytest.mark.parametrize("autograph", [True, False])
+def test_compiled_steps_sum_until_the_data_ends_or_a_step_is_not_finite(autograph):
+    """`compile_steps`: up to `n` steps a call, stopping early at the end of the data or after
+    a non-finite step; with autograph (a learner's own step function may branch on tensors)
+    and without (blayers' learners)."""
+    from blayers.lab.learners.base import KerasLearner
+
+    total = tf.Variable(0.0)
+
+    def step_fn(value):
+        total.assign_add(value)
+        if autograph:  # converted: a tensor-valued `if`
+            non_finite = 0.0
+            if not tf.math.is_finite(value):
+                non_finite = 1.0
+        else:
+            non_finite = tf.cast(tf.logical_not(tf.math.is_finite(value)), tf.float32)
+        return {"value": value, "non_finite": non_finite}
+
+    def next_batch(i, values):
+        return i < tf.shape(values)[0], lambda: values[i]
+
+    steps = KerasLearner.compile_steps(step_fn, next_batch, ("value", "non_finite"), autograph)
+    read = lambda values, n: KerasLearner.read_steps(steps(tf.constant(n), tf.constant(values)))
+    assert read([1.0, 2.0, 3.0], 2) == (
+        2,
+        {"value": 3.0, "non_finite": 0.0},
+        {"value": 2.0, "non_finite": 0.0},
+    )
+    assert read([1.0, 2.0], 5)[:2] == (2, {"value": 3.0, "non_finite": 0.0})  # the data ends
+    count, sums, last = read([1.0, np.inf, 5.0], 3)  # stops after the non-finite step
+    assert count == 2 and last["non_finite"] == 1.0 and sums["value"] == np.inf
+    assert float(total.numpy()) == np.inf

@@ -236,7 +236,9 @@ class Replicas:
 
 def _traced_moments(task, model):
     return tf.function(
-        lambda x: task.predictive_moments(model(x, training=False)), reduce_retracing=True
+        lambda x: task.predictive_moments(model(x, training=False)),
+        reduce_retracing=True,
+        autograph=False,
     )
 
 

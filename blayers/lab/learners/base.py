@@ -165,31 +165,42 @@ class KerasLearner(Learner):
         return int(self.step_variable.numpy())
 
     @staticmethod
-    def compile_steps(step_fn, next_batch, names):
+    def compile_steps(step_fn, next_batch, names, autograph=True):
         """A `tf.function` `(n, *args) -> (count, sums, last)` running up to `n` steps in one
         call: `next_batch(i, *args) -> (has_value, get)` says whether the call's `i`-th batch
         exists (not: the phase is over) and `get()` makes it, `step_fn(batch) -> {name: scalar tensor}` (the keys `names`,
         `non_finite` among them) takes one optimizer step, and a non-finite step ends the call.
-        The scalars stay in the graph, summed; the host reads them once a call (`Steps`)."""
+        The scalars stay in the graph, summed; the host reads them once a call (`Steps`).
+        The loop is written as a `tf.while_loop`; `autograph=False` also traces `step_fn` and
+        `next_batch` as written (blayers' learners: no tensor-valued Python control flow), which
+        spares every process the seconds autograph takes to convert them."""
 
-        @tf.function(reduce_retracing=True)  # stacked batches: a phase's last call is shorter
         def steps(n, *args):
             zeros = {name: tf.constant(0.0) for name in names}
-            count, sums, last = tf.constant(0), zeros, zeros
-            for i in tf.range(n):
+
+            def body(i, count, sums, last, done):
                 has_value, get = next_batch(i, *args)
-                if not has_value:
-                    break
-                scalars = step_fn(get())
-                scalars = {name: tf.cast(scalars[name], tf.float32) for name in names}
-                sums = {name: sums[name] + scalars[name] for name in names}
-                last = scalars
-                count += 1
-                if scalars["non_finite"] > 0:
-                    break
+
+                def step():
+                    scalars = step_fn(get())
+                    scalars = {name: tf.cast(scalars[name], tf.float32) for name in names}
+                    new_sums = {name: sums[name] + scalars[name] for name in names}
+                    return count + 1, new_sums, scalars, scalars["non_finite"] > 0
+
+                def stop():
+                    return count, sums, last, tf.constant(True)
+
+                return (i + 1, *tf.cond(has_value, step, stop))
+
+            _, count, sums, last, _ = tf.while_loop(
+                lambda i, count, sums, last, done: tf.logical_and(i < n, tf.logical_not(done)),
+                body,
+                (tf.constant(0), tf.constant(0), zeros, zeros, tf.constant(False)),
+            )
             return count, sums, last
 
-        return steps
+        # reduce_retracing: stacked batches, a phase's last call is shorter
+        return tf.function(steps, reduce_retracing=True, autograph=autograph)
 
     @staticmethod
     def read_steps(result):

@@ -122,10 +122,11 @@ class PlanetLearner(KerasLearner):
         self.track(model, optimizer)
         # The buffer's length when a checkpoint was written: a resume drops later episodes.
         self.episodes_saved = tf.Variable(-1, dtype=tf.int64, trainable=False, name="episodes")
-        self._train_step_fn = tf.function(self._train_step, reduce_retracing=True)
+        # No autograph: the functions have no tensor-valued Python control flow.
+        self._train_step_fn = tf.function(self._train_step, reduce_retracing=True, autograph=False)
         self._train_steps_fn = None  # several steps a call (`train_steps`), traced once
-        self._filter_fn = tf.function(self._filter)
-        self._plan_fn = tf.function(self._plan)
+        self._filter_fn = tf.function(self._filter, autograph=False)
+        self._plan_fn = tf.function(self._plan, autograph=False)
 
     def state(self):
         return super().state(episodes=self.episodes_saved)
@@ -221,7 +222,7 @@ class PlanetLearner(KerasLearner):
                 return i < tf.shape(parts[0])[0], lambda: tuple(part[i] for part in parts)
 
             names = (*_TERMS, "non_finite")
-            self._train_steps_fn = self.compile_steps(step_fn, next_batch, names)
+            self._train_steps_fn = self.compile_steps(step_fn, next_batch, names, autograph=False)
         count, sums, last = self.read_steps(
             self._train_steps_fn(tf.constant(len(batches)), *stacked)
         )

@@ -518,9 +518,9 @@ class SupervisedLearner(KerasLearner):
                 return optional.has_value(), optional.get_value
 
             names = STEP_SCALARS
-        self._train_steps_fn = self.compile_steps(train_step, next_batch, names)
+        self._train_steps_fn = self.compile_steps(train_step, next_batch, names, autograph=False)
         # reduce_retracing: batches of varying length (padded sequences) trace twice at most
-        return tf.function(train_step, reduce_retracing=True)
+        return tf.function(train_step, reduce_retracing=True, autograph=False)
 
 
 @gin.configurable(module="blayers.lab.learners")

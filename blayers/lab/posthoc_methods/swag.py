@@ -66,7 +66,7 @@ class SWAG(Method):
         optimizer = self._optimizer(learner)
         num_train = float(learner.num_train)
 
-        @tf.function
+        @tf.function(autograph=False)
         def step(x, y):
             with tf.GradientTape() as tape:
                 nll = tf.reduce_mean(task.negative_log_likelihood(model(x, training=True), y))

@@ -157,14 +157,19 @@ class Task:
             member_axis = distribution.batch_shape.rank  # members: the last batch axis
             return tuple(_move_axis_first(t, member_axis) for t in parameters(distribution.members))
 
-        @tf.function
         def several_draws(x, count):
             first = one_draw(x)
             arrays = [tf.TensorArray(t.dtype, size=count, element_shape=t.shape) for t in first]
             arrays = [a.write(0, t) for a, t in zip(arrays, first)]
-            for i in tf.range(1, count):
-                arrays = [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
+
+            def body(i, arrays):
+                return i + 1, [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
+
+            _, arrays = tf.while_loop(lambda i, _: i < count, body, (tf.constant(1), arrays))
             return tuple(a.stack() for a in arrays)
+
+        # A `tf.while_loop` as written: autograph would spend seconds converting it a process.
+        several_draws = tf.function(several_draws, autograph=False)
 
         self._draws_function_cache = (model, parameters, replicas, several_draws)
         return several_draws

@@ -59,7 +59,7 @@ class Density(Task):
 
     @staticmethod
     def _flow_metrics(model, data, num_samples, batch_size):
-        @tf.function
+        @tf.function(autograph=False)
         def log_prob(x):
             return model(x, training=False).distribution.log_prob(x)
 

@@ -138,7 +138,7 @@ class SequenceToSequence(Task):
                 spec = tf.nest.map_structure(
                     lambda v: tf.TensorSpec([None] * v.shape.rank, v.dtype), features
                 )
-                traced["fn"] = tf.function(probs, input_signature=[spec])
+                traced["fn"] = tf.function(probs, input_signature=[spec], autograph=False)
             return sum(traced["fn"](features) for _ in range(samples)).numpy() / samples
 
         return mean_probs
