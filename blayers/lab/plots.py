@@ -60,28 +60,56 @@ def _log_axis(ax, values):
 
 
 def _title(ax, text, width=34):
-    """A panel title wrapped to the panel's width instead of cut off."""
-    ax.set_title(textwrap.fill(text, width), fontsize=9)
+    """A panel title wrapped to the panel's width instead of cut off. Its height is given
+    (`y=1`, just above the frame: no panel has tick labels on top), which spares matplotlib
+    measuring every axis of the panel to place it (a third of a two-dozen-panel figure's
+    drawing)."""
+    ax.set_title(textwrap.fill(text, width), fontsize=9, y=1.0)
 
 
-# Evaluation metrics drawn on a shared [0, 1] axis; the others get one axis each.
+# Evaluation metrics drawn on a shared [0, 1] axis; the others get one axis each, except the
+# families below.
 _UNIT_METRICS = (
     "accuracy",
     "ece",
+    "adaptive_ece",
+    "classwise_ece",
+    "smooth_ece",
     "brier",
     "coverage_95",
-    "ood_auroc_entropy",
-    "ood_auroc_mutual_information",
     "corrupted_accuracy",
     "corrupted_ece",
 )
+# Families of metrics on one scale drawn in one panel, a line a member (the OOD scores are
+# compared with one another; a panel each made a classifier's figure two dozen panels, and
+# drawing it took longer than the smoke run's training): (title, keys or key prefix, unit axis).
+_FAMILIES = (
+    ("selective risk: AURC, AUGRC", ("aurc", "augrc"), False),
+    ("OOD AUROC by score", "ood_auroc_", True),
+    ("OOD FPR at 95% TPR by score", "ood_fpr95_", True),
+)
+
+
+def _family_members(keys):
+    """`[(title, members, unit)]` of the families present among `keys`."""
+    found = []
+    for title, members, unit in _FAMILIES:
+        if isinstance(members, str):
+            chosen = [k for k in keys if k.startswith(members)]
+        else:
+            chosen = [k for k in members if k in keys]
+        if chosen:
+            found.append((title, chosen, unit))
+    return found
 
 
 def training_curves(history, path):
     """The training objective's terms, the KL weight, and each evaluation metric against the
     step, one panel per scale: the NLL and per-example local loss (a VAE's latent KL), the
     weights' KL per example (log axis), the KL weight `beta_t` (annealing is a schedule, not
-    divergence), the [0, 1] metrics together, and every other metric on its own axis. A
+    divergence), the [0, 1] metrics together, each family of metrics (the OOD scores' AUROCs,
+    their FPRs at 95% TPR, the selective risks) in one panel, and every other metric on its
+    own axis. A
     reference value `<metric>_optimum` (the best achievable, from the data) is a dashed line in
     its metric's panel; with a single evaluation the metrics are a table, not panels of dots."""
     train = [h for h in history if h["kind"] == "train"]
@@ -91,7 +119,9 @@ def training_curves(history, path):
     metric_keys = [k for k in metric_keys if k not in optima.values()]
     single = len(evals) == 1
     unit = [k for k in metric_keys if k in _UNIT_METRICS]
-    other = [k for k in metric_keys if k not in _UNIT_METRICS]
+    families = _family_members(metric_keys)
+    grouped = {k for _, members, _ in families for k in members}
+    other = [k for k in metric_keys if k not in _UNIT_METRICS and k not in grouped]
     # A deterministic run has no weights' KL: no KL panels, and its loss is its NLL's scale.
     has_kl = any(h.get("kl_per_example", 0.0) for h in train)
     panels = (
@@ -100,7 +130,7 @@ def training_curves(history, path):
     if single:
         panels.append("table")
     else:
-        panels += (["unit"] if unit else []) + other
+        panels += (["unit"] if unit else []) + [("family", *f) for f in families] + other
     panels = panels or ["empty"]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
@@ -141,6 +171,17 @@ def training_curves(history, path):
                 ax.plot(eval_steps, [h[key] for h in evals], marker="o", label=key)
             ax.set_ylim(-0.02, 1.02)
             _title(ax, "test metrics in [0, 1]")
+            ax.legend(fontsize=6)
+        elif isinstance(panel, tuple):  # a family: a line a member
+            _, title, members, unit_axis = panel
+            prefix = os.path.commonprefix(members) if len(members) > 1 else ""
+            prefix = prefix if prefix.endswith("_") else ""
+            for key in members:
+                label = key[len(prefix) :]
+                ax.plot(eval_steps, [h[key] for h in evals], marker="o", label=label)
+            if unit_axis:
+                ax.set_ylim(-0.02, 1.02)
+            _title(ax, title)
             ax.legend(fontsize=6)
         elif panel == "table":
             _metrics_table(ax, evals[0], metric_keys, optima)

@@ -158,3 +158,33 @@ def test_plots_name_what_they_show_and_keep_the_curve_in_frame(figures, tmp_path
     low, high = ax.get_ylim()
     assert low < min(values) and high > max(values)  # not clipped at the frame
     assert ax.get_title() == "T" and ax.get_legend() is not None
+
+
+def test_a_family_of_metrics_shares_one_panel_a_line_a_member(figures, tmp_path):
+    """The OOD scores' AUROCs (and their FPRs) are compared with one another: one panel each,
+    a labelled line a score, on the [0, 1] axis; the selective risks share one too."""
+    names = ("entropy", "max_logit", "feature_density")
+    evals = [
+        {
+            "kind": "eval",
+            "step": s,
+            "accuracy": 0.8,
+            "nll": 0.5,
+            "aurc": 0.1,
+            "augrc": 0.05,
+            **{f"ood_auroc_{n}": 0.5 + 0.1 * i for i, n in enumerate(names)},
+            **{f"ood_fpr95_{n}": 0.9 - 0.1 * i for i, n in enumerate(names)},
+        }
+        for s in (10, 20)
+    ]
+    plots.training_curves(_history(evals), str(tmp_path / "curves.png"))
+    axes = {ax.get_title(): ax for ax in figures[0].axes if ax.axison}
+    auroc = axes["OOD AUROC by score"]
+    drawn = {line.get_label(): line.get_ydata()[0] for line in auroc.lines}
+    assert drawn == pytest.approx({"entropy": 0.5, "max_logit": 0.6, "feature_density": 0.7})
+    assert auroc.get_ylim() == (-0.02, 1.02)
+    fpr = axes["OOD FPR at 95% TPR by score"]
+    assert sorted(line.get_label() for line in fpr.lines) == sorted(names)
+    assert len(axes["selective risk: AURC, AUGRC"].lines) == 2
+    assert not any("ood_" in title or title == "test aurc" for title in axes)
+    assert "test nll" in axes
