@@ -147,7 +147,7 @@ class Laplace(_LaplaceBase):
             f = phi @ self.theta
             lam = self._output_curvature(f)
             if self.structure == "full":
-                hessian += np.einsum("nd,ne,nkl->dkel", phi, phi, lam)
+                hessian += np.einsum("nd,ne,nkl->dkel", phi, phi, lam, optimize=True)
             elif self.structure == "diag":
                 hessian += np.einsum("nd,nkk->dk", phi**2, lam)
             else:
@@ -297,15 +297,15 @@ class Laplace(_LaplaceBase):
         inverse = inverse.reshape(d, k) if self.structure != "full" else inverse
         if self.structure == "kron":
             rotated = phi @ self._eig_a[1]
-            per_g = np.einsum("nd,dj,md->jnm", rotated, inverse, rotated)
+            per_g = np.einsum("nd,dj,md->jnm", rotated, inverse, rotated, optimize=True)
             u_g = self._eig_g[1]
-            cov = np.einsum("kj,jnm,lj->nkml", u_g, per_g, u_g)
+            cov = np.einsum("kj,jnm,lj->nkml", u_g, per_g, u_g, optimize=True)
         elif self.structure == "full":
             u = self._eig_h[1]
             posterior = ((u * inverse) @ u.T).reshape(d, k, d, k)
-            cov = np.einsum("nd,dkel,me->nkml", phi, posterior, phi)
+            cov = np.einsum("nd,dkel,me->nkml", phi, posterior, phi, optimize=True)
         else:
-            per_k = np.einsum("nd,dk,md->knm", phi, inverse, phi)
+            per_k = np.einsum("nd,dk,md->knm", phi, inverse, phi, optimize=True)
             cov = np.einsum("knm,kl->nkml", per_k, np.eye(k))
         return phi @ self.theta, cov
 
