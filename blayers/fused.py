@@ -107,7 +107,7 @@ def _words(key, count):
     return tf.stack(threefry2x32(key, counter, tf.zeros_like(counter)))
 
 
-_threefry_words = tf.function(_words, jit_compile=True, reduce_retracing=True)
+_threefry_words = tf.function(_words, jit_compile=True, reduce_retracing=True, autograph=False)
 
 
 def random_words(count, seed):
@@ -213,7 +213,7 @@ def _normal_noise(words, keys, shape):
     return tf.reshape(normal[..., :size], shape)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def box_muller(words, keys, shape):
     """`float32 shape` standard normals from random `words` (`random_words`), one fused pass;
     with replica `keys` (`uint32 [R, 1, 1]`) each replica's words mixed with its key first."""
@@ -234,7 +234,7 @@ def _sign_bits(words, keys, count):
     return 2.0 * tf.cast(bits, tf.float32) - 1.0
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def signs(words, keys, shape):
     """`float32 shape` signs from the bits of `words` (`keys`: replica keys `[R, 1]`, `shape`
     then leading with the replica axis), one fused pass."""
@@ -242,7 +242,7 @@ def signs(words, keys, shape):
     return tf.reshape(_sign_bits(words, keys, count), shape)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _flip(x, words, keys, example_axes, rank):
     shape = tf.shape(x)  # XLA compiles each concrete shape: these are constants to it
     sign_shape = tf.concat(
@@ -294,7 +294,7 @@ def _softplus(x):
     return tf.maximum(x, 0.0) + e * ratio
 
 
-_softplus_xla = tf.function(_softplus, jit_compile=True, reduce_retracing=True)
+_softplus_xla = tf.function(_softplus, jit_compile=True, reduce_retracing=True, autograph=False)
 
 
 def _sigmoid(x):
@@ -305,7 +305,7 @@ def _sigmoid(x):
     return 1.0 / (1.0 + tf.exp(-x))
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _softplus_grad(upstream, x):
     return upstream * _sigmoid(x)
 
@@ -325,13 +325,13 @@ def softplus(x):
     return _softplus_fused(x)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _softplus_and_square_xla(x):
     value = _softplus(x)
     return value, value * value
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _softplus_and_square_grad(upstream, upstream_square, x, value):
     # d/dx of (s, s^2) against both upstreams: (g_s + 2 s g_v) sigmoid(x), one pass (0.50 ms
     # a million here; with sigmoid as `-expm1(-s)` from the output alone, 0.65).
@@ -361,7 +361,7 @@ def softplus_and_square(x):
 
 
 # -- KL[N(m, s^2) || N(m_p, s_p^2)] ---------------------------------------------------------------
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _normal_kl_terms(loc, scale, prior_mean, inv_var):
     centred = loc - prior_mean
     ratio = scale * tf.sqrt(inv_var)  # s / s_p
@@ -374,7 +374,7 @@ def _normal_kl_terms(loc, scale, prior_mean, inv_var):
     return tf.reduce_sum(terms)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _normal_kl_grads(upstream, loc, scale, prior_mean, inv_var):
     return upstream * inv_var * (loc - prior_mean), upstream * (inv_var * scale - 1.0 / scale)
 

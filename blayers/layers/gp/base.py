@@ -33,7 +33,7 @@ MEAN_FUNCTIONS = ("zero", "constant", "linear", "identity")
 # squared distances, exp, amplitude); compiled, XLA fuses them: at power-plant's deep-GP shape
 # (20 replicas, 100 x 8,611 a layer) the kernel's forward and backward took 94 ms against 129,
 # equal to 1e-15 relative, about a tenth of a DGP-2 step on a 2-core CPU.
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _exponentiated_quadratic(a, b, amplitude, length_scale):
     a, b = a / length_scale, b / length_scale
     squared = (

@@ -47,7 +47,7 @@ def explained_variances(scale, a):
     return forms, grad
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _column_squares_and_cast(a, dtype):
     """`(sum_m a[..., m, b]^2, a in dtype)`: one fused pass over `a` (and one back) where the
     square, the sum and the cast were three (4% of a power-plant-sized DGP-2 step)."""
@@ -57,13 +57,13 @@ def _column_squares_and_cast(a, dtype):
 # Each reduction of a `[R, U, M, B]` product, compiled: XLA fuses the multiply into the sum,
 # which otherwise writes and reads the whole product once more (275 MB an inner layer of a
 # power-plant-sized deep GP).
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _column_forms(product, a):
     """`[R, U, B]`: `sum_m product[r, u, m, b] a[r, m, b]`."""
     return tf.reduce_sum(product * a[:, None], 2)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True)
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _weighted_unit_sum(product, upstream):
     """`[R, M, B]`: `2 sum_u product[r, u, m, b] upstream[r, u, b]`."""
     return 2.0 * tf.reduce_sum(product * upstream[:, :, None, :], 1)
