@@ -44,8 +44,7 @@ def output_folder(model_dir, method, gin_files=(), gin_params=()):
 
 def main(argv):
     del argv
-    from blayers.lab import config, posthoc_methods, runs
-    from blayers.lab import posthoc as posthoc_lib
+    from blayers.lab import runs  # reading a run folder loads no TensorFlow
     from blayers.lab.runs import files
 
     if not FLAGS["verbosity"].present:
@@ -54,8 +53,12 @@ def main(argv):
         raise app.UsageError("--model_dir and --method are required.")
     run = runs.RunDir(FLAGS.model_dir)
     operative = run.file(run.OPERATIVE_CONFIG)
-    if not os.path.exists(operative):
+    if not os.path.exists(operative):  # said before TensorFlow loads (seconds)
         raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
+    cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads
+    from blayers.lab import config, posthoc_methods
+    from blayers.lab import posthoc as posthoc_lib
+
     try:
         config.parse(
             [operative, *FLAGS.gin_file],

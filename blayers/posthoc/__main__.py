@@ -2,9 +2,8 @@
 finished run (the lab's `blayers.lab.posthoc_cli`, started quietly like `blayers.train`)."""
 
 if __name__ == "__main__":
-    from blayers.lab import cli_env
-
-    cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads
+    # `posthoc_cli.main` prepares the process (`cli_env.prepare`) once the run folder is
+    # found: a mistyped folder is said at once, before TensorFlow loads.
     from blayers.lab import posthoc_cli
 
     posthoc_cli.run()
