@@ -248,7 +248,11 @@ def _train_records(model_dir, key="nll"):
     return [json.loads(line)[key] for line in lines if json.loads(line)["kind"] == "train"]
 
 
-@pytest.mark.parametrize("damage", ["truncated_data", "empty_index", "empty_state_file"])
+@pytest.mark.parametrize(
+    "damage",
+    # A truncated newest checkpoint: test_loop_promises checks it for every learner (fast).
+    [pytest.param("truncated_data", marks=pytest.mark.slow), "empty_index", "empty_state_file"],
+)
 def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage, caplog):
     digits = _small_digits()
     run = tmp_path / "run"
@@ -278,6 +282,7 @@ def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage,
         assert summary["resumed_from_step"] == 10  # the files themselves are intact
 
 
+@pytest.mark.slow  # test_loop_promises checks the torn line for every learner (fast)
 def test_torn_history_line_is_dropped_with_a_warning(tmp_path, caplog):
     digits = _small_digits()
     loop.fit(str(tmp_path), data=digits, model=_mlp, train_steps=5, checkpoint_every=5, **_QUICK)
@@ -361,6 +366,8 @@ def _parse(*params):
     config.parse(["digits_mlp_smoke"], ["train.progress = False", *params])
 
 
+# test_run_folder's damaged-bindings tests refuse the same change, the folder untouched (fast).
+@pytest.mark.slow
 def test_a_binding_changed_on_resume_refuses_and_the_config_is_not_rewritten(tmp_path):
     from blayers.lab import config  # noqa: F401 - registers the configurables
 
