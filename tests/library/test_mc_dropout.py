@@ -1,6 +1,7 @@
 """Gal & Ghahramani's MC dropout regression network and many-draw predictive sampling."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from blayers import layers
@@ -77,3 +78,15 @@ def test_predictive_samples_draws_thousands_in_graph_loops():
     se = means.std(0, ddof=1) / np.sqrt(70)
     assert np.all(np.abs(means.mean(0) - exact) < 5 * se + 1e-6)
     assert isinstance(model.layers[-1], layers.GaussianLikelihood)
+
+
+@pytest.mark.parametrize("dense_layer", ["DenseFlipout", "DenseReparameterization"])
+def test_predictive_samples_of_random_weights_are_each_a_new_draw(dense_layer):
+    """The evaluation's draw function is traced once and called for every draw: each call
+    draws new weights (40 draws in chunks of 16, all different)."""
+    x = np.random.default_rng(0).normal(size=(20, 3)).astype("float32")
+    data = from_arrays("toy", "regression", x, x[:, :1], x, x[:, :1])
+    model = models.mlp((3,), 2, hidden_units=(8,), dense_layer=dense_layer, noise_variance=0.1)
+    model(x)
+    means, _ = Regression().predictive_samples(model, data.test, 40, draws_per_call=16)
+    assert len({m.tobytes() for m in means}) == 40

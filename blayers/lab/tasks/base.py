@@ -157,13 +157,17 @@ class Task:
             member_axis = distribution.batch_shape.rank  # members: the last batch axis
             return tuple(_move_axis_first(t, member_axis) for t in parameters(distribution.members))
 
+        # One trace of the model's pass, called for every draw (each call runs its random ops
+        # afresh): the first draw, which gives the arrays their shapes, and the loop's.
+        draw = tf.function(one_draw, autograph=False)
+
         def several_draws(x, count):
-            first = one_draw(x)
+            first = draw(x)
             arrays = [tf.TensorArray(t.dtype, size=count, element_shape=t.shape) for t in first]
             arrays = [a.write(0, t) for a, t in zip(arrays, first)]
 
             def body(i, arrays):
-                return i + 1, [a.write(i, t) for a, t in zip(arrays, one_draw(x))]
+                return i + 1, [a.write(i, t) for a, t in zip(arrays, draw(x))]
 
             _, arrays = tf.while_loop(lambda i, _: i < count, body, (tf.constant(1), arrays))
             return tuple(a.stack() for a in arrays)
