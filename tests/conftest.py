@@ -41,6 +41,25 @@ def _seed_and_clean_gin():
     gin.clear_config()
 
 
+@pytest.fixture
+def autograph_conversions(monkeypatch):
+    """The list of blayers functions (qualified names) that autograph converts while the test
+    runs: blayers traces its functions as written, since converting them cost seconds a
+    process."""
+    from tensorflow.python.autograph.impl import api
+
+    converted = []
+    convert = api._convert_actual
+
+    def recording(entity, program_ctx):
+        if getattr(entity, "__module__", "").startswith("blayers"):
+            converted.append(entity.__qualname__)
+        return convert(entity, program_ctx)
+
+    monkeypatch.setattr(api, "_convert_actual", recording)
+    return converted
+
+
 def sigma_tolerance(standard_error, sigmas=5.0):
     """Tolerance of `sigmas` standard errors (tests of Monte Carlo estimates)."""
     return sigmas * standard_error

@@ -62,8 +62,7 @@ def _log_axis(ax, values):
 def _title(ax, text, width=34):
     """A panel title wrapped to the panel's width instead of cut off. Its height is given
     (`y=1`, just above the frame: no panel has tick labels on top), which spares matplotlib
-    measuring every axis of the panel to place it (a third of a two-dozen-panel figure's
-    drawing)."""
+    measuring the panel's axes to place it."""
     ax.set_title(textwrap.fill(text, width), fontsize=9, y=1.0)
 
 
@@ -81,8 +80,8 @@ _UNIT_METRICS = (
     "corrupted_ece",
 )
 # Families of metrics on one scale drawn in one panel, a line a member (the OOD scores are
-# compared with one another; a panel each made a classifier's figure two dozen panels, and
-# drawing it took longer than the smoke run's training): (title, keys or key prefix, unit axis).
+# compared with one another; a panel each made a classifier's figure two dozen panels, 2-3 s
+# of drawing a run): (title, keys or key prefix, whether the axis is [0, 1]).
 _FAMILIES = (
     ("selective risk: AURC, AUGRC", ("aurc", "augrc"), False),
     ("OOD AUROC by score", "ood_auroc_", True),
@@ -109,9 +108,9 @@ def training_curves(history, path):
     weights' KL per example (log axis), the KL weight `beta_t` (annealing is a schedule, not
     divergence), the [0, 1] metrics together, each family of metrics (the OOD scores' AUROCs,
     their FPRs at 95% TPR, the selective risks) in one panel, and every other metric on its
-    own axis. A
-    reference value `<metric>_optimum` (the best achievable, from the data) is a dashed line in
-    its metric's panel; with a single evaluation the metrics are a table, not panels of dots."""
+    own axis. A reference value `<metric>_optimum` (the best achievable, from the data) is a
+    dashed line in its metric's panel; with a single evaluation the metrics are a table, not
+    panels of dots."""
     train = [h for h in history if h["kind"] == "train"]
     evals = [h for h in history if h["kind"] == "eval"]
     metric_keys = sorted({k for h in evals for k in h} - {"kind", "step"})

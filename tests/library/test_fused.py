@@ -345,21 +345,10 @@ def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_
         np.testing.assert_allclose(out[256][name], out[512][name], rtol=2e-6, atol=1e-6)
 
 
-def test_the_fused_passes_and_sampling_trace_without_autograph(monkeypatch):
+def test_the_fused_passes_and_sampling_trace_without_autograph(autograph_conversions):
     """blayers' compiled passes (and the draws, KL and Box-Muller around them) have no
     tensor-valued Python control flow: traced as written, never converted by autograph, whose
     conversion took seconds a process (a third of the Transformer smoke run's tracing)."""
-    from tensorflow.python.autograph.impl import api
-
-    converted = []
-    convert = api._convert_actual
-
-    def recording(entity, program_ctx):
-        if getattr(entity, "__module__", "").startswith("blayers"):
-            converted.append(entity.__qualname__)
-        return convert(entity, program_ctx)
-
-    monkeypatch.setattr(api, "_convert_actual", recording)
     x = tf.random.stateless_normal([256, 512], [0, 1])
     for layer in (
         DenseReparameterization(256),
@@ -379,4 +368,4 @@ def test_the_fused_passes_and_sampling_trace_without_autograph(monkeypatch):
     draw = lambda: sampling.standard_normal([3, BIG], tf.constant([1, 2]))
     normals = tf.function(draw, autograph=False)()
     assert normals.shape == (3, BIG)
-    assert converted == []
+    assert autograph_conversions == []
