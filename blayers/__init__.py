@@ -54,6 +54,7 @@ _SUBMODULES = {
     "losses": "blayers.losses",
     "metrics": "blayers.metrics",
     "objectives": "blayers.objectives",
+    "optimizers": "blayers.optimizers",
     "posthoc": "blayers.posthoc",
     "programs": "blayers.programs",
     "random_variable": "blayers.random_variable",

@@ -213,11 +213,20 @@ def _normal_noise(words, keys, shape):
     return tf.reshape(normal[..., :size], shape)
 
 
-@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
+_box_muller = tf.function(_normal_noise, jit_compile=True, reduce_retracing=True, autograph=False)
+
+
+def _static(shape):
+    """A static shape as a tuple of ints: a `tf.function` keys a `TensorShape` argument by the
+    object's identity (a new trace, and a new XLA compilation, at every call of a layer's
+    trace), a tuple by its value."""
+    return tuple(shape.as_list()) if isinstance(shape, tf.TensorShape) else shape
+
+
 def box_muller(words, keys, shape):
     """`float32 shape` standard normals from random `words` (`random_words`), one fused pass;
     with replica `keys` (`uint32 [R, 1, 1]`) each replica's words mixed with its key first."""
-    return _normal_noise(words, keys, shape)
+    return _box_muller(words, keys, _static(shape))
 
 
 # -- random signs ---------------------------------------------------------------------------------
@@ -235,11 +244,15 @@ def _sign_bits(words, keys, count):
 
 
 @tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
-def signs(words, keys, shape):
-    """`float32 shape` signs from the bits of `words` (`keys`: replica keys `[R, 1]`, `shape`
-    then leading with the replica axis), one fused pass."""
-    count = shape[1:].num_elements() if keys is not None else shape.num_elements()
+def _signs(words, keys, shape):
+    count = math.prod(shape[1:] if keys is not None else shape)
     return tf.reshape(_sign_bits(words, keys, count), shape)
+
+
+def signs(words, keys, shape):
+    """`float32 shape` signs from the bits of `words` (`keys`: replica keys `[R, 1]`, `shape`,
+    static, then leading with the replica axis), one fused pass."""
+    return _signs(words, keys, _static(tf.TensorShape(shape)))
 
 
 @tf.function(jit_compile=True, reduce_retracing=True, autograph=False)

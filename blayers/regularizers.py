@@ -64,6 +64,12 @@ def normal_kl_sum(loc, scale, prior_mean, prior_stddev):
     """
     if fused.should_fuse(loc.shape, loc.dtype):
         return fused.normal_kl(loc, scale, prior_mean, prior_stddev)
+    if not tf.executing_eagerly():  # traced once a shape and prior (`sampling._traced_normal`)
+        return _traced_normal_kl_sum(loc, scale, prior_mean, prior_stddev)
+    return _normal_kl_sum(loc, scale, prior_mean, prior_stddev)
+
+
+def _normal_kl_sum(loc, scale, prior_mean, prior_stddev):
     inv_var = 1.0 / prior_stddev**2
 
     @tf.custom_gradient
@@ -81,6 +87,9 @@ def normal_kl_sum(loc, scale, prior_mean, prior_stddev):
         return value, grad
 
     return kl(loc, scale)
+
+
+_traced_normal_kl_sum = tf.function(_normal_kl_sum, autograph=False)
 
 
 class DistributionRegularizer(ArgsDoc, keras.regularizers.Regularizer):

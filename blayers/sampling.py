@@ -210,6 +210,13 @@ def _standard_normal(shape, seed, dtype, keys=None):
     static = tf.TensorShape(tf.get_static_value(tf.convert_to_tensor(shape, tf.int32)))
     if fused.should_fuse(static[1:] if keys is not None else static, dtype):
         return _fused_standard_normal(static, seed, keys)
+    if keys is None and static.is_fully_defined() and not tf.executing_eagerly():
+        return _traced_normal(tuple(static.as_list()), tf.convert_to_tensor(seed), dtype.name)
+    return _box_muller(shape, seed, dtype, keys)
+
+
+def _box_muller(shape, seed, dtype, keys=None):
+    dtype = tf.as_dtype(dtype)
     shape = tf.convert_to_tensor(shape, tf.int32)
     lead = shape[:1] if keys is not None else shape[:0]
     size = tf.reduce_prod(shape[tf.size(lead) :])
@@ -220,6 +227,12 @@ def _standard_normal(shape, seed, dtype, keys=None):
     angle = (2.0 * math.pi) * second
     normal = tf.concat([radius * tf.cos(angle), radius * tf.sin(angle)], -1)
     return tf.reshape(normal[..., :size], shape)
+
+
+# In a graph, traced once a process per shape and dtype, then one call op a draw: a network's
+# trace forms dozens of small draws, each two dozen ops to trace (seconds in a large model) where
+# a call is one. The same ops, so the same numbers; eager draws run the ops themselves.
+_traced_normal = tf.function(_box_muller, autograph=False)
 
 
 def _fused_standard_normal(shape, seed, keys):
@@ -269,6 +282,15 @@ def _rademacher(shape, seed, dtype, keys=None):
         words = _sign_words(size, seed, keys)
         column = None if keys is None else _key_column(keys)
         return tf.cast(fused.signs(words, column, static), dtype)
+    if (
+        keys is None and static.is_fully_defined() and not tf.executing_eagerly()
+    ):  # as `_traced_normal`
+        shape = tuple(static.as_list())
+        return _traced_signs(shape, tf.convert_to_tensor(seed), tf.as_dtype(dtype).name)
+    return _signs_from_bits(shape, seed, dtype, keys)
+
+
+def _signs_from_bits(shape, seed, dtype, keys=None):
     shape = tf.convert_to_tensor(shape, tf.int32)
     if keys is None:
         size = tf.reduce_prod(shape)
@@ -283,11 +305,20 @@ def _rademacher(shape, seed, dtype, keys=None):
     return tf.reshape(tf.cast(2 * tf.cast(bits, tf.int32) - 1, dtype), shape)
 
 
+_traced_signs = tf.function(_signs_from_bits, autograph=False)
+
+
 def flip_signs(x, seed, example_axes=1, keys=None):
     """`x * rademacher(sign_shape, seed, keys=keys)`, Flipout's sign flip, with one sign a
     channel of an example: `sign_shape` is `[examples..., 1, ..., 1, channels]`, the first
     `example_axes` axes of `x` being examples. Large float32 inputs take one fused pass
     (`blayers.fused.flip`, the same signs, never formed)."""
+    if keys is None and not tf.executing_eagerly():  # traced once a shape (`_traced_normal`)
+        return _traced_flip(x, tf.convert_to_tensor(seed), example_axes)
+    return _flip_signs(x, seed, example_axes, keys)
+
+
+def _flip_signs(x, seed, example_axes, keys=None):
     shape = x.shape
     inner = shape[example_axes:]
     batch = shape[:example_axes].num_elements() if shape[:example_axes].is_fully_defined() else 256
@@ -300,11 +331,14 @@ def flip_signs(x, seed, example_axes=1, keys=None):
         size = tf.reduce_prod(dynamic[int(keys is not None) : example_axes]) * shape[-1]
         column = None if keys is None else _key_column(keys)
         return fused.flip(x, _sign_words(size, seed, keys), column, example_axes)
-    rank = shape.rank
     sign_shape = tf.concat(
-        [dynamic[:example_axes], tf.ones([rank - 1 - example_axes], tf.int32), dynamic[-1:]], 0
+        [dynamic[:example_axes], tf.ones([shape.rank - 1 - example_axes], tf.int32), dynamic[-1:]],
+        0,
     )
     return x * rademacher(sign_shape, seed, x.dtype, keys)
+
+
+_traced_flip = tf.function(_flip_signs, autograph=False)
 
 
 def normal_parameters(distribution):

@@ -196,7 +196,13 @@ def penultimate_features(model, x, batch_size=500):
         _EXTRACTORS[model] = extractor
     if hasattr(x, "element_spec"):  # a dataset: already batched
         batches = (b[0] if isinstance(b, tuple) else b for b in x)
+        spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
     else:
         batches = (x[i : i + batch_size] for i in range(0, len(x), batch_size))
+        spec = tf.TensorSpec((None,) + np.shape(x)[1:], tf.as_dtype(np.asarray(x[:1]).dtype))
+    # One trace for every batch size (the training, test and OOD sets, their last batches).
+    extractor.get_concrete_function(
+        tf.nest.map_structure(lambda s: tf.TensorSpec((None,) + tuple(s.shape[1:]), s.dtype), spec)
+    )
     features = np.concatenate([_one_batch(extractor, b) for b in batches]).astype(np.float64)
     return features.reshape(len(features), -1)

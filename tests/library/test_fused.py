@@ -369,3 +369,35 @@ def test_the_fused_passes_and_sampling_trace_without_autograph(autograph_convers
     normals = tf.function(draw, autograph=False)()
     assert normals.shape == (3, BIG)
     assert autograph_conversions == []
+
+
+@pytest.mark.parametrize(
+    "name", ["DenseFlipout", "DenseReparameterization", "DenseLocalReparameterization"]
+)
+def test_a_layer_traced_again_reuses_every_fused_kernel(name):
+    """The fused kernels' static shapes key their traces by value: a layer traced again (the
+    training step, then the evaluation's pass, then the feature pass) reuses each kernel's
+    trace and XLA compilation instead of tracing and compiling it anew a trace (a
+    `TensorShape` argument keyed them by identity)."""
+    from blayers import sampling
+
+    layer = getattr(blayers.layers, name)(512)
+    layer.build((64, 256))
+
+    def step(x):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(x)) + sum(layer.losses)
+        return tape.gradient(loss, layer.trainable_variables)
+
+    kernels = {
+        f"{module.__name__}.{n}": getattr(module, n)
+        for module in (fused, sampling)
+        for n in dir(module)
+        if hasattr(getattr(module, n), "experimental_get_tracing_count")
+    }
+    counts = []
+    for _ in range(3):
+        tf.function(step, autograph=False).get_concrete_function(tf.TensorSpec((64, 256)))
+        counts.append({k: f.experimental_get_tracing_count() for k, f in kernels.items()})
+    assert any(counts[0].values())  # the step takes fused kernels
+    assert counts[2] == counts[0]

@@ -90,3 +90,29 @@ def test_predictive_samples_of_random_weights_are_each_a_new_draw(dense_layer):
     model(x)
     means, _ = Regression().predictive_samples(model, data.test, 40, draws_per_call=16)
     assert len({m.tobytes() for m in means}) == 40
+
+
+def test_an_evaluation_traces_the_network_once_for_every_data_set_and_batch():
+    """The draws of the test set (batches of 8, 8 and 4), of a set of another size and the
+    penultimate features of a third share one trace of the network each: a trace of a large
+    network costs seconds, and every evaluation asks for several sets."""
+    from blayers.posthoc.feature_density import penultimate_features
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(20, 3)).astype("float32")
+    other = rng.normal(size=(13, 3)).astype("float32")
+    model = models.mlp((3,), 2, hidden_units=(8,), dense_layer="DenseFlipout", noise_variance=0.1)
+    model(x)
+    hidden, calls = model.layers[1], []
+    call = hidden.call
+    hidden.call = lambda *args, **kwargs: calls.append(1) or call(*args, **kwargs)
+    task = Regression()
+    for inputs in (x, other):
+        dataset = from_arrays("toy", "regression", x, x[:, :1], inputs, inputs[:, :1]).test
+        means, _ = task.predictive_samples(model, dataset, 5, batch_size=8, draws_per_call=2)
+        assert means.shape == (5, len(inputs), 1)
+    assert len(calls) == 1  # every draw, batch and set ran the first trace
+    for inputs in (x, other, x[:5]):
+        features = penultimate_features(model, inputs, batch_size=8)
+        assert len(features) == len(inputs)
+    assert len(calls) == 2

@@ -32,12 +32,11 @@ import itertools
 import os
 
 import gin
-import keras
 import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from blayers import objectives, seeds
+from blayers import objectives, optimizers, seeds
 from blayers.lab import plots
 from blayers.lab.control.buffer import EpisodeBuffer
 from blayers.lab.control.planner import cem
@@ -115,7 +114,7 @@ class PlanetLearner(KerasLearner):
         seeds.set_seed(self.seed)
         self.buffer = EpisodeBuffer(context.run.file("episodes"))
         model = WorldModel(self.env.observation_shape, self.env.action_dim)
-        optimizer = keras.optimizers.Adam(
+        optimizer = optimizers.Adam(  # Keras' Adam, one fused kernel a variable
             self.learning_rate, epsilon=self.adam_epsilon, clipnorm=self.clipnorm
         )
         optimizer.build(model.trainable_variables)

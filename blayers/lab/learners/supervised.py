@@ -26,7 +26,7 @@ import numpy as np
 import tensorflow as tf
 from absl import logging
 
-from blayers import objectives, seeds
+from blayers import objectives, optimizers, seeds
 from blayers.lab import plots
 from blayers.lab.configurables import unapplied_layer_bindings
 from blayers.lab.data.replicas import Replicas, as_replicas
@@ -68,7 +68,12 @@ def make_optimizer(name="adam", learning_rate=1e-3, schedule=None, **kwargs):
         raise ValueError(
             f"Unknown optimizer {name!r} (a keras.optimizers name such as 'adam', 'sgd')."
         ) from None
+    # Keras' Adam and AdamW, each variable's update one fused kernel (`blayers.optimizers`)
+    cls = _FUSED.get(cls, cls)
     return cls(learning_rate=learning_rate, **kwargs)
+
+
+_FUSED = {keras.optimizers.Adam: optimizers.Adam, keras.optimizers.AdamW: optimizers.AdamW}
 
 
 def _register_schedules():

@@ -121,6 +121,12 @@ class Task:
         parameters = parameters or self.predictive_parameters
         several_draws = self._draws_function(model, parameters, replicas)
         batched = dataset.batch(batch_size)
+        # One trace for every batch size and data set of these features (the test set's last
+        # batch, the OOD and shifted sets): traced at the dataset's spec, its batch axis unknown.
+        spec = batched.element_spec
+        several_draws.get_concrete_function(
+            spec[0] if isinstance(spec, tuple) else spec, tf.TensorSpec([], tf.int32)
+        )
         chunks = []
         done = 0
         while done < num_samples:
