@@ -22,9 +22,16 @@ import tensorflow as tf
 
 def make_train_step(layer, input_shape, jit_compile=False, optimizer="adam"):
     """`step(x, y)`: forward, squared error + KL / 50,000, backward and an update (`'adam'`,
-    or `'sgd'`: one multiply-subtract a parameter, the cheapest update)."""
+    Keras' Adam; `'blayers_adam'`, `blayers.optimizers.Adam`, one fused kernel a variable; or
+    `'sgd'`: one multiply-subtract a parameter, the cheapest update)."""
+    import blayers
+
     layer.build(input_shape)
-    optimizer = keras.optimizers.Adam(1e-3) if optimizer == "adam" else keras.optimizers.SGD(1e-3)
+    optimizer = {
+        "adam": keras.optimizers.Adam,
+        "blayers_adam": blayers.optimizers.Adam,
+        "sgd": keras.optimizers.SGD,
+    }[optimizer](1e-3)
     optimizer.build(layer.trainable_variables)
 
     @tf.function(jit_compile=jit_compile)
@@ -152,7 +159,8 @@ def ablation_kwargs(no_softplus=False, no_kl=False, weights=("kernel",)):
 
 def breakdown_steps(make_layer, input_shape, x, y):
     """The steps of one estimator's breakdown, each removing one part of the full step:
-    `{'full', 'no draw', 'no softplus', 'no KL', 'SGD'}` -> `step(x, y)` (traced).
+    `{'full', 'no draw', 'no softplus', 'no KL', 'SGD'}` -> `step(x, y)` (traced), and the full
+    step with blayers' fused Adam (`'blayers Adam'`).
 
     `make_layer(no_softplus=False, no_kl=False)` builds the layer (see `ablation_kwargs`); Adam
     is replaced by SGD, and the draw by a fill of zeros (`without_noise`)."""
@@ -161,6 +169,7 @@ def breakdown_steps(make_layer, input_shape, x, y):
         "no softplus": make_train_step(make_layer(no_softplus=True), input_shape),
         "no KL": make_train_step(make_layer(no_kl=True), input_shape),
         "SGD": make_train_step(make_layer(), input_shape, optimizer="sgd"),
+        "blayers Adam": make_train_step(make_layer(), input_shape, optimizer="blayers_adam"),
     }
     with without_noise():
         steps["no draw"] = make_train_step(make_layer(), input_shape)

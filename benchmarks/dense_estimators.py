@@ -16,7 +16,9 @@ run's ratios):
   breakdown_steps`): the draw (noise replaced by zeros), the softplus (replaced by a clip), the
   KL (none), Adam (replaced by SGD); what is left is matmuls, bias, loss and the update;
 * the *matmul bound*: the same matrix products alone (forward and weight-gradient GEMMs: two
-  for Dense and reparameterization, four for Flipout and local reparameterization).
+  for Dense and reparameterization, four for Flipout and local reparameterization);
+* `Dense` and each estimator with `blayers.optimizers.Adam` (Keras' Adam, one fused kernel a
+  variable), and their ratio.
 
 Writes JSON and a Markdown table (`.md` beside it):
 
@@ -112,6 +114,9 @@ def measure(args):
     shape = (None, input_dim)
     steps = {"Dense": make_train_step(keras.layers.Dense(units), shape)}
     steps["Dense | SGD"] = make_train_step(keras.layers.Dense(units), shape, optimizer="sgd")
+    steps["Dense | blayers Adam"] = make_train_step(
+        keras.layers.Dense(units), shape, optimizer="blayers_adam"
+    )
     steps["matmuls x2"] = matmul_step(1, units, input_dim)
     steps["matmuls x4"] = matmul_step(2, units, input_dim)
     for name, (cls, _) in ESTIMATORS.items():
@@ -135,6 +140,10 @@ def run_figures(rounds, args):
         figures["estimators"][name] = {
             "ratio": round_ratio(rounds, f"{name} | full", "Dense"),
             "tfp_ratio": round_ratio(rounds, f"tfp.layers.{name}", f"{name} | full"),
+            # both steps with blayers' fused Adam (`blayers.optimizers.Adam`)
+            "fused_adam_ratio": round_ratio(
+                rounds, f"{name} | blayers Adam", "Dense | blayers Adam"
+            ),
             "parts": parts_ms(rounds, name),
         }
     if args.xla:
@@ -213,6 +222,10 @@ def main():
             "ms_per_step": round(full, 2),
             "ratio_to_dense": round(ratio, 3),
             "ratio_to_dense_per_run": [round(r["estimators"][name]["ratio"], 3) for r in per_run],
+            "ms_per_step_blayers_adam": round(ms[f"{name} | blayers Adam"], 2),
+            "ratio_to_dense_both_blayers_adam": round(
+                figures["estimators"][name]["fused_adam_ratio"], 3
+            ),
             "goal_ratio_to_dense": GOALS[name],
             "tfp_layers_ms": round(tfp_ms, 2),
             "tfp_layers_over_blayers": round(tfp_ratio, 3),
@@ -225,7 +238,8 @@ def main():
             f"| {name} | {full:.1f} | **{ratio:.2f}** (<= {GOALS[name]}) | "
             f"{tfp_ms:.1f} | **{tfp_ratio:.2f}** (>= {TFP_SPEEDUP_GOAL}) | "
             + " | ".join(f"{v:.1f}" for v in parts.values())
-            + f" | {bound:.1f} ({gemms}) | {full / bound:.2f} |"
+            + f" | {bound:.1f} ({gemms}) | {full / bound:.2f} | "
+            f"{ms[f'{name} | blayers Adam']:.1f} ({figures['estimators'][name]['fused_adam_ratio']:.2f}) |"
         )
     results["Dense"] = {
         "ms_per_step": round(dense, 2),
@@ -236,12 +250,12 @@ def main():
     }
     markdown = (
         "| layer | ms / step | x Dense (goal) | tfp.layers ms | tfp.layers / blayers (goal) "
-        "| draw | softplus | KL | Adam over SGD | matmuls ms (GEMMs) | x matmuls |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n"
+        "| draw | softplus | KL | Adam over SGD | matmuls ms (GEMMs) | x matmuls "
+        "| ms, blayers Adam (x Dense) |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n"
         f"| Dense | {dense:.1f} | 1.00 | | | | | | {dense - ms['Dense | SGD']:.1f} "
-        f"| {ms['matmuls x2']:.1f} (2) | {dense / ms['matmuls x2']:.2f} |\n"
-        + "\n".join(rows)
-        + "\n"
+        f"| {ms['matmuls x2']:.1f} (2) | {dense / ms['matmuls x2']:.2f} "
+        f"| {ms['Dense | blayers Adam']:.1f} (1.00) |\n" + "\n".join(rows) + "\n"
     )
     if args.xla:
         results["xla_ratio_to_dense"] = {
