@@ -68,6 +68,11 @@ class Experiment:
         """The values of the flags `define_options` defined, `{name: value}`."""
         return {name: FLAGS[name].value for name in self._options}
 
+    def check(self, root, **options):
+        """Raises `app.UsageError` for flags that cannot work (a data folder that is not
+        there), before the command line loads TensorFlow; nothing by default."""
+        del root, options
+
     def plan(self, **options):
         raise NotImplementedError(f"{type(self).__name__} has no plan.")
 
@@ -119,6 +124,9 @@ class Experiment:
 
             gin_file = FLAGS.gin_file if self.gin_file is not None else None
             sweep.REFUSE_GIN_IMPORTS = FLAGS.refuse_gin_imports
+            self.check(FLAGS.root, **self.options())  # a usage error before TensorFlow loads
+            if cli_env.is_cli():
+                cli_env.import_tensorflow_quietly()
             try:
                 self.run(FLAGS.root, gin_file, FLAGS.gin_param, FLAGS.parallel, **self.options())
             except GinImportsRefused as error:

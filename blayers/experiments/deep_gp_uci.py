@@ -57,6 +57,11 @@ class DeepGPUCI(Experiment):
         flags.DEFINE_list("depths", ["1", "2", "3"], "Deep GP depths (1: SVGP).")
         flags.DEFINE_string("splits", None, "Splits: k, a,b,c or a-b, e.g. 0-4 (default: all 20).")
 
+    def check(self, root, **options):
+        datasets = options.get("datasets", uci_regression.DATASETS)
+        uci_regression.checked_uci_dir(options.get("uci_dir"), datasets)
+        uci_regression.checked_root(root)
+
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         del gin_file
         datasets = options.get("datasets", uci_regression.DATASETS)

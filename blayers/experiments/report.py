@@ -378,6 +378,7 @@ def define_flags():
 
 def main(argv):
     del argv
+    cli_env.import_tensorflow_quietly()  # the runs' event files are read with it
     out = FLAGS.out or os.path.join(FLAGS.runs, "report")
     assigned = write_report(FLAGS.runs, out, html_page=FLAGS.html)
     counted = sum(len(r) + len(e) for r, e in assigned.values())

@@ -48,7 +48,7 @@ import re
 from absl import app, flags
 
 from blayers.experiments.base import Experiment, ReportEntry
-from blayers.lab import runs
+from blayers.lab import runs, uci_folder
 from blayers.launch import sweep
 
 
@@ -576,7 +576,7 @@ def plan(method, uci_dir, datasets, splits=None, epochs=None, selected=None):
     spec = METHODS[method]
     runs = []
     for dataset in datasets:
-        count = _uci_data().uci_num_splits(dataset, uci_dir)
+        count = uci_folder.uci_num_splits(dataset, uci_dir)
         chosen_splits = parse_splits(splits, count)
         name = run_name(dataset, chosen_splits, count)
         validation = spec.grid_search and selected is None
@@ -666,7 +666,7 @@ def with_setting(rows, uci_dir, gin_params, epochs):
     other splits add to a row only at the same setting) and their data set's number of splits."""
     for row in rows:
         row["setting"] = {"gin_params": list(gin_params), "epochs": epochs}
-        row["of_splits"] = _uci_data().uci_num_splits(row["dataset"], uci_dir)
+        row["of_splits"] = uci_folder.uci_num_splits(row["dataset"], uci_dir)
     return rows
 
 
@@ -733,7 +733,7 @@ def checked_uci_dir(uci_dir, datasets):
     """`uci_dir`, once it is known to hold every data set of `datasets`; a usage error naming
     the folder, the expected layout and where the data is published otherwise."""
     if not uci_dir:
-        raise app.UsageError(f"--uci_dir is required. {_uci_data().LAYOUT}")
+        raise app.UsageError(f"--uci_dir is required. {uci_folder.LAYOUT}")
     uci_dir = os.path.expanduser(uci_dir)  # `--uci_dir=~/data/uci`: no shell expands that ~
     for dataset in datasets:
         if not re.fullmatch(r"[\w.+-]+", dataset) or set(dataset) == {"."}:
@@ -742,7 +742,7 @@ def checked_uci_dir(uci_dir, datasets):
                 "'.', '-', '_'; no path): each names a folder in --uci_dir."
             )
         try:
-            _uci_data().uci_num_splits(dataset, uci_dir)
+            uci_folder.uci_num_splits(dataset, uci_dir)
         except ValueError as error:
             raise app.UsageError(f"--uci_dir: {error}") from None
     return uci_dir
@@ -782,6 +782,10 @@ class UCIRegression(Experiment):
         flags.DEFINE_string(
             "epochs", None, "Epochs: N, or method:N,... (default: each method's published setting)."
         )
+
+    def check(self, root, **options):
+        checked_uci_dir(options.get("uci_dir"), options.get("datasets", DATASETS))
+        checked_root(root)
 
     def run(self, root, gin_file=None, gin_params=(), parallel=1, **options):
         """`gin_params` may name one method's runs: `'svgp: binding'`."""

@@ -34,6 +34,7 @@ from blayers import xla_cpu
 
 __all__ = [
     "help_text",
+    "import_tensorflow_quietly",
     "is_cli",
     "pid_alive",
     "prepare",
@@ -61,23 +62,32 @@ def is_cli(orig_argv=None, argv=None):
     return bool(argv) and os.path.basename(argv[0]) in _CLI_SCRIPTS
 
 
-def prepare_if_cli():
+def prepare_if_cli(load_tensorflow=True):
     """`prepare()` when this process runs a blayers command line, else nothing. The commands'
     flags are defined without TensorFlow, so their `--help` does not load it."""
     if is_cli():
-        prepare(help_loads_tensorflow=False)
+        prepare(help_loads_tensorflow=False, load_tensorflow=load_tensorflow)
 
 
-def prepare(help_loads_tensorflow=True):
+def prepare(help_loads_tensorflow=True, load_tensorflow=True):
     """Quiets TensorFlow's C++ log for a command line and gives it a temporary folder of its
     own (see the module docstring). `help_loads_tensorflow=False`: the command's `--help`
-    imports no TensorFlow (its flags are defined without it), so it is not loaded for one."""
+    imports no TensorFlow (its flags are defined without it), so it is not loaded for one.
+    `load_tensorflow=False`: the command loads it later (`import_tensorflow_quietly`), once
+    its flags are checked, so that a usage error answers in a second."""
     if not help_loads_tensorflow and any(arg in _HELP for arg in sys.argv[1:]):
         return  # `--help` of a command whose flags load no TensorFlow: none to quiet
     private_tempdir()
     on_cpu = not any(a.startswith("--strategy=") and a.split("=", 1)[1] != "cpu" for a in sys.argv)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3" if on_cpu else "2")
     xla_cpu.prefer_wide_vectors()  # before anything compiles with XLA, which reads it once
+    if load_tensorflow:
+        import_tensorflow_quietly()
+
+
+def import_tensorflow_quietly():
+    """Imports TensorFlow with its start-up log (absl's lines before `InitializeLog`, which no
+    log level silences) sent nowhere; nothing once it is loaded."""
     if "tensorflow" not in sys.modules:
         _import_tensorflow_quietly()
 
