@@ -282,9 +282,8 @@ def _rademacher(shape, seed, dtype, keys=None):
         words = _sign_words(size, seed, keys)
         column = None if keys is None else _key_column(keys)
         return tf.cast(fused.signs(words, column, static), dtype)
-    if (
-        keys is None and static.is_fully_defined() and not tf.executing_eagerly()
-    ):  # as `_traced_normal`
+    traced = keys is None and static.is_fully_defined() and not tf.executing_eagerly()
+    if traced:  # traced once a shape, as `_traced_normal`
         shape = tuple(static.as_list())
         return _traced_signs(shape, tf.convert_to_tensor(seed), tf.as_dtype(dtype).name)
     return _signs_from_bits(shape, seed, dtype, keys)
