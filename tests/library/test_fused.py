@@ -186,13 +186,21 @@ def test_local_reparameterization_reads_the_variance_formed_with_the_stddev():
     assert sampling.normal_variance(flipout.kernel.distribution) is None
 
 
-def test_normal_kl_value_and_gradient():
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
+@pytest.mark.parametrize("shape", [(256, 256), (16, 8)], ids=["fused", "unfused"])
+def test_normal_kl_value_and_gradient(shape, traced):
+    """The KL and its hand-written gradient, fused or not, eager or in a graph (where the
+    unfused KL is a function traced once a shape, its gradient through the call)."""
     rng = np.random.RandomState(1)
-    loc = tf.Variable(rng.randn(256, 256).astype("float32"))
-    scale = tf.Variable(rng.uniform(0.01, 2.0, size=(256, 256)).astype("float32"))
-    with tf.GradientTape() as tape:
-        kl = regularizers.normal_kl_sum(loc, scale, 0.5, 2.0)
-    grads = tape.gradient(kl, [loc, scale])
+    loc = tf.Variable(rng.randn(*shape).astype("float32"))
+    scale = tf.Variable(rng.uniform(0.01, 2.0, size=shape).astype("float32"))
+
+    def value_and_grads():
+        with tf.GradientTape() as tape:
+            kl = regularizers.normal_kl_sum(loc, scale, 0.5, 2.0)
+        return kl, tape.gradient(kl, [loc, scale])
+
+    kl, grads = (tf.function(value_and_grads) if traced else value_and_grads)()
     m, s = loc.numpy().astype(np.float64), scale.numpy().astype(np.float64)
     expected = np.sum(np.log(2.0 / s) + (s**2 + (m - 0.5) ** 2) / 8.0 - 0.5)
     assert float(kl) == pytest.approx(expected, rel=2e-6)
@@ -200,20 +208,26 @@ def test_normal_kl_value_and_gradient():
     np.testing.assert_allclose(grads[1], s / 4.0 - 1.0 / s, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 @pytest.mark.parametrize(
     "shape,axes,replicas",
-    [((64, 1024), 1, None), ((16, 8, 8, 64), 1, None), ((3, 32, 512), 2, 3)],
+    [((64, 1024), 1, None), ((16, 8, 8, 64), 1, None), ((3, 32, 512), 2, 3), ((4, 6), 1, None)],
 )
-def test_flip_signs_equal_rademacher_times_x(shape, axes, replicas):
-    """The fused flip is `x * rademacher(sign_shape, seed)` exactly, with the same signs,
-    and so is its gradient; replicated or not."""
+def test_flip_signs_equal_rademacher_times_x(shape, axes, replicas, traced):
+    """The flip, fused or not, is `x * rademacher(sign_shape, seed)` exactly, with the same
+    signs, and so is its gradient; replicated or not, eager or in a graph (where it is a
+    function traced once a shape)."""
     keys = None if replicas is None else sampling.replica_keys(range(replicas))
     x = tf.Variable(np.random.RandomState(2).randn(*shape).astype("float32"))
     seed = tf.constant([4, 9])
     sign_shape = list(shape[:axes]) + [1] * (len(shape) - 1 - axes) + [shape[-1]]
-    with tf.GradientTape() as tape:
-        flipped = sampling.flip_signs(x, seed, axes, keys)
-    grad = tape.gradient(flipped, x, output_gradients=tf.ones_like(x))
+
+    def flip_and_grad():
+        with tf.GradientTape() as tape:
+            flipped = sampling.flip_signs(x, seed, axes, keys)
+        return flipped, tape.gradient(flipped, x, output_gradients=tf.ones_like(x))
+
+    flipped, grad = (tf.function(flip_and_grad) if traced else flip_and_grad)()
     signs = sampling.rademacher(sign_shape, seed, keys=keys)
     np.testing.assert_array_equal(flipped, x * signs)
     np.testing.assert_array_equal(grad, tf.broadcast_to(signs, shape))
