@@ -347,11 +347,13 @@ def test_cli_environment_is_set_only_for_the_cli():
 
 def test_the_command_lines_ask_xla_for_wide_vectors_on_avx512():
     """`cli_env.prepare()` (the training CLI's and the experiments' first step) sets the
-    vector width `blayers.xla_cpu` picks, before TensorFlow compiles anything."""
+    vector width `blayers.xla_cpu` picks, before it loads TensorFlow (which is not needed to
+    see it: `load_tensorflow=False`, as the experiments prepare)."""
     from blayers import xla_cpu
 
     code = (
-        "import os; from blayers.lab import cli_env; cli_env.prepare(); "
+        "import os, sys; from blayers.lab import cli_env; "
+        "cli_env.prepare(load_tensorflow=False); assert 'tensorflow' not in sys.modules; "
         "print('XLA_FLAGS=' + os.environ.get('XLA_FLAGS', ''))"
     )
     env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}

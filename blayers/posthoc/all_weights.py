@@ -86,11 +86,20 @@ class _Block:
         bias = np.asarray(keras.ops.convert_to_numpy(self.layer.bias), np.float64)
         return np.concatenate([kernel, bias[None]], 0)
 
-    def assign(self, theta):
+    def variables(self):
+        return [self.layer.kernel, self.layer.bias] if self.has_bias else [self.layer.kernel]
+
+    def values(self, theta):
+        """The layer's kernel (and bias) of `theta`, in their shapes and dtypes."""
         kernel = theta[: -1 if self.has_bias else None].reshape(self.kernel_shape)
-        self.layer.kernel.assign(kernel.astype(self.layer.kernel.dtype))
+        values = [kernel.astype(self.layer.kernel.dtype)]
         if self.has_bias:
-            self.layer.bias.assign(theta[-1].astype(self.layer.bias.dtype))
+            values.append(theta[-1].astype(self.layer.bias.dtype))
+        return values
+
+    def assign(self, theta):
+        for variable, value in zip(self.variables(), self.values(theta), strict=True):
+            variable.assign(value)
 
     def unfold(self, inputs, dtype):
         """`a [n, T, P (+1)]` of `dtype`: the inputs each output location sees, in the
@@ -465,18 +474,28 @@ class AllWeightsLaplace(_LaplaceBase):
         if pred_type != "nn":
             raise ValueError(f"AllWeightsLaplace: pred_type {pred_type!r} is not 'glm' or 'nn'.")
         draws = self.sample(num_samples, seed)
+        variables = [v for block in self.blocks for v in block.variables()]
+        model = self.model
+
+        # One graph call a draw and batch (the weights set and the network run), not the
+        # eager ops of both: thousands of draws of a small network in seconds.
+        @tf.function(autograph=False, reduce_retracing=True)
+        def forward(values, batch):
+            for variable, value in zip(variables, values, strict=True):
+                variable.assign(value)
+            return model(batch, training=False)
+
+        batches_of_x = list(input_batches(x, 256))
         outputs = []
         try:
             for s in range(num_samples):
-                for block, theta in zip(self.blocks, draws, strict=True):
-                    block.assign(theta[s])
+                values = [
+                    value
+                    for block, theta in zip(self.blocks, draws, strict=True)
+                    for value in block.values(theta[s])
+                ]
                 outputs.append(
-                    np.concatenate(
-                        [
-                            keras.ops.convert_to_numpy(self.model(batch, training=False))
-                            for batch in input_batches(x, 256)
-                        ]
-                    )
+                    np.concatenate([forward(values, batch).numpy() for batch in batches_of_x])
                 )
         finally:
             for block, theta in zip(self.blocks, self.thetas, strict=True):

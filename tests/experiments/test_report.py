@@ -3,15 +3,11 @@
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from experiments import report
 from launch import sweep
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _fake_run(directory, gin_file, final, png=True):
@@ -106,31 +102,6 @@ def test_paper_value_marked_when_the_config_differs(tmp_path):
     assert (
         "43.9 (for bayesian_transformer_wmt14, not this config)" in (tmp_path / "r.md").read_text()
     )
-
-
-def test_trainer_writes_its_command_and_experiments_theirs(tmp_path):
-    model_dir = tmp_path / "run"
-    result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
-        [
-            sys.executable,
-            "-m",
-            "blayers.train",
-            "--gin_file=digits_mlp_smoke",
-            "--gin_param=train.train_steps = 2",
-            "--gin_param=train.progress = False",
-            f"--model_dir={model_dir}",
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    record = json.loads((model_dir / "command.json").read_text())
-    assert record["gin_file"] == ["digits_mlp_smoke"]
-    assert "--gin_file=digits_mlp_smoke" in record["command"]
-    metrics = json.loads((model_dir / "metrics.json").read_text())
-    assert metrics["parameters"]["trainable"] > 0 and metrics["train_seconds"] > 0
 
 
 def test_sweep_logs_its_grid_to_hparams(tmp_path):

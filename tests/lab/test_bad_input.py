@@ -64,38 +64,38 @@ def test_a_batch_larger_than_the_data_is_said(caplog):
 
 def test_the_loop_must_fit_the_config(tmp_path):
     """`--strategy=mesh` with a Keras config, or a mesh config with a tf.distribute strategy,
-    fails at once, naming the strategy and the config's learner. (The
-    command line also removes the temporary folder a killed blayers process left.)"""
+    fails at once, naming the strategy and the config's learner (the first through the command
+    line, which also removes the temporary folder a killed blayers process left; the second
+    in-process, the same refusal of the Loop)."""
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     stale = tmp_path / "system_tmp" / f"blayers-{gone.pid}"
     stale.mkdir(parents=True)
     (stale / "__autograph_generated_file1234.py").write_text("x = 1\n")
     env = dict(os.environ, TMPDIR=str(tmp_path / "system_tmp"))
-    for strategy, gin_file in (
-        ("mesh", "digits_mlp_smoke"),
-        ("cpu", "bayesian_transformer_mesh_smoke"),
-    ):
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "blayers.train",
-                f"--strategy={strategy}",
-                f"--gin_file={gin_file}",
-                f"--model_dir={tmp_path / strategy}",
-            ],
-            cwd=ROOT,
-            capture_output=True,
-            text=True,
-            check=False,
-            env=env,
-        )
-        assert done.returncode == 2, done.stderr[-2000:]
-        learner = "SupervisedLearner" if strategy == "mesh" else "MeshLearner"
-        assert f"--strategy={strategy} cannot run {learner}" in done.stderr
-        assert not (tmp_path / strategy / "command.json").exists()
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "blayers.train",
+            "--strategy=mesh",
+            "--gin_file=digits_mlp_smoke",
+            f"--model_dir={tmp_path / 'mesh'}",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+        env=env,
+    )
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "--strategy=mesh cannot run SupervisedLearner" in done.stderr
+    assert not (tmp_path / "mesh" / "command.json").exists()
     assert os.listdir(tmp_path / "system_tmp") == []  # the stale folder and its own: gone
+    config.parse(["bayesian_transformer_mesh_smoke"])
+    with pytest.raises(ValueError, match=r"--strategy=cpu cannot run MeshLearner"):
+        loop.train(str(tmp_path / "cpu"), strategy="cpu")
+    assert not list((tmp_path / "cpu").glob("checkpoints/*"))
     gin.clear_config()
 
 

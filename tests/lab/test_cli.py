@@ -25,27 +25,24 @@ def _run(args, timeout=300, **kwargs):
     )
 
 
-def test_unknown_configurable_fails_before_training_with_file_and_line(tmp_path):
-    bad = tmp_path / "bad.gin"
-    bad.write_text("include 'digits_mlp_smoke.gin'\nDenseFlipot.units = 3\n")
-    result = _run(["blayers.train", f"--gin_file={bad}", f"--model_dir={tmp_path / 'run'}"])
-    assert result.returncode == 2
-    assert "No configurable matching 'DenseFlipot'" in result.stderr
-    assert f'In file "{bad}", line 2' in result.stderr
-    assert not (tmp_path / "run" / "checkpoints").exists()
-
-
-def test_unknown_parameter_fails_with_file_and_line(tmp_path):
-    """A misspelt parameter, in a file (its file and line) or in a `--gin_param`: the
-    `ValueError` of the config parser, which the command line prints with exit 2 (shown for a
-    misspelt configurable above)."""
+def test_unknown_names_fail_before_training_with_file_and_line(tmp_path):
+    """A misspelt configurable or parameter, in a file (its file and line) or in a
+    `--gin_param`: the `ValueError` of the config parser, which the command line prints with
+    exit 2 before anything is built (tests/lab/test_run_folder.py runs that through it)."""
     import gin
 
     from blayers.lab import config
 
     bad = tmp_path / "typo.gin"
     bad.write_text("include 'digits_mlp_smoke.gin'\n\nDenseFlipout.unitz = 3\n")
+    unknown = tmp_path / "bad.gin"
+    unknown.write_text("include 'digits_mlp_smoke.gin'\nDenseFlipot.units = 3\n")
     for files, params, named in (
+        (
+            [str(unknown)],
+            [],
+            ["No configurable matching 'DenseFlipot'", f'In file "{unknown}", line 2'],
+        ),
         ([str(bad)], [], ["Unknown parameter 'unitz' of DenseFlipout", f'In file "{bad}", line 3']),
         (["digits_mlp_smoke"], ["mlp.hiden_units = (3,)"], ["hiden_units"]),
     ):
@@ -168,6 +165,12 @@ def test_console_script_and_operative_config(tmp_path, entry):
         assert noise not in result.stderr, result.stderr[-2000:]
     operative = (tmp_path / "operative_config.gin").read_text()
     assert "train.train_steps = 2" in operative and "mlp.dense_layer = 'DenseFlipout'" in operative
+    # The command that made the run, for the report (experiments write theirs beside it).
+    record = json.loads((tmp_path / "command.json").read_text())
+    assert record["gin_file"] == ["digits_mlp_smoke"]
+    assert "--gin_file=digits_mlp_smoke" in record["command"]
+    metrics = json.loads((tmp_path / "metrics.json").read_text())
+    assert metrics["parameters"]["trainable"] > 0 and metrics["train_seconds"] > 0
 
 
 @pytest.mark.slow  # an end-to-end run

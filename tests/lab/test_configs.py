@@ -89,8 +89,15 @@ def _train_briefly(path, model_dir, steps, *bindings):
 
 
 # The Transformer's language-model and WMT14 smoke runs differ from its translation smoke run in
-# their data only: they run with the slow suite.
-SLOW_SMOKES = {"bayesian_transformer_lm_smoke.gin", "bayesian_transformer_wmt14_smoke.gin"}
+# their data only: they run with the slow suite. Two smoke configs train in full in the fast
+# suite elsewhere (the Cox process's in tests/library/test_point_process.py, the replicated
+# UCI one in tests/lab/test_replicated_training.py): their short runs here are slow too.
+SLOW_SMOKES = {
+    "bayesian_transformer_lm_smoke.gin",
+    "bayesian_transformer_wmt14_smoke.gin",
+    "cox_process_smoke.gin",
+    "uci_mc_dropout_smoke.gin",
+}
 
 
 @pytest.mark.parametrize(

@@ -104,7 +104,8 @@ def _run(
 
 @pytest.mark.parametrize(
     "model",
-    [_mc_dropout, _flipout, _svgp, _dgp2, _dgp3],
+    # The two-layer deep GP's parts are the three-layer one's (one inner layer fewer): slow.
+    [_mc_dropout, _flipout, _svgp, pytest.param(_dgp2, marks=pytest.mark.slow), _dgp3],
     ids=["mc_dropout", "flipout", "svgp", "dgp2", "dgp3"],
 )
 def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):

@@ -329,30 +329,42 @@ def test_wide_vectors_are_asked_for_on_avx512_only_and_a_user_width_wins(tmp_pat
     assert not xla_cpu.prefer_wide_vectors(environ, avx2) and environ == {}
 
 
-_WIDTH_PROBE = """
-import sys, numpy as np, tensorflow as tf
-from blayers import fused
-x = tf.linspace(-30.0, 30.0, 1 << 16)
-words = fused.random_words(1 << 16, tf.constant([7, 11], tf.int64))
-value, square = fused.softplus_and_square(x)
-np.savez(sys.argv[1], words=words.numpy(),
-         normal=fused.box_muller(words, None, tf.constant([1 << 16])).numpy(),
-         softplus=value.numpy(), kl=fused.normal_kl(x, square + 0.1, 0.0, 2.0).numpy())
-"""
+def _width_probe(path):
+    """The fused kernels' outputs on fixed inputs, saved to `path` (.npz)."""
+    x = tf.linspace(-30.0, 30.0, 1 << 16)
+    words = fused.random_words(1 << 16, tf.constant([7, 11], tf.int64))
+    value, square = fused.softplus_and_square(x)
+    np.savez(
+        path,
+        words=words.numpy(),
+        normal=fused.box_muller(words, None, tf.constant([1 << 16])).numpy(),
+        softplus=value.numpy(),
+        kl=fused.normal_kl(x, square + 0.1, 0.0, 2.0).numpy(),
+    )
 
 
 def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_path):
     """The CLIs' 512-bit XLA vectors (`blayers.xla_cpu`) change code generation, not the
-    maths: the same words bit for bit, the same normals and softplus to float32 rounding."""
+    maths: the same words bit for bit, the same normals and softplus to float32 rounding. XLA
+    reads the width once a process: 512 in a process of its own, this one's default (256)
+    here unless the environment set one."""
     import os
+    import pathlib
     import subprocess
     import sys
 
+    root = pathlib.Path(__file__).resolve().parents[2]
+    probe = (
+        "import sys; from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
+    )
     out = {}
     for width in (256, 512):
-        env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_prefer_vector_width={width}")
         path = tmp_path / f"{width}.npz"
-        subprocess.run([sys.executable, "-c", _WIDTH_PROBE, str(path)], check=True, env=env)
+        if width == 256 and "vector_width" not in os.environ.get("XLA_FLAGS", ""):
+            _width_probe(path)
+        else:
+            env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_prefer_vector_width={width}")
+            subprocess.run([sys.executable, "-c", probe, str(path)], check=True, env=env, cwd=root)
         out[width] = np.load(path)
     np.testing.assert_array_equal(out[256]["words"], out[512]["words"])
     for name in ("normal", "softplus", "kl"):

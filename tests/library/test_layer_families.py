@@ -323,7 +323,7 @@ def _figure_1(lstm, output_layer, features, labels, state_inside_tape, variables
             )
         kl = sum(lstm.losses)
         loss = nll + kl
-    return loss, tape.gradient(loss, variables or lstm.trainable_variables), float(nll)
+    return loss, tape.gradient(loss, variables or lstm.trainable_variables), nll
 
 
 @pytest.mark.parametrize("cls", FIGURE_1_CELLS)
@@ -374,7 +374,9 @@ def test_figure_1_in_a_tf_function_with_the_tape_after_the_state(cls):
 
 @pytest.mark.parametrize("cls", FIGURE_1_CELLS)
 def test_figure_1_bayesian_lstm_learns(cls):
-    """The loop of Figure 1 trained by hand: the cell's own weights move and the loss falls."""
+    """The loop of Figure 1 trained by hand: the cell's own weights move and the loss falls.
+    Its steps compiled (thirty eager steps of five cells took 45 s on a slow machine); the
+    eager loop's gradients are the test above's."""
     # its own generator: the module's depends on which tests ran before in this process
     features = tf.constant(np.random.RandomState(0).randn(8, 4, 2), tf.float32)
     labels = tf.one_hot(tf.cast(features[..., 0] > 0, tf.int32), 2)
@@ -384,12 +386,15 @@ def test_figure_1_bayesian_lstm_learns(cls):
     output_layer.build((None, 8))
     lstm.get_initial_state(features)  # builds the cell, as in the figure
     before = [v.numpy() for v in lstm.trainable_variables]
-    losses = []
-    for _ in range(30):
-        variables = lstm.trainable_variables + output_layer.trainable_variables
+    variables = lstm.trainable_variables + output_layer.trainable_variables
+
+    @tf.function
+    def step():
         _, grads, nll = _figure_1(lstm, output_layer, features, labels, False, variables)
         optimizer.apply_gradients(zip(grads, variables))
-        losses.append(nll)
+        return nll
+
+    losses = [float(step()) for _ in range(30)]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     for variable, value in zip(lstm.trainable_variables, before):
         assert np.abs(variable.numpy() - value).max() > 1e-3, variable.path
