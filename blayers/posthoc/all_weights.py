@@ -474,17 +474,7 @@ class AllWeightsLaplace(_LaplaceBase):
         if pred_type != "nn":
             raise ValueError(f"AllWeightsLaplace: pred_type {pred_type!r} is not 'glm' or 'nn'.")
         draws = self.sample(num_samples, seed)
-        variables = [v for block in self.blocks for v in block.variables()]
-        model = self.model
-
-        # One graph call a draw and batch (the weights set and the network run), not the
-        # eager ops of both: thousands of draws of a small network in seconds.
-        @tf.function(autograph=False, reduce_retracing=True)
-        def forward(values, batch):
-            for variable, value in zip(variables, values, strict=True):
-                variable.assign(value)
-            return model(batch, training=False)
-
+        forward = self._draw_forward()
         batches_of_x = list(input_batches(x, 256))
         outputs = []
         try:
@@ -506,6 +496,23 @@ class AllWeightsLaplace(_LaplaceBase):
             return mean, np.sqrt(outputs.var(0) + self.sigma_noise**2)
         softmax_output = getattr(self.last.activation, "__name__", "") == "softmax"
         return (outputs if softmax_output else softmax(outputs, -1)).mean(0)
+
+    def _draw_forward(self):
+        """`forward(values, batch)`: the blocks' weights set to `values` (kernels and biases,
+        in order) and the network run on `batch`, one graph call (the eager ops of both made
+        thousands of draws of a small network take many seconds); traced once an instance."""
+        if getattr(self, "_nn_forward", None) is None:
+            variables = [v for block in self.blocks for v in block.variables()]
+            model = self.model
+
+            @tf.function(autograph=False, reduce_retracing=True)
+            def forward(values, batch):
+                for variable, value in zip(variables, values, strict=True):
+                    variable.assign(value)
+                return model(batch, training=False)
+
+            self._nn_forward = forward
+        return self._nn_forward
 
     def sample(self, num_samples, seed=0):
         """Draws of each block's `[P (+1), C]` weights, a list over blocks of
