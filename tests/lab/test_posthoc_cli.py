@@ -20,21 +20,29 @@ def _run(args, timeout=300):
 
 
 def _train(model_dir, seed):
-    result = _run(
+    """A finished digits run (trained in-process: the post-hoc commands below read its folder
+    as they read any run's)."""
+    import gin
+
+    from blayers.lab import config, loop
+
+    gin.clear_config()
+    config.parse(
+        ["digits_mlp_smoke"],
         [
-            "blayers.train",
-            "--gin_file=digits_mlp_smoke",
-            "--gin_param=mlp.dense_layer = 'Dense'",
-            "--gin_param=digits.corruptions = ['gaussian_noise', 'contrast']",
-            "--gin_param=train.train_steps = 150",
-            "--gin_param=train.eval_every = None",  # the final evaluation is the one scored
-            "--gin_param=train.checkpoint_every = 50",  # three kept: a snapshot ensemble's
-            f"--gin_param=train.seed = {seed}",
-            "--gin_param=train.progress = False",
-            f"--model_dir={model_dir}",
-        ]
+            "mlp.dense_layer = 'Dense'",
+            "digits.corruptions = ['gaussian_noise', 'contrast']",
+            "train.train_steps = 150",
+            "train.eval_every = None",  # the final evaluation is the one scored
+            "train.checkpoint_every = 50",  # three kept: a snapshot ensemble's
+            f"train.seed = {seed}",
+            "train.progress = False",
+        ],
     )
-    assert result.returncode == 0, result.stderr[-2000:]
+    try:
+        loop.train(str(model_dir))
+    finally:
+        gin.clear_config()
     return model_dir
 
 
