@@ -53,6 +53,37 @@ def test_unknown_names_fail_before_training_with_file_and_line(tmp_path):
     gin.clear_config()
 
 
+def _console_script():
+    """The `blayers-train` installed with the interpreter under test, not whichever is first on
+    PATH."""
+    import os
+
+    script = os.path.join(os.path.dirname(sys.executable), "blayers-train")
+    return script if os.path.exists(script) else "blayers-train"
+
+
+def _user_env():
+    """The environment as a user has it: none of the test suite's own TensorFlow settings."""
+    import os
+
+    hidden = ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
+    return {k: v for k, v in os.environ.items() if k not in hidden}
+
+
+def _check_quiet_and_recorded(output, model_dir, steps):
+    """The CLI quiets TensorFlow's start-up chatter and the CPU-only cuInit error, and every
+    function of the step converts (AutoGraph's warning asks the user to file a TF bug); the run
+    folder holds the operative config and the command that made it (for the report)."""
+    for noise in ("cuInit", "oneDNN", "absl::InitializeLog", "AutoGraph could not transform"):
+        assert noise not in output, output[-2000:]
+    operative = (model_dir / "operative_config.gin").read_text()
+    assert f"train.train_steps = {steps}" in operative
+    assert "mlp.dense_layer = 'DenseFlipout'" in operative
+    record = json.loads((model_dir / "command.json").read_text())
+    assert record["gin_file"] == ["digits_mlp_smoke"]
+    assert "--gin_file=digits_mlp_smoke" in record["command"]
+
+
 @pytest.mark.parametrize(
     ("signals", "status"),
     [
@@ -65,10 +96,11 @@ def test_unknown_names_fail_before_training_with_file_and_line(tmp_path):
 )
 def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
     """Ctrl-C exits 130 and SIGTERM 143, with one line and no traceback, the LOCK released
-    and the checkpoint whole, also when the sweep's SIGTERM follows the terminal's Ctrl-C."""
+    and the checkpoint whole, also when the sweep's SIGTERM follows the terminal's Ctrl-C.
+    The run is the installed console script's, in the user's environment; the rerun that
+    resumes it is `python -m blayers.train` on a mirrored strategy over two CPU devices."""
     model_dir = tmp_path / "run"
     args = [
-        "blayers.train",
         *SMOKE,
         "--gin_param=train.train_steps = 100000",
         "--gin_param=train.checkpoint_every = 10",
@@ -76,11 +108,12 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
         f"--model_dir={model_dir}",
     ]
     process = subprocess.Popen(
-        [sys.executable, "-m", *args],
+        [_console_script(), *args],
         cwd=ROOT,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
+        env=_user_env(),
     )
     deadline = time.time() + 240
     while time.time() < deadline and not list(
@@ -98,6 +131,7 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
     assert output.count("checkpoint saved") == 1, output
     assert "Traceback" not in output and "KeyboardInterrupt" not in output, output
     assert not (model_dir / "LOCK").exists()
+    _check_quiet_and_recorded(output, model_dir, 100000)
     steps = sorted(
         int(p.name.split("-")[1].split(".")[0])
         for p in (model_dir / "checkpoints").glob("ckpt-*.index")
@@ -107,16 +141,29 @@ def test_interrupted_run_resumes_where_it_stopped(tmp_path, signals, status):
     if signals == (signal.SIGTERM,):
         return  # the same stop as Ctrl-C's, whose checkpoint the other cases resume from
 
-    final_steps = interrupted_at + 7
+    final_steps = interrupted_at + 8
     result = _run(
-        [*args[:-4], f"--gin_param=train.train_steps = {final_steps}", f"--model_dir={model_dir}"]
+        [
+            "blayers.train",
+            *args[:-4],
+            f"--gin_param=train.train_steps = {final_steps}",
+            "--strategy=mirrored",
+            "--num_cpu_devices=2",
+            f"--model_dir={model_dir}",
+        ]
     )
     assert result.returncode == 0, result.stderr[-3000:]
+    assert "MirroredStrategy with 2 replica(s)" in result.stdout
     assert f"at step {interrupted_at}." in result.stdout
     summary = json.loads((model_dir / "metrics.json").read_text())
     assert summary["resumed_from_step"] == interrupted_at and summary["step"] == final_steps
+    assert summary["final"]["accuracy"] > 0
+    assert summary["parameters"]["trainable"] > 0 and summary["train_seconds"] > 0
 
 
+# The fast suite runs the console script and the mirrored strategy in the interrupted run's
+# test above (its run and its resumed rerun): these two runs of their own are slow.
+@pytest.mark.slow
 def test_mirrored_strategy_on_two_cpu_devices(tmp_path):
     result = _run(
         [
@@ -134,41 +181,24 @@ def test_mirrored_strategy_on_two_cpu_devices(tmp_path):
     assert summary["step"] == 6 and summary["final"]["accuracy"] > 0
 
 
-@pytest.mark.parametrize(
-    "entry", ["console_script", pytest.param("module", marks=pytest.mark.slow)]
-)  # `python -m blayers.train` is what every other test here runs
+@pytest.mark.slow
+@pytest.mark.parametrize("entry", ["console_script", "module"])
 def test_console_script_and_operative_config(tmp_path, entry):
-    import os
-
-    # The script installed with the interpreter under test, not whichever is first on PATH.
-    script = os.path.join(os.path.dirname(sys.executable), "blayers-train")
-    script = script if os.path.exists(script) else "blayers-train"
-    command = [script] if entry == "console_script" else [sys.executable, "-m", "blayers.train"]
-    # As a user runs it: none of the test suite's own TensorFlow settings.
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if k not in ("TF_CPP_MIN_LOG_LEVEL", "CUDA_VISIBLE_DEVICES")
-    }
+    command = (
+        [_console_script()]
+        if entry == "console_script"
+        else [sys.executable, "-m", "blayers.train"]
+    )
     result = subprocess.run(  # noqa: PLW1510 - the return code is asserted
         [*command, *SMOKE, "--gin_param=train.train_steps = 2", f"--model_dir={tmp_path}"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=300,
-        env=env,
+        env=_user_env(),
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    # The CLI quiets TensorFlow's start-up chatter and the CPU-only cuInit error, and every
-    # function of the step converts (AutoGraph's warning asks the user to file a TF bug).
-    for noise in ("cuInit", "oneDNN", "absl::InitializeLog", "AutoGraph could not transform"):
-        assert noise not in result.stderr, result.stderr[-2000:]
-    operative = (tmp_path / "operative_config.gin").read_text()
-    assert "train.train_steps = 2" in operative and "mlp.dense_layer = 'DenseFlipout'" in operative
-    # The command that made the run, for the report (experiments write theirs beside it).
-    record = json.loads((tmp_path / "command.json").read_text())
-    assert record["gin_file"] == ["digits_mlp_smoke"]
-    assert "--gin_file=digits_mlp_smoke" in record["command"]
+    _check_quiet_and_recorded(result.stderr, tmp_path, 2)
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["parameters"]["trainable"] > 0 and metrics["train_seconds"] > 0
 

@@ -88,13 +88,18 @@ def _train_briefly(path, model_dir, steps, *bindings):
     assert metrics and all(math.isfinite(v) for v in metrics.values())
 
 
-# The Transformer's language-model and WMT14 smoke runs differ from its translation smoke run in
-# their data only: they run with the slow suite. Two smoke configs train in full in the fast
-# suite elsewhere (the Cox process's in tests/library/test_point_process.py, the replicated
-# UCI one in tests/lab/test_replicated_training.py): their short runs here are slow too.
+# Short runs the fast suite checks elsewhere, faster (each still runs here with the slow suite,
+# and in full in tests/experiments/): the Transformer trains and decodes in
+# tests/lab/test_transformer.py (its language-model and WMT14 smoke runs differ in data only);
+# ResNet-50 is built from its smoke config in tests/library/test_layer_families.py, and its
+# Bayesian convolutions fit and save there. Two smoke configs train in full in the fast suite
+# (the Cox process's in tests/library/test_point_process.py, the replicated UCI one in
+# tests/lab/test_replicated_training.py).
 SLOW_SMOKES = {
+    "bayesian_transformer_smoke.gin",
     "bayesian_transformer_lm_smoke.gin",
     "bayesian_transformer_wmt14_smoke.gin",
+    "resnet50_smoke.gin",
     "cox_process_smoke.gin",
     "uci_mc_dropout_smoke.gin",
 }

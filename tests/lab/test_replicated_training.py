@@ -317,11 +317,10 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
     import subprocess
     import sys
 
-    from tests.conftest import write_uci_folder
-
     import gin
 
     from blayers.lab import config
+    from tests.conftest import write_uci_folder
 
     write_uci_folder(tmp_path / "uci", rows=80, splits=3)
     model_dir = tmp_path / "run"

@@ -155,6 +155,20 @@ def test_a_refused_invocation_leaves_the_command_record(tmp_path):
     assert "the first run" in command
     refused = _cli(tmp_path, "train.train_steps = 2", "make_optimizer.learning_rate = 0.5")
     assert refused.returncode == 4 and "make_optimizer.learning_rate" in refused.stderr
+    assert (tmp_path / "command.json").read_text() == command
+
+
+# The parser's message for a misspelt binding is checked in-process in the fast suite
+# (tests/lab/test_cli.py); its path through the command line, one more trainer process, is slow.
+@pytest.mark.slow
+def test_a_misspelt_binding_on_a_run_is_one_error_exit_2_and_changes_nothing(tmp_path):
+    _digits()
+    runs.set_command({"command": "python -m blayers.train (the first run)"})
+    try:
+        loop.fit(str(tmp_path))
+    finally:
+        runs.set_command({})
+    command = (tmp_path / "command.json").read_text()
     bad = _cli(tmp_path, "train.train_stepz = 3")
     assert bad.returncode == 2 and "train_stepz" in bad.stderr  # the parser's one error
     assert "Traceback" not in bad.stderr, bad.stderr[-2000:]

@@ -17,7 +17,7 @@ from blayers.posthoc import (
     MatrixScaling,
     TemperatureScaling,
 )
-from blayers.posthoc.calibration import _linear_nll
+from blayers.posthoc.calibration import _linear_nll, _linear_nll_hessian
 
 
 def _overconfident(n=1200, k=4, seed=0):
@@ -43,6 +43,56 @@ def test_odir_objective_s_gradient_matches_finite_differences():
         params,
     )
     assert error < 1e-5
+
+
+def test_odir_objective_s_hessian_matches_finite_differences_of_its_gradient():
+    logits, labels = _overconfident(200, 3)
+    rng = np.random.default_rng(2)
+    params = np.concatenate([np.eye(3).ravel() + 0.1 * rng.normal(size=9), rng.normal(size=3)])
+    gradient = lambda p: _linear_nll(p, logits / 3, labels, 0.7, 0.3)[1]
+    step = 1e-6
+    numeric = np.stack(
+        [
+            (gradient(params + step * e) - gradient(params - step * e)) / (2 * step)
+            for e in np.eye(12)
+        ]
+    )
+    np.testing.assert_allclose(
+        _linear_nll_hessian(params, logits / 3, labels, 0.7, 0.3), numeric, atol=1e-7
+    )
+
+
+def test_cross_validation_scores_each_penalty_s_optimum_on_nearly_separable_data():
+    """Logits that nearly separate the calibration labels (a logistic regression's on
+    scikit-learn's digits) put a weak penalty's optimum far out: a fit stopped early is
+    regularized by the stop, and cross-validation ranked such fits above the optimum it then
+    kept (it chose the weakest penalty, which more than doubles the held-out NLL here). Each
+    candidate's fit is the penalized optimum (zero gradient), and the choice is the candidate
+    whose optima score best on the held-out folds."""
+    from sklearn.datasets import load_digits
+    from sklearn.linear_model import LogisticRegression
+
+    digits = load_digits()
+    x, y = digits.data / 16.0, digits.target
+    network = LogisticRegression(C=0.1, max_iter=2000).fit(x[:1200], y[:1200])
+    logits, labels = network.decision_function(x[1200:1500]), y[1200:1500]
+    test_logits, test_labels = network.decision_function(x[1500:]), y[1500:]
+    for value in (1e-4, 1.0):
+        params = MatrixScaling._fit_params(logits, labels, value, value)
+        assert np.max(np.abs(_linear_nll(params, logits, labels, value, value)[1])) < 1e-7
+    scaler = MatrixScaling().fit(logits, labels)
+    order = np.random.default_rng(0).permutation(len(labels))
+    scores = {}
+    for value in scaler.grid:
+        scores[value] = 0.0
+        for part in np.array_split(order, 5):
+            train = np.setdiff1d(order, part)
+            params = MatrixScaling._fit_params(logits[train], labels[train], value, value)
+            scores[value] += _linear_nll(params, logits[part], labels[part], 0, 0)[0]
+    assert scaler.chosen_off_diagonal == min(scores, key=scores.get) > scaler.grid[0]
+    weakest = MatrixScaling(off_diagonal=scaler.grid[0]).fit(logits, labels)
+    chosen_nll = _nll(scaler.predict_proba(test_logits), test_labels)
+    assert chosen_nll < 0.5 * _nll(weakest.predict_proba(test_logits), test_labels)
 
 
 @pytest.mark.parametrize("cls", [MatrixScaling, DirichletScaling])
