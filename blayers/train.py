@@ -8,7 +8,8 @@ def run():
     """Entry point of `blayers-train` and `python -m blayers.train`."""
     from blayers.lab import cli_env
 
-    cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads below
+    # Before TensorFlow loads, which the trainer's `main` does once its flags are checked.
+    cli_env.prepare(help_loads_tensorflow=False, load_tensorflow=False)
     from blayers.lab import train
 
     train.run()

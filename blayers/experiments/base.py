@@ -125,6 +125,13 @@ class Experiment:
             gin_file = FLAGS.gin_file if self.gin_file is not None else None
             sweep.REFUSE_GIN_IMPORTS = FLAGS.refuse_gin_imports
             self.check(FLAGS.root, **self.options())  # a usage error before TensorFlow loads
+            if FLAGS.refuse_gin_imports:
+                from blayers.lab.gin_files import refuse_imports_of
+
+                try:
+                    refuse_imports_of([gin_file] if gin_file else [], FLAGS.gin_param)
+                except GinImportsRefused as error:
+                    raise app.UsageError(str(error)) from None
             if cli_env.is_cli():
                 cli_env.import_tensorflow_quietly()
             try:

@@ -55,6 +55,14 @@ def main(argv):
     operative = run.file(run.OPERATIVE_CONFIG)
     if not os.path.exists(operative):  # said before TensorFlow loads (seconds)
         raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
+    if FLAGS.refuse_gin_imports:
+        from blayers.lab import gin_files
+
+        try:
+            gin_files.refuse_imports_of([operative, *FLAGS.gin_file], FLAGS.gin_param)
+        except ValueError as error:
+            logging.error("%s", error)
+            sys.exit(2)
     cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads
     from blayers.lab import config, posthoc_methods
     from blayers.lab import posthoc as posthoc_lib

@@ -54,13 +54,23 @@ def format_metrics(metrics):
 
 def main(argv):
     del argv
-    # Import after absl parsed flags: TF and the configurables load here.
-    from blayers.lab import config, loop, strategy
-
     if not FLAGS["verbosity"].present:
         logging.set_verbosity(logging.WARNING)  # TF's and gin's INFO chatter off by default
     if not FLAGS.model_dir:
         raise app.UsageError("--model_dir is required.")
+    if FLAGS.refuse_gin_imports:
+        from blayers.lab import gin_files
+
+        try:
+            gin_files.refuse_imports_of(FLAGS.gin_file, FLAGS.gin_param)
+        except ValueError as error:
+            logging.error("Bad gin configuration:\n%s", error)
+            sys.exit(2)
+    # Import after absl parsed flags: TF and the configurables load here (quietly, from a
+    # command line).
+    cli_env.import_tensorflow_quietly()
+    from blayers.lab import config, loop, strategy
+
     _set_command()
     # The mesh flags are bindings of the mesh learner (a resume may change them).
     mesh_params = [

@@ -158,7 +158,14 @@ def test_refuse_gin_imports_refuses_what_it_cannot_scan_on_every_command(tmp_pat
     run.mkdir()
     (run / "operative_config.gin").write_text("import marker_mod\ntrain.train_steps = 3\n")
     env = dict(os.environ, PYTHONPATH=str(tmp_path))
+    # Each command refuses before it loads TensorFlow (a fraction of a second).
     commands = {
+        "trainer": [
+            "-m",
+            "blayers.train",
+            f"--model_dir={tmp_path / 'trained'}",
+            f"--gin_file={bad}",
+        ],
         "posthoc": ["-m", "blayers.posthoc", f"--model_dir={run}", "--method=temperature"],
         "experiment": [
             "-m",
@@ -179,7 +186,7 @@ def test_refuse_gin_imports_refuses_what_it_cannot_scan_on_every_command(tmp_pat
         assert done.returncode in (1, 2), (name, done.stderr[-2000:])
         assert "--refuse_gin_imports" in done.stderr, (name, done.stderr[-2000:])
     assert not (tmp_path / "ran").exists()  # the module never ran
-    assert not (tmp_path / "cox").exists()
+    assert not (tmp_path / "cox").exists() and not (tmp_path / "trained").exists()
 
 
 def test_bad_arrays_are_named_before_training():

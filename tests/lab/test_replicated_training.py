@@ -104,8 +104,16 @@ def _run(
 
 @pytest.mark.parametrize(
     "model",
-    # The two-layer deep GP's parts are the three-layer one's (one inner layer fewer): slow.
-    [_mc_dropout, _flipout, _svgp, pytest.param(_dgp2, marks=pytest.mark.slow), _dgp3],
+    # The deep GPs through the Loop are slow: the fast suite trains the sparse GP's replicas
+    # here, checks the deep GP's start per replica below, and each replica of a GP layer
+    # against the lone layer with the same parameters in tests/library/test_replicas.py.
+    [
+        _mc_dropout,
+        _flipout,
+        _svgp,
+        pytest.param(_dgp2, marks=pytest.mark.slow),
+        pytest.param(_dgp3, marks=pytest.mark.slow),
+    ],
     ids=["mc_dropout", "flipout", "svgp", "dgp2", "dgp3"],
 )
 def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):

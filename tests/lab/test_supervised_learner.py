@@ -600,3 +600,43 @@ def test_compiled_steps_sum_until_the_data_ends_or_a_step_is_not_finite(autograp
     count, sums, last = read([1.0, np.inf, 5.0], 3)  # stops after the non-finite step
     assert count == 2 and last["non_finite"] == 1.0 and sums["value"] == np.inf
     assert float(total.numpy()) == np.inf
+
+
+@pytest.mark.parametrize("hook", [False, True], ids=["chained", "begin_epoch_layer"])
+def test_a_phase_chains_short_epochs_batch_for_batch(tmp_path, hook):
+    """An epoch of a few batches: a phase's pipeline holds the rest of its epoch and the next
+    epochs', up to `PHASE_BATCHES` and not past the run's end, batch for batch the per-epoch
+    stream's (one iterator, not one an epoch); a model with a layer that restarts statistics at
+    each epoch (`begin_epoch`) keeps to one epoch a phase."""
+    from blayers.lab.data.stream import epoch_batches
+    from blayers.lab.loop import Context
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 3)), rng.normal(size=(20, 1))
+    data = data_lib.from_arrays("toy", "regression", x, y, x[:4], y[:4])
+
+    class EpochCounter(keras.layers.Layer):
+        def begin_epoch(self):
+            pass
+
+    def model(input_shape, num_outputs):
+        extra = [EpochCounter()] if hook else []
+        return keras.Sequential([keras.Input(input_shape), *extra, keras.layers.Dense(num_outputs)])
+
+    learner = supervised.SupervisedLearner(data, model=model, batch_size=6)  # 3 batches an epoch
+    learner.build(Context(runs.RunDir(str(tmp_path)), tf.distribute.get_strategy(), None, 4, 200))
+    learner.step_variable.assign(7)  # epoch 2, its second batch
+    got = [b[0].numpy() for b in learner.batches()]
+    expected = [
+        b[0].numpy()
+        for epoch in range(2, 100)
+        for b in epoch_batches(data, 6, 4, epoch, 1 if epoch == 2 else 0)
+    ]
+    if hook:
+        assert len(got) == 2  # the rest of epoch 2
+    else:
+        assert supervised.PHASE_BATCHES <= len(got) < supervised.PHASE_BATCHES + 3
+    for a, b in zip(got, expected, strict=False):
+        np.testing.assert_array_equal(a, b)
+    learner.step_variable.assign(195)  # five steps left: two epochs, not 22
+    assert len(list(learner.batches())) == (3 if hook else 6)

@@ -15,7 +15,7 @@ def epoch_seed(seed, epoch):
     return seed * 100_003 + epoch
 
 
-def epoch_batches(data, batch_size, seed, epoch, skip=0, shuffle_buffer=10_000):
+def epoch_batches(data, batch_size, seed, epoch, skip=0, shuffle_buffer=10_000, prefetch=True):
     """`data.train`'s batches of `epoch` (full batches only), less the first `skip`.
 
     Args:
@@ -24,6 +24,8 @@ def epoch_batches(data, batch_size, seed, epoch, skip=0, shuffle_buffer=10_000):
       seed, epoch: fix the shuffle order and augmentation draws (`epoch_seed`).
       skip: batches of the epoch already trained on.
       shuffle_buffer: examples shuffled at a time (capped at `data.num_train`).
+      prefetch: prefetch the batches (off for a pipeline that chains epochs and prefetches
+        once).
     """
     this_seed = epoch_seed(seed, epoch)
     ds = data.train
@@ -34,5 +36,7 @@ def epoch_batches(data, batch_size, seed, epoch, skip=0, shuffle_buffer=10_000):
     )
     if data.augment is not None:
         ds = augment_indexed(ds, data.augment, this_seed)
-    ds = ds.batch(batch_size, drop_remainder=True).skip(skip)
-    return ds.prefetch(tf.data.AUTOTUNE)
+    ds = ds.batch(batch_size, drop_remainder=True)
+    if skip:
+        ds = ds.skip(skip)
+    return ds.prefetch(tf.data.AUTOTUNE) if prefetch else ds

@@ -16,6 +16,7 @@ evaluation scores each replica on its own test rows, and `metrics.json` lists ea
 metrics under `replicas` (with its name, seed and hyperparameters) for model selection.
 """
 
+import functools
 import json
 import numbers
 import os
@@ -34,6 +35,10 @@ from blayers.lab.data.stream import epoch_batches
 from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_strategy
 from blayers.random_variable import RandomVariable
 from blayers.replicas import fold_seed
+
+# The batches a phase's data pipeline holds at least (the rest of an epoch and the next epochs'),
+# where an epoch is shorter: one iterator, built once, then several steps a call.
+PHASE_BATCHES = 64
 
 __all__ = [
     "SupervisedLearner",
@@ -224,6 +229,7 @@ class SupervisedLearner(KerasLearner):
         if context.strategy_name == "mesh":
             refuse_strategy(self, context, "a tf.distribute strategy (cpu, gpu, mirrored, ...)")
         self.strategy, self.seed = context.strategy, context.seed
+        self._train_steps = context.train_steps
         extra = {}
         if self.replicated:
             if context.strategy.num_replicas_in_sync > 1:
@@ -250,8 +256,10 @@ class SupervisedLearner(KerasLearner):
     # -- training --------------------------------------------------------------------------------
     def batches(self):
         """The rest of the current epoch, from the data position the step implies
-        (`blayers.lab.data.stream.epoch_batches`; replicas: each one's rows in its own order);
-        a new epoch starts with `begin_epoch`."""
+        (`blayers.lab.data.stream.epoch_batches`; replicas: each one's rows in its own order),
+        and, for an epoch of fewer than `PHASE_BATCHES` batches, the next epochs up to that
+        many; a new epoch starts with `begin_epoch` (a model whose layers restart statistics at
+        each epoch keeps to one epoch a phase)."""
         epoch, skip = divmod(self.step, self.steps_per_epoch)
         if skip == 0:
             self.begin_epoch(epoch)
@@ -261,10 +269,34 @@ class SupervisedLearner(KerasLearner):
                 self.data.batch(order, b, self.batch_size)
                 for b in range(skip, self.steps_per_epoch)
             )
-        return self._epoch_batches(epoch, skip)
+        epochs = 1
+        if not self._epoch_hooks:
+            wanted = min(PHASE_BATCHES, max(self._train_steps - self.step, 1))
+            epochs = max(1, -(-(wanted + skip) // self.steps_per_epoch))
+        return self._epoch_batches(epoch, skip, epochs)
 
-    def _epoch_batches(self, epoch, skip):
-        ds = epoch_batches(self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer)
+    @functools.cached_property
+    def _epoch_hooks(self):
+        """Whether anything runs at an epoch's start (`begin_epoch`)."""
+        if type(self).begin_epoch is not SupervisedLearner.begin_epoch:
+            return True
+        layers = self.model._flatten_layers(include_self=False, recursive=True)
+        return any(callable(getattr(layer, "begin_epoch", None)) for layer in layers)
+
+    def _epoch_batches(self, epoch, skip, epochs=1):
+        """Epoch `epoch`'s batches less its first `skip`, then the next `epochs - 1` epochs':
+        one pipeline, one iterator (a new one costs about 20 ms: most of a step on a small
+        data set, whose epoch is a batch or a few)."""
+        ds = epoch_batches(
+            self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer, prefetch=False
+        )
+        for later in range(epoch + 1, epoch + epochs):
+            ds = ds.concatenate(
+                epoch_batches(
+                    self.data, self.batch_size, self.seed, later, 0, self.shuffle_buffer, False
+                )
+            )
+        ds = ds.prefetch(tf.data.AUTOTUNE)
         if self.strategy.num_replicas_in_sync == 1:
             # One replica needs no splitting, and distributing costs ~35 ms an epoch: most of
             # the step time on a small data set (UCI's few batches an epoch).
