@@ -63,38 +63,7 @@ def _in_process(model_dir, method, params=()):
     return posthoc_lib.posthoc(learner, run, method)
 
 
-def test_command_line_writes_metrics_and_plots_beside_the_run(finished_run):
-    run_metrics = json.loads((finished_run / "metrics.json").read_text())
-    result = _run(["blayers.posthoc", f"--model_dir={finished_run}", "--method=temperature"])
-    assert result.returncode == 0, result.stderr[-2000:]
-    out = finished_run / "posthoc" / "temperature"
-    summary = json.loads((out / "metrics.json").read_text())
-    assert (out / "reliability.png").exists()
-    assert summary["status"] == "finished" and summary["method"] == "temperature"
-    assert summary["num_calibration"] + summary["num_evaluation"] == 360
-    final, base = summary["final"], summary["base"]
-    # The run's metric names and the method's own; the logit OOD scores need logits, which a
-    # map of probabilities does not have.
-    logit_scores = {f"ood_{m}_{s}" for m in ("auroc", "fpr95") for s in ("energy", "max_logit")}
-    assert logit_scores <= set(base) and set(base) - logit_scores <= set(final)
-    assert final["accuracy"] == base["accuracy"]  # one temperature keeps every argmax
-    assert final["temperature"] > 0
-    # Scored on the run's OOD set and shifted copies too, like the trainer's own metrics.
-    for key in ("ood_auroc_entropy", "corrupted_accuracy", "corrupted_nll", "corrupted_ece"):
-        assert key in run_metrics["final"] and key in base and key in final
-    assert (out / "corruptions.png").exists()
-    table = json.loads((out / "corruptions.json").read_text())
-    assert set(table) == {"clean"} | {
-        f"{name}_{severity}" for name in ("gaussian_noise", "contrast") for severity in range(1, 6)
-    }
-    assert table["contrast_5"]["accuracy"] < table["clean"]["accuracy"] - 0.1
-    assert summary["shift"]["final"] == table
-    assert summary["shift"]["base"]["contrast_5"]["accuracy"] == table["contrast_5"]["accuracy"]
-    assert final["corrupted_accuracy"] == base["corrupted_accuracy"]  # argmax kept
-    assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
-    assert "temperature" in result.stdout and "nll" in result.stdout
-    # The run itself is unchanged.
-    assert json.loads((finished_run / "metrics.json").read_text()) == run_metrics
+def test_a_folder_that_is_not_a_run_is_said_before_tensorflow_loads(finished_run):
     bad = _run(
         ["blayers.posthoc", f"--model_dir={finished_run.parent / 'none'}", "--method=laplace"]
     )
@@ -284,7 +253,9 @@ def _snapshot(folder, skip="posthoc"):
 def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     """A truncated newest checkpoint is skipped (not renamed, the state file untouched), the
     summary names the checkpoint scored; a run still training is refused; each setting of
-    extra bindings keeps its own output folder."""
+    extra bindings keeps its own output folder. The command line writes the method's metrics
+    and plots beside the run's own, scored on the run's OOD set and shifted copies too; one
+    temperature keeps every argmax."""
     import shutil
     import socket
 
@@ -298,6 +269,10 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     summary, _ = _in_process(run, "temperature")
     assert summary["checkpoint"] == older
     assert _snapshot(run) == before
+    final, base = summary["final"], summary["base"]
+    assert final["accuracy"] == base["accuracy"] and final["temperature"] > 0
+    assert final["corrupted_accuracy"] == base["corrupted_accuracy"]  # argmax kept
+    assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
     from blayers.lab.posthoc_cli import output_folder
 
     done = _run(
@@ -316,8 +291,24 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     assert output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.1"]) != str(output)
     record = json.loads((output / "command.json").read_text())
     assert record["gin_param"] == ["Conformal.alpha = 0.05"]
-    final = json.loads((output / "metrics.json").read_text())["final"]
+    summary = json.loads((output / "metrics.json").read_text())
+    final, base = summary["final"], summary["base"]
     assert final["conformal_target_coverage"] == pytest.approx(0.95)
+    assert summary["status"] == "finished" and summary["method"] == "conformal"
+    assert summary["num_calibration"] + summary["num_evaluation"] == 360
+    assert "conformal" in done.stdout and "nll" in done.stdout
+    assert (output / "reliability.png").exists() and (output / "corruptions.png").exists()
+    # The run's metric names and the method's own, on the run's OOD set and shifted copies.
+    run_metrics = json.loads((run / "metrics.json").read_text())
+    assert set(run_metrics["final"]) <= set(base) and set(base) <= set(final)
+    for key in ("ood_auroc_entropy", "corrupted_accuracy", "corrupted_nll", "corrupted_ece"):
+        assert key in run_metrics["final"] and key in base and key in final
+    table = json.loads((output / "corruptions.json").read_text())
+    assert set(table) == {"clean"} | {
+        f"{name}_{severity}" for name in ("gaussian_noise", "contrast") for severity in range(1, 6)
+    }
+    assert table["contrast_5"]["accuracy"] < table["clean"]["accuracy"] - 0.1
+    assert summary["shift"]["final"] == table
     assert _snapshot(run) == before
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
