@@ -9,14 +9,17 @@ import math
 import gin
 import numpy as np
 import pytest
-import tensorflow as tf
 
 import blayers
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
+    import tensorflow as tf
+
     # `-n 2` on two cores: one intra-op thread a worker, as the sweeps run trainers side by side
     # (TensorFlow's default, a thread per core in each worker, oversubscribes the CPU: the same
     # tests take up to twice as long). A test process it starts keeps TensorFlow's default.
+    # (The controller of `-n 2` runs no test: it does not load TensorFlow, seconds of a core
+    # while its workers start.)
     tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
