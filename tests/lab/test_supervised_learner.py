@@ -248,15 +248,28 @@ def _train_records(model_dir, key="nll"):
     return [json.loads(line)[key] for line in lines if json.loads(line)["kind"] == "train"]
 
 
+@pytest.fixture(scope="module")
+def ten_steps(tmp_path_factory):
+    """A finished 10-step run with checkpoints at steps 5 and 10 (each test damages a copy)."""
+    run = tmp_path_factory.mktemp("ten_steps") / "run"
+    blayers.set_seed(0)
+    loop.fit(
+        str(run), data=_small_digits(), model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK
+    )
+    return run
+
+
 @pytest.mark.parametrize(
     "damage",
     # A truncated newest checkpoint: test_loop_promises checks it for every learner (fast).
     [pytest.param("truncated_data", marks=pytest.mark.slow), "empty_index", "empty_state_file"],
 )
-def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage, caplog):
+def test_damaged_latest_checkpoint_falls_back_to_an_intact_one(tmp_path, damage, caplog, ten_steps):
+    import shutil
+
     digits = _small_digits()
     run = tmp_path / "run"
-    loop.fit(str(run), data=digits, model=_mlp, train_steps=10, checkpoint_every=5, **_QUICK)
+    shutil.copytree(ten_steps, run)  # a moved run folder restores its own checkpoints
     ckpts = run / "checkpoints"
     if damage == "truncated_data":
         data_file = next(ckpts.glob("ckpt-10.data-*"))
@@ -328,29 +341,23 @@ def test_second_trainer_on_a_model_dir_refuses(tmp_path):
 def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
     """Evaluation must not advance the training random streams: a run stopped at step 10 (a
     checkpoint that is also an evaluation step) or 7 resumes with the uninterrupted run's
-    weight noise, so both finish with the same losses and metrics."""
+    weight noise, so both finish with the same losses and metrics. A log window cut by a
+    resume (steps 4 and 5 after a stop at 3) is the mean of its own steps' losses."""
     digits = _small_digits()
     common = dict(_QUICK, log_every=1, eval_every=5, checkpoint_every=stop_at)
     twin = loop.fit(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
     loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
     resumed = loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=20, **common)
-    np.testing.assert_allclose(
-        _train_records(tmp_path / "cut"), _train_records(tmp_path / "twin"), rtol=1e-5
-    )
+    per_step = _train_records(tmp_path / "twin")  # steps 1..20
+    np.testing.assert_allclose(_train_records(tmp_path / "cut"), per_step, rtol=1e-5)
     assert resumed["accuracy"] == twin["accuracy"] and resumed["nll"] == pytest.approx(
         twin["nll"], rel=1e-5
     )
-
-
-def test_partial_log_window_after_resume_is_averaged_over_its_own_steps(tmp_path):
-    digits = _small_digits()
-    common = dict(_QUICK, log_every=5, checkpoint_every=3)
-    loop.fit(
-        str(tmp_path / "b"), data=digits, model=_mlp, train_steps=10, **dict(common, log_every=1)
-    )
-    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **common)
-    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **common)
-    per_step = _train_records(tmp_path / "b")  # steps 1..10
+    if stop_at != 10:
+        return
+    windows = dict(_QUICK, log_every=5, checkpoint_every=3)
+    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **windows)
+    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **windows)
     records = [
         json.loads(line)
         for line in (tmp_path / "a" / "history.jsonl").read_text().splitlines()
