@@ -38,9 +38,26 @@ def _digits(*params):
     )
 
 
-def test_a_changed_model_binding_is_refused_before_anything_changes(tmp_path):
+@pytest.fixture(scope="module")
+def four_steps(tmp_path_factory):
+    """The finished 4-step digits run (`_digits()`); each test works on a copy of it."""
+    run = tmp_path_factory.mktemp("four_steps") / "run"
     _digits()
-    loop.fit(str(tmp_path))
+    try:
+        loop.fit(str(run))
+    finally:
+        gin.clear_config()
+    return run
+
+
+def _copy_of(run, tmp_path):
+    import shutil
+
+    shutil.copytree(run, tmp_path, dirs_exist_ok=True)  # a moved folder restores its own
+
+
+def test_a_changed_model_binding_is_refused_before_anything_changes(tmp_path, four_steps):
+    _copy_of(four_steps, tmp_path)
     before = _snapshot(tmp_path)
     _digits("mlp.hidden_units = (64,)")  # another model in the same folder
     with pytest.raises(runs.ChangedBindingsError, match=r"mlp.hidden_units: \(32,\) -> "):
@@ -56,11 +73,10 @@ def test_a_changed_model_binding_is_refused_before_anything_changes(tmp_path):
 
 
 @pytest.mark.parametrize("damage", ["garbage", "missing"])
-def test_a_damaged_bindings_record_falls_back_to_the_operative_config(tmp_path, damage):
+def test_a_damaged_bindings_record_falls_back_to_the_operative_config(tmp_path, damage, four_steps):
     """A run whose `bindings.json` is unreadable (or gone) still refuses a changed learning
     rate: the operative config's record is checked instead; with neither, it is refused."""
-    _digits()
-    loop.fit(str(tmp_path))
+    _copy_of(four_steps, tmp_path)
     bindings = tmp_path / "bindings.json"
     if damage == "garbage":
         bindings.write_bytes(b"\x00\x13{not json")
