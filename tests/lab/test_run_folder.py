@@ -158,16 +158,21 @@ def _cli(model_dir, *params, gin_file="digits_mlp_smoke"):
     )
 
 
-def test_a_refused_invocation_leaves_the_command_record(tmp_path):
-    """The run is made in-process (its command record set as the CLI sets it); the two
-    invocations that must change nothing go through the command line."""
+def _recorded_run(model_dir):
+    """The 4-step run made in-process, its command record set as the CLI sets it; returns the
+    record's text."""
     _digits()
     runs.set_command({"command": "python -m blayers.train (the first run)"})
     try:
-        loop.fit(str(tmp_path))
+        loop.fit(str(model_dir))
     finally:
         runs.set_command({})
-    command = (tmp_path / "command.json").read_text()
+    return (model_dir / "command.json").read_text()
+
+
+def test_a_refused_invocation_leaves_the_command_record(tmp_path):
+    """The invocation that must change nothing goes through the command line."""
+    command = _recorded_run(tmp_path)
     assert "the first run" in command
     refused = _cli(tmp_path, "train.train_steps = 2", "make_optimizer.learning_rate = 0.5")
     assert refused.returncode == 4 and "make_optimizer.learning_rate" in refused.stderr
@@ -178,13 +183,7 @@ def test_a_refused_invocation_leaves_the_command_record(tmp_path):
 # (tests/lab/test_cli.py); its path through the command line, one more trainer process, is slow.
 @pytest.mark.slow
 def test_a_misspelt_binding_on_a_run_is_one_error_exit_2_and_changes_nothing(tmp_path):
-    _digits()
-    runs.set_command({"command": "python -m blayers.train (the first run)"})
-    try:
-        loop.fit(str(tmp_path))
-    finally:
-        runs.set_command({})
-    command = (tmp_path / "command.json").read_text()
+    command = _recorded_run(tmp_path)
     bad = _cli(tmp_path, "train.train_stepz = 3")
     assert bad.returncode == 2 and "train_stepz" in bad.stderr  # the parser's one error
     assert "Traceback" not in bad.stderr, bad.stderr[-2000:]
