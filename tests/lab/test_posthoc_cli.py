@@ -270,6 +270,10 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     assert summary["checkpoint"] == older
     assert _snapshot(run) == before
     final, base = summary["final"], summary["base"]
+    # The run's metric names and the method's own; the logit OOD scores need logits, which a
+    # map of probabilities does not have.
+    logit_scores = {f"ood_{m}_{s}" for m in ("auroc", "fpr95") for s in ("energy", "max_logit")}
+    assert logit_scores <= set(base) and set(base) - logit_scores <= set(final)
     assert final["accuracy"] == base["accuracy"] and final["temperature"] > 0
     assert final["corrupted_accuracy"] == base["corrupted_accuracy"]  # argmax kept
     assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
@@ -309,6 +313,7 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     }
     assert table["contrast_5"]["accuracy"] < table["clean"]["accuracy"] - 0.1
     assert summary["shift"]["final"] == table
+    assert summary["shift"]["base"]["contrast_5"]["accuracy"] == table["contrast_5"]["accuracy"]
     assert _snapshot(run) == before
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
