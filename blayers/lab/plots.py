@@ -1,5 +1,7 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed)."""
 
+import functools
+import gc
 import os
 import textwrap
 
@@ -29,6 +31,25 @@ __all__ = [
     "sequence_reliability",
     "training_curves",
 ]
+
+
+def _drawing(plot):
+    """Pauses Python's cyclic garbage collector while `plot` draws: a figure allocates hundreds
+    of thousands of small objects, enough to set off several full collections, each of which
+    walks the trainer's whole heap (TensorFlow's graphs and Keras' layers: about a second on a
+    slow CPU). Its garbage waits for the next collection after it."""
+
+    @functools.wraps(plot)
+    def wrapped(*args, **kwargs):
+        if not gc.isenabled():
+            return plot(*args, **kwargs)
+        gc.disable()
+        try:
+            return plot(*args, **kwargs)
+        finally:
+            gc.enable()
+
+    return wrapped
 
 
 def _log_axis(ax, values):
@@ -102,6 +123,7 @@ def _family_members(keys):
     return found
 
 
+@_drawing
 def training_curves(history, path):
     """The training objective's terms, the KL weight, and each evaluation metric against the
     step, one panel per scale: the NLL and per-example local loss (a VAE's latent KL), the
@@ -255,6 +277,7 @@ def png_to_tensorboard(path, name=None):
     tf.summary.image(f"plots/{name}", image[None])
 
 
+@_drawing
 def reliability_diagram(probs, labels, path, num_bins=15, name=None):
     """Accuracy against confidence per equal-width bin, with the ECE (and `name`: the run and
     model, or the post-hoc method) in the title."""
@@ -288,6 +311,7 @@ def reliability_diagram(probs, labels, path, num_bins=15, name=None):
     plt.close(fig)
 
 
+@_drawing
 def corruption_curves(table, path):
     """Accuracy, NLL and ECE against the corruption's severity, one line per corruption;
     `table` maps `'<corruption>_<severity>'` to that set's metrics (severity 0: the clean test
@@ -310,6 +334,7 @@ def corruption_curves(table, path):
     plt.close(fig)
 
 
+@_drawing
 def regression_1d(inputs, means, stddevs, targets, path, scale=1.0, shift=0.0):
     """Predictive mean +- 2 sd of a 1-D regression, with the test targets (original units)."""
     order = np.argsort(inputs[:, 0])
@@ -328,6 +353,7 @@ def regression_1d(inputs, means, stddevs, targets, path, scale=1.0, shift=0.0):
     plt.close(fig)
 
 
+@_drawing
 def density_2d(model, samples, path, grid_size=200):
     """The learned 2-D density (from `model(x).distribution.log_prob(x)`) on a grid, beside a
     histogram of the test samples (the true density's draws)."""
@@ -364,6 +390,7 @@ def density_2d(model, samples, path, grid_size=200):
     plt.close(fig)
 
 
+@_drawing
 def image_grid(model, images, path, count=10, sample_label="sample"):
     """Test images, their reconstructions and `model.sample` draws of a VAE-like model (rows);
     `sample_label` names the last row for what it is (a VQ-VAE decodes uniform codes)."""
@@ -386,6 +413,7 @@ def image_grid(model, images, path, count=10, sample_label="sample"):
     plt.close(fig)
 
 
+@_drawing
 def flow_samples(model, data, path, count=10):
     """Test images above samples of a density model whose output is a random variable (a flow:
     base draws pushed through the layers)."""
@@ -409,6 +437,7 @@ def flow_samples(model, data, path, count=10):
     return True
 
 
+@_drawing
 def regression_calibration(means, stddevs, targets, path, scale=1.0):
     """Calibration of a regression's Monte Carlo predictive (any number of inputs): predicted
     against observed quantiles (the PIT of the mixture-of-Normals predictive; the diagonal is
@@ -435,6 +464,7 @@ def regression_calibration(means, stddevs, targets, path, scale=1.0):
     plt.close(fig)
 
 
+@_drawing
 def sequence_reliability(token_confidence, token_correct, sequence_confidence, sequence_bleu, path):
     """Reliability at token level (teacher forced: accuracy against confidence) and, when
     decodes were scored, at sequence level (sentence BLEU / 100 against the decode's predicted
@@ -459,6 +489,7 @@ def sequence_reliability(token_confidence, token_correct, sequence_confidence, s
     plt.close(fig)
 
 
+@_drawing
 def episode_returns(runs, path):
     """Return against episode (paper Figure 10): for each label, the median over its seeds'
     curves with the 5th-95th percentile band. `runs`: `{label: [returns of seed 1, ...]}`."""
@@ -480,6 +511,7 @@ def episode_returns(runs, path):
     plt.close(fig)
 
 
+@_drawing
 def curve(x, y, xlabel, ylabel, path, title=None, label=None):
     """One quantity against another (log y-axis when all values are positive), with `title`
     (default: the y label against the x label) and, given `label`, a legend."""
@@ -497,6 +529,7 @@ def curve(x, y, xlabel, ylabel, path, title=None, label=None):
     plt.close(fig)
 
 
+@_drawing
 def open_loop_strip(true, predicted, path, columns=10, title=None):
     """An open-loop prediction (paper Figure 10): true frames above predicted ones, every
     `len / columns`-th step, for `[T, H, W, 3]` images in [-0.5, 0.5]; for `[T, d]` states,
@@ -532,6 +565,7 @@ def open_loop_strip(true, predicted, path, columns=10, title=None):
     plt.close(fig)
 
 
+@_drawing
 def history_panels(history, keys, path):
     """Each of `keys` of the history's training records against the step, a panel each, with
     any evaluation metrics in the last panels (an agent's curves; the supervised trainer's
@@ -556,6 +590,7 @@ def history_panels(history, keys, path):
     plt.close(fig)
 
 
+@_drawing
 def point_process_intensity(grid, draws, kde, train, test, window, path, unit=""):
     """Posterior intensity of a point process in original units: 1-D, the mean with the 5-95%
     band, the kernel estimate and the events as rugs; 2-D, images of the mean and of the band's

@@ -7,6 +7,7 @@ import json
 import keras
 import numpy as np
 import pytest
+from conftest import epochs_of
 
 from blayers.lab.data import bundled
 from blayers.lab.data.corruptions import CORRUPTIONS, corrupt, corrupted_sets
@@ -82,7 +83,7 @@ def test_classification_task_reports_accuracy_under_shift(tmp_path):
         [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(x, y, epochs=20, batch_size=64, verbose=0)
+    model.fit(epochs_of(x, y, 20, batch_size=64), verbose=0)
     task = Classification()
     result, arrays = task.evaluate(model, data, num_samples=1)
     table = arrays["corruptions"]

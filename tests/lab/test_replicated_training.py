@@ -104,13 +104,13 @@ def _run(
 
 @pytest.mark.parametrize(
     "model",
-    # The deep GPs through the Loop are slow: the fast suite trains the sparse GP's replicas
-    # here, checks the deep GP's start per replica below, and each replica of a GP layer
-    # against the lone layer with the same parameters in tests/library/test_replicas.py.
+    # The GPs through the Loop are slow: the fast suite checks the deep GP's start per replica
+    # below, and each replica of a GP layer against the lone layer with the same parameters in
+    # tests/library/test_replicas.py; the Loop's part is the networks' here.
     [
         _mc_dropout,
         _flipout,
-        _svgp,
+        pytest.param(_svgp, marks=pytest.mark.slow),
         pytest.param(_dgp2, marks=pytest.mark.slow),
         pytest.param(_dgp3, marks=pytest.mark.slow),
     ],
@@ -153,9 +153,9 @@ def test_replicas_trained_together_end_where_each_ends_alone(tmp_path, model):
             assert expected == pytest.approx(replica.hparams["tau"] ** -0.5, rel=1e-5)
         assert scores["final"]["noise_stddev"] == pytest.approx(expected, rel=1e-4)
     weights = [v.numpy() for v in group.model.trainable_variables]
-    # Every replica alone for MC dropout; for the others the middle one (its neighbours on
-    # both sides share the group) keeps the suite short.
-    compared = range(len(REPLICAS)) if model is _mc_dropout else [1]
+    # The middle replica alone (its neighbours on both sides share the group); each replica
+    # alone against the group, layer by layer, is tests/library/test_replicas.py's.
+    compared = [1]
     atol = 1e-4 if model in (_dgp2, _dgp3) else 1e-6  # the GPs' rounding left: about 1e-5
     for r in compared:
         replica = REPLICAS[r]

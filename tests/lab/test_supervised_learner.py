@@ -175,8 +175,9 @@ def _jitter(features, target, seed):
 
 @pytest.mark.parametrize(
     "augment",
-    # Plain data: `test_resume_is_exact_from_any_checkpoint` checks more in the fast suite.
-    [pytest.param(None, marks=pytest.mark.slow), _jitter],
+    # `test_resume_is_exact_from_any_checkpoint` checks more, on augmented data, in the fast
+    # suite.
+    [pytest.param(None, marks=pytest.mark.slow), pytest.param(_jitter, marks=pytest.mark.slow)],
     ids=["plain", "augmented"],
 )
 def test_resume_continues_from_the_checkpoint(tmp_path, augment):
@@ -341,9 +342,11 @@ def test_second_trainer_on_a_model_dir_refuses(tmp_path):
 def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
     """Evaluation must not advance the training random streams: a run stopped at step 10 (a
     checkpoint that is also an evaluation step) or 7 resumes with the uninterrupted run's
-    weight noise, so both finish with the same losses and metrics. A log window cut by a
-    resume (steps 4 and 5 after a stop at 3) is the mean of its own steps' losses."""
+    weight noise and per-example augmentation noise, so both finish with the same losses and
+    metrics. A log window cut by a resume (steps 4 and 5 after a stop at 3) is the mean of its
+    own steps' losses."""
     digits = _small_digits()
+    digits.augment = _jitter  # per-example noise: a resumed run must replay its draws
     common = dict(_QUICK, log_every=1, eval_every=5, checkpoint_every=stop_at)
     twin = loop.fit(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
     loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
@@ -357,7 +360,7 @@ def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
         return
     windows = dict(_QUICK, log_every=5, checkpoint_every=3)
     loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **windows)
-    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=10, **windows)
+    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=5, **windows)
     records = [
         json.loads(line)
         for line in (tmp_path / "a" / "history.jsonl").read_text().splitlines()

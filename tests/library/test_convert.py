@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import epochs_of
 
 import blayers
 from blayers import bayesianize
@@ -162,7 +163,7 @@ def test_a_converted_model_learns_and_round_trips_through_a_keras_file(tmp_path)
     model.compile(
         "adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True), metrics=["accuracy"]
     )
-    model.fit(x[:1400], y[:1400], epochs=15, batch_size=64, verbose=0)
+    model.fit(epochs_of(x[:1400], y[:1400], 15, batch_size=64), verbose=0)
     _, map_accuracy = model.evaluate(x[1400:], y[1400:], verbose=0)
     converted = bayesianize(model, moped_delta=0.05, prior="normal_kl_divergence")
     assert blayers.set_kl_scale(converted, 1400) == 2

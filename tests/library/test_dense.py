@@ -7,6 +7,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import epochs_of
 
 import blayers
 from blayers import constraints
@@ -273,7 +274,7 @@ def test_drop_in_swap_sequential_functional_and_fit(cls):
         # An epoch's 8 steps a call: the fit, not Keras' per-step dispatch, is under test.
         model.compile(keras.optimizers.Adam(0.02), loss="mse", steps_per_execution=8)
         first = model.evaluate(x, y, verbose=0)
-        model.fit(x, y, epochs=30, batch_size=32, verbose=0)
+        model.fit(epochs_of(x, y, 30, batch_size=32), verbose=0)
         assert model.evaluate(x, y, verbose=0) < 0.5 * first
         assert len(model.losses) == 2
 

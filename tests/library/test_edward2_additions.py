@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import epochs_of
 from scipy import stats
 
 import blayers
@@ -172,7 +173,7 @@ def test_heteroscedastic_sngp_adds_the_gp_variance_at_prediction():
     model.compile(
         keras.optimizers.Adam(0.02), keras.losses.SparseCategoricalCrossentropy(from_logits=True)
     )
-    model.fit(x, y, epochs=60, batch_size=64, verbose=0)
+    model.fit(epochs_of(x, y, 60, batch_size=64), verbose=0)
     assert np.mean(np.argmax(model(x, training=False), -1) == y) > 0.85
 
 
@@ -361,7 +362,7 @@ def test_add_weight_makes_a_keras_layer_bayesian():
         ]
     )
     model.compile(keras.optimizers.Adam(0.05), "mse")
-    model.fit(features, targets, epochs=60, batch_size=64, verbose=0)
+    model.fit(epochs_of(features, targets, 60, batch_size=64), verbose=0)
     learned = model.layers[0].kernel_initializer.parameters()["mean"].numpy().ravel()
     np.testing.assert_allclose(learned, [1.0, -2.0, 0.5], atol=0.15)
     plain = BayesDense(2)

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
-from conftest import check_moments
+from conftest import check_moments, epochs_of
 
 import blayers
 from blayers.lab import configurables  # noqa: F401 - gin names of the library
@@ -209,7 +209,7 @@ def test_ensemble_trains_with_fit_and_round_trips(tmp_path):
         ]
     )
     model.compile(keras.optimizers.Adam(0.05), blayers.objectives.NegativeLogLikelihood())
-    model.fit(x, y, epochs=30, batch_size=32, verbose=0)
+    model.fit(epochs_of(x, y, 30, batch_size=32), verbose=0)
     with blayers.posterior_mean():
         probs = model(x).distribution.probs_parameter().numpy()
     assert (probs.argmax(-1) == y).mean() > 0.9

@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow_probability as tfp
+from conftest import epochs_of
 from scipy import special
 
 import blayers
@@ -169,7 +170,7 @@ def test_evidential_classifier_learns_with_keras_fit():
         ]
     )
     model.compile(keras.optimizers.Adam(3e-3), loss=blayers.objectives.NegativeLogLikelihood())
-    model.fit(x[:1400], y[:1400], epochs=15, batch_size=64, verbose=0)
+    model.fit(epochs_of(x[:1400], y[:1400], 15, batch_size=64), verbose=0)
     d = model(x[1400:]).distribution
     pred = np.argmax(d.probs_parameter().numpy(), -1)
     correct = pred == y[1400:]
@@ -196,7 +197,7 @@ def test_evidential_regression_learns_noise_and_function_uncertainty():
         ]
     )
     model.compile(keras.optimizers.Adam(3e-3), loss=blayers.objectives.NegativeLogLikelihood())
-    model.fit(x, y, epochs=40, batch_size=100, verbose=0)
+    model.fit(epochs_of(x, y, 40, batch_size=100), verbose=0)
     grid = np.linspace(-0.8, 0.8, 50, dtype="float32")[:, None]
     d = model(grid).distribution
     assert np.sqrt(np.mean((d.mean().numpy() - np.sin(3 * grid)) ** 2)) < 0.1

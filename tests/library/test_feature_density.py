@@ -5,6 +5,7 @@ import keras
 import numpy as np
 import pytest
 import scipy.stats
+from conftest import epochs_of
 from scipy.special import logsumexp
 from sklearn.covariance import EmpiricalCovariance
 
@@ -67,7 +68,7 @@ def test_feature_scores_separate_far_inputs_on_a_trained_network():
         [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3)]
     )
     model.compile("adam", keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    model.fit(features, labels, epochs=20, verbose=0)
+    model.fit(epochs_of(features, labels, 20), verbose=0)
     assert penultimate_features(model, features[:7]).shape == (7, 16)
     far = (np.random.default_rng(3).normal(size=(300, 8)) * 30).astype("float32")
     scores = feature_ood_scores(model, (features[:600], labels[:600]), features[600:], far)

@@ -220,6 +220,8 @@ def _deep_gp(input_shape, num_outputs):
     )
 
 
+# The deep GP smoke config trains through the Loop in the fast suite (tests/lab/test_configs.py).
+@pytest.mark.slow
 def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
     toy = data_lib.heteroscedastic_1d(num_train=128, num_test=64)
     metrics = loop.fit(
@@ -233,6 +235,9 @@ def test_three_layer_deep_gp_trains_with_the_trainer(tmp_path):
         optimizer=lambda: keras.optimizers.Adam(0.01),
     )
     assert np.isfinite(metrics["nlpd"]) and metrics["rmse"] < 10
+
+
+def test_three_layer_deep_gp_has_a_kl_a_layer_and_saves(tmp_path):
     model = _deep_gp((1,), 2)
     model(np.zeros((4, 1), "float32"))
     assert len(model.losses) == 3  # one KL per GP layer

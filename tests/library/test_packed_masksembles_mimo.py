@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import epochs_of
 
 import blayers
 from blayers import layers as L
@@ -194,7 +195,7 @@ def test_mimo_learns_with_heads_that_disagree():
     )
     model = keras.Sequential([keras.Input((64,)), L.MIMO(network, 3, batch_repetitions=2, seed=0)])
     model.compile(keras.optimizers.Adam(3e-3), loss=blayers.objectives.NegativeLogLikelihood())
-    model.fit(x[:1400], y[:1400], epochs=20, batch_size=64, verbose=0)
+    model.fit(epochs_of(x[:1400], y[:1400], 20, batch_size=64), verbose=0)
     mixture = model(x[1400:]).distribution
     probs = mixture.members.probs_parameter().numpy()  # [B, 3, 10]
     assert np.mean(np.argmax(probs.mean(1), -1) == y[1400:]) > 0.9
@@ -218,7 +219,7 @@ def test_packed_ensemble_learns_and_members_disagree():
         ]
     )
     model.compile(keras.optimizers.Adam(3e-3), loss=blayers.objectives.NegativeLogLikelihood())
-    model.fit(x[:1400], y[:1400], epochs=20, batch_size=64, verbose=0)
+    model.fit(epochs_of(x[:1400], y[:1400], 20, batch_size=64), verbose=0)
     probs = model(x[1400:]).distribution.members.probs_parameter().numpy()
     assert np.mean(np.argmax(probs.mean(1), -1) == y[1400:]) > 0.9
     assert np.mean(np.abs(probs[:, 0] - probs[:, 1])) > 1e-3

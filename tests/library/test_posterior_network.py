@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+from conftest import epochs_of
 from scipy import special
 
 import blayers
@@ -124,7 +125,7 @@ def test_learns_and_loses_evidence_away_from_the_data(tmp_path):
         ]
     )
     model.compile(keras.optimizers.Adam(5e-3), loss=blayers.objectives.NegativeLogLikelihood())
-    model.fit(x, y, epochs=30, batch_size=64, verbose=0)
+    model.fit(epochs_of(x, y, 30, batch_size=64), verbose=0)
     d = model(x, training=False).distribution
     assert np.mean(np.argmax(d.probs_parameter(), -1) == y) > 0.95
     far = model(np.array([[30.0, 30.0], [-30.0, 25.0]], "float32"), training=False).distribution

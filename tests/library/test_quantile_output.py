@@ -4,6 +4,7 @@ top of them covering at the promised rate."""
 import keras
 import numpy as np
 import pytest
+from conftest import epochs_of
 
 from blayers.layers import QuantileOutput
 from blayers.layers.quantile import pinball_loss
@@ -57,7 +58,7 @@ def test_cqr_on_a_trained_quantile_network_covers():
         ]
     )
     model.compile("adam", lambda t, p: pinball_loss(t, p, levels))
-    model.fit(x[:1500], y[:1500, None], epochs=60, batch_size=100, verbose=0)
+    model.fit(epochs_of(x[:1500], y[:1500, None], 60, batch_size=100), verbose=0)
     q = model.predict(x[1500:], verbose=0)[:, 0]
     cal, test = slice(0, 750), slice(750, None)
     cqr = ConformalizedQuantileRegressor(alpha=0.1).fit(q[cal, 0], q[cal, 1], y[1500:][cal])

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+from conftest import epochs_of
 
 import blayers
 from blayers.layers import stochastic_output as so
@@ -190,7 +191,7 @@ def test_fit_with_labels_of_shape_n_recovers_the_noise():
     model = keras.Sequential([keras.Input((1,)), so.Normal(1)])
     # an epoch's batches in one call: the same steps, fewer calls (150 epochs)
     model.compile(keras.optimizers.Adam(0.05), NegativeLogLikelihood(), steps_per_execution=10)
-    model.fit(x, y, epochs=150, batch_size=200, verbose=0)
+    model.fit(epochs_of(x, y, 150, batch_size=200), verbose=0)
     scale = model(x).distribution.scale.numpy()
     assert abs(np.mean(scale) - 0.1) < 0.01
     nll = -np.mean(model(x).log_prob(y).numpy())
@@ -285,7 +286,7 @@ def test_distribution_lambda_learns_the_noise_and_saves(tmp_path):
         loss=lambda y_true, rv: -rv.distribution.log_prob(y_true),
         steps_per_execution=10,  # an epoch's batches in one call: the same steps, fewer calls
     )
-    model.fit(x, y, epochs=150, batch_size=200, verbose=0)
+    model.fit(epochs_of(x, y, 150, batch_size=200), verbose=0)
     rv = model(x[:5])
     np.testing.assert_allclose(rv.distribution.stddev().numpy(), 0.3, rtol=0.1)
     np.testing.assert_allclose(np.asarray(rv), 2.0 * x[:5], atol=0.05)
