@@ -188,3 +188,29 @@ def test_a_family_of_metrics_shares_one_panel_a_line_a_member(figures, tmp_path)
     assert len(axes["selective risk: AURC, AUGRC"].lines) == 2
     assert not any("ood_" in title or title == "test aurc" for title in axes)
     assert "test nll" in axes
+
+
+def test_a_plot_draws_with_the_cyclic_collector_paused_and_restores_it(tmp_path, monkeypatch):
+    """Drawing allocates enough to set off full collections of the trainer's whole heap: the
+    collector is paused while a plot draws, and on again after it, also when the plot fails."""
+    import gc
+
+    seen, subplots = [], plt.subplots
+
+    def recording(*args, **kwargs):
+        seen.append(gc.isenabled())
+        return subplots(*args, **kwargs)
+
+    monkeypatch.setattr(plots.plt, "subplots", recording)
+    assert gc.isenabled()
+    plots.curve([0, 1, 2], [1.0, 0.5, 0.2], "step", "loss", str(tmp_path / "curve.png"))
+    assert seen == [False] and gc.isenabled() and (tmp_path / "curve.png").exists()
+    with pytest.raises(ValueError):
+        plots.curve([0, 1], [1.0], "step", "loss", str(tmp_path / "bad.png"))  # unequal lengths
+    assert gc.isenabled()
+    gc.disable()  # a caller that paused it keeps it paused
+    try:
+        plots.curve([0, 1], [1.0, 0.5], "step", "loss", str(tmp_path / "again.png"))
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
