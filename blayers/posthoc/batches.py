@@ -2,6 +2,8 @@
 
 import numpy as np
 
+from blayers.pipelines import untuned
+
 __all__ = ["arrays", "batches", "input_batches"]
 
 
@@ -15,14 +17,14 @@ def batches(data, batch_size):
                 np.asarray(y[start : start + batch_size]),
             )
         return
-    for x, y in data.as_numpy_iterator():
+    for x, y in untuned(data).as_numpy_iterator():
         yield x, y
 
 
 def input_batches(data, batch_size):
     """Input batches (NumPy) of a dataset of inputs or `(x, y)` pairs, of arrays `x` or `(x, y)`."""
     if hasattr(data, "as_numpy_iterator"):
-        for batch in data.as_numpy_iterator():
+        for batch in untuned(data).as_numpy_iterator():
             yield batch[0] if isinstance(batch, tuple) else batch
         return
     x = data[0] if isinstance(data, (tuple, list)) else data

@@ -27,6 +27,18 @@ def test_bundled_sets():
     assert mnist.input_shape == (28, 28, 1) and mnist.num_train == 4000
 
 
+def test_every_pipeline_of_a_data_record_runs_without_the_autotuner():
+    """Each phase's and each evaluation's pipeline is built on these; the autotuner's thread
+    makes deleting an iterator wait for its sleep (`blayers.pipelines`)."""
+    x, y = np.zeros((8, 2), "float32"), np.zeros(8, "int64")
+    record = data.from_arrays(
+        "toy", "classification", x, y, x, y, 2, ood=x, corrupted={"noise_1": x + 1}
+    )
+    for pipeline in (record.train, record.test, record.ood, *record.corrupted.values()):
+        assert pipeline.options().autotune.enabled is False
+    assert record.train.shuffle(8).batch(2).prefetch(-1).options().autotune.enabled is False
+
+
 def test_synthetic_sets():
     toy = data.heteroscedastic_1d(num_train=100)
     assert toy.num_train == 100 and toy.input_shape == (1,)

@@ -5,6 +5,7 @@ import dataclasses
 import numpy as np
 import tensorflow as tf
 
+from blayers import pipelines
 from blayers.lab import tasks as tasks_lib
 
 __all__ = [
@@ -88,6 +89,10 @@ class Data:
             raise ValueError(f"Data {self.name!r} has no training examples.")
         if self.num_test is not None and self.num_test <= 0:  # found now, not after training
             raise ValueError(f"Data {self.name!r} has no test examples (num_test = 0).")
+        # Every pipeline built on these (each phase's batches, each evaluation's) inherits it.
+        self.train, self.test, self.ood = map(pipelines.untuned, (self.train, self.test, self.ood))
+        if self.corrupted:
+            self.corrupted = {k: pipelines.untuned(v) for k, v in self.corrupted.items()}
 
     @property
     def num_outputs(self):
