@@ -52,6 +52,18 @@ def _drawing(plot):
     return wrapped
 
 
+def _save(fig, path, tight=True):
+    """Writes `fig` as a PNG at 100 dpi and closes it; `tight` first fits the margins to the
+    labels (`tight_layout`), then drops the layout engine that call leaves on the figure:
+    left on, `savefig` draws the whole figure once more before the one it writes (a quarter of
+    a plot's time) to lay it out again, the same way."""
+    if tight:
+        fig.tight_layout()
+        fig.set_layout_engine("none")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def _log_axis(ax, values):
     """Log y-axis whose tick labels can be read: plain numbers (0.1, 2, 50), and at least three
     labelled ticks even when `values` span less than a decade (where matplotlib's default shows
@@ -155,7 +167,7 @@ def training_curves(history, path):
     panels = panels or ["empty"]
     columns = min(len(panels), 3)
     rows = -(-len(panels) // columns)
-    fig, axes = _panel_grid(rows, columns, fixed_margins=not single)
+    fig, axes = _panel_grid(rows, columns)
     axes = axes.ravel()
     for ax in axes[len(panels) :]:
         ax.axis("off")
@@ -215,10 +227,7 @@ def training_curves(history, path):
                 ax.axhline(value, color="k", ls="--", lw=1, label=f"optimum {value:.4g}")
                 ax.legend(fontsize=7)
             _title(ax, panel if panel.startswith("test") else f"test {panel}")
-    if single:  # a handful of panels; the table's lines may need the margins as well
-        fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path, tight=False)
 
 
 # A panel's cell in inches: the axes and, around them, room for its title (two lines), tick
@@ -254,7 +263,9 @@ def _panel_grid(rows, columns, fixed_margins=True):
 
 
 def _metrics_table(ax, record, keys, optima):
-    """One evaluation's metrics as text (a panel of single dots says less)."""
+    """One evaluation's metrics as text (a panel of single dots says less), in a font small
+    enough for every line to fit between the panel's top and the figure's bottom edge, and the
+    longest across the cell (the panel is the last: nothing below it)."""
     ax.axis("off")
     lines = []
     for key in keys:
@@ -263,7 +274,22 @@ def _metrics_table(ax, record, keys, optima):
         if key in optima:
             line += f"   (optimum {record[optima[key]]:.4g})"
         lines.append(line)
-    ax.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=7)
+    # Points: a line is about 1.45 font sizes high (1.2 line spacing of the font's ascent and
+    # descent), a monospace character 0.6 wide; then measured (one text laid out, not the
+    # figure drawn) and shrunk to fit where small sizes round up.
+    height = 72 * (_CELL[1] - _MARGINS["top"])
+    width = 72 * (_CELL[0] - _MARGINS["left"])
+    longest = max((len(line) for line in lines), default=1)
+    size = min(7.0, height / (1.45 * max(len(lines), 1)), width / (0.6 * longest))
+    text = ax.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=size)
+    renderer = ax.figure.canvas.get_renderer()
+    for _ in range(3):
+        box = text.get_window_extent(renderer)
+        scale = min(1.0, (box.y1 - ax.figure.bbox.y0) / box.height)
+        scale = min(scale, (ax.figure.bbox.x1 - box.x0) / box.width)
+        if scale >= 1.0:
+            break
+        text.set_fontsize(text.get_fontsize() * scale * 0.98)
     _title(ax, f"test metrics at step {record['step']}")
 
 
@@ -306,9 +332,7 @@ def reliability_diagram(probs, labels, path, num_bins=15, name=None):
     ax_hist.bar(centers, counts, width=1.0 / num_bins, edgecolor="k")
     ax_hist.set_xlabel("confidence")
     ax_hist.set_ylabel("count")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -329,9 +353,7 @@ def corruption_curves(table, path):
         ax.set_xlabel("severity (0: clean)")
         _title(ax, metric)
     axes[0].legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -348,9 +370,7 @@ def regression_1d(inputs, means, stddevs, targets, path, scale=1.0, shift=0.0):
     ax.plot(x, mean, "C0", label="predictive mean")
     ax.fill_between(x, mean - 2 * sd, mean + 2 * sd, color="C0", alpha=0.25, label="+- 2 sd")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -385,9 +405,7 @@ def density_2d(model, samples, path, grid_size=200):
         cmap="viridis",
     )
     left.set_title("test samples (true density)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -408,9 +426,7 @@ def image_grid(model, images, path, count=10, sample_label="sample"):
             axes[r, c].imshow(row[c].reshape(shape), cmap="gray", vmin=0, vmax=1)
             axes[r, c].axis("off")
         axes[r, 0].set_title(title, fontsize=8, loc="left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -431,9 +447,7 @@ def flow_samples(model, data, path, count=10):
             axes[r, c].axis("off")
     axes[0, 0].set_title("data", fontsize=8, loc="left")
     axes[1, 0].set_title("samples", fontsize=8, loc="left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
     return True
 
 
@@ -459,9 +473,7 @@ def regression_calibration(means, stddevs, targets, path, scale=1.0):
     right.set_ylabel("coverage")
     right.set_title("coverage by interval width")
     right.legend(loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -484,9 +496,7 @@ def sequence_reliability(token_confidence, token_correct, sequence_confidence, s
         ax.set_ylabel(label)
         ax.set_title(f"{level}-level calibration error {error:.3f} (n = {int(counts.sum())})")
         ax.legend(loc="upper left")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -506,9 +516,7 @@ def episode_returns(runs, path):
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))  # whole episodes
     ax.set_ylabel("return")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -524,9 +532,7 @@ def curve(x, y, xlabel, ylabel, path, title=None, label=None):
     _title(ax, title or f"{ylabel} against {xlabel}", 60)
     if label:
         ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -560,9 +566,7 @@ def open_loop_strip(true, predicted, path, columns=10, title=None):
         axes[-1, 0].xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     if title:
         fig.suptitle(textwrap.fill(title, 70), fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -585,9 +589,7 @@ def history_panels(history, keys, path):
         ax.set_xlabel("step")
     for ax in axes.ravel()[len(panels) :]:
         ax.axis("off")
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)
 
 
 @_drawing
@@ -648,6 +650,4 @@ def point_process_intensity(grid, draws, kde, train, test, window, path, unit=""
             fig.colorbar(shown, ax=ax, label=f"intensity{per}")
             ax.scatter(low[0] + width[0] * train[:, 0], low[1] + width[1] * train[:, 1], s=2, c="w")
             ax.set_title(title)
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+    _save(fig, path)

@@ -78,6 +78,24 @@ def test_one_evaluation_is_a_table_and_optima_are_not_metrics(figures, tmp_path)
     assert len(_tick_labels(kl_axis)) >= 3 and kl_axis.get_ylabel() == "nats per example"
 
 
+@pytest.mark.parametrize("num_metrics", [5, 25, 40])
+def test_every_line_of_the_table_is_inside_the_figure(figures, tmp_path, num_metrics):
+    """A classification run scores a few dozen metrics; each line of the one-evaluation table
+    is drawn inside the figure (a fixed font ran the last lines off its bottom edge)."""
+    record = {"kind": "eval", "step": 39}
+    record.update({f"ood_auroc_metric_number_{i:02d}": 0.5 + i / 1000 for i in range(num_metrics)})
+    record["loglik_optimum"], record["loglik"] = -1.0, -1.2  # the longest line: an optimum
+    plots.training_curves(_history([record]), str(tmp_path / "curves.png"))
+    fig = figures[0]
+    renderer = fig.canvas.get_renderer()
+    (table,) = [t for ax in fig.axes for t in ax.texts]
+    box, frame = table.get_window_extent(renderer), fig.bbox
+    assert table.get_text().count("\n") == num_metrics  # one line a metric
+    assert box.y0 >= frame.y0 and box.y1 <= frame.y1, (box, frame)
+    assert box.x0 >= frame.x0 and box.x1 <= frame.x1, (box, frame)
+    assert table.get_fontsize() >= 2.0
+
+
 def test_several_evaluations_draw_optima_as_reference_lines(figures, tmp_path):
     evals = [
         {
