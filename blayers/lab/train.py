@@ -66,6 +66,11 @@ def main(argv):
         except ValueError as error:
             logging.error("Bad gin configuration:\n%s", error)
             sys.exit(2)
+    from blayers.lab import runs  # loads no TensorFlow
+
+    problem = runs.unwritable(FLAGS.model_dir)
+    if problem:  # said at once, not after TensorFlow's seconds of loading
+        _cannot_write(problem)
     # Import after absl parsed flags: TF and the configurables load here (quietly, from a
     # command line).
     cli_env.import_tensorflow_quietly()
@@ -99,6 +104,17 @@ def main(argv):
             f"model_dir {FLAGS.model_dir}."
         )
     _train_and_report(lambda: loop.train(FLAGS.model_dir, strategy=dist))
+
+
+def _cannot_write(reason):
+    """The run folder's one line and exit status 1."""
+    logging.error(
+        "Could not write the run folder %s: %s\nWhat it held before is intact; fix this "
+        "(space, permissions, a shorter path) and re-run the same command: it resumes.",
+        FLAGS.model_dir,
+        reason,
+    )
+    sys.exit(1)
 
 
 def _set_command():
@@ -160,13 +176,7 @@ def _train_and_report(train_fn):
         logging.error("%s", error)
         sys.exit(4)
     except OSError as error:  # the folder: read-only, a full disk, a name the OS refuses
-        logging.error(
-            "Could not write the run folder %s: %s\nWhat it held before is intact; fix this "
-            "(space, permissions, a shorter path) and re-run the same command: it resumes.",
-            FLAGS.model_dir,
-            runs.first_line(error),
-        )
-        sys.exit(1)
+        _cannot_write(runs.first_line(error))
     except (ValueError, TypeError) as error:
         from blayers.lab import config
 

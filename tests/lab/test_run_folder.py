@@ -283,15 +283,31 @@ def test_a_copied_folder_is_not_locked_by_the_original_s_live_trainer(tmp_path):
             pass
 
 
-def test_an_unwritable_model_dir_is_one_line_and_exit_1(tmp_path):
-    """A model_dir that cannot be made (under a file; a name longer than the OS allows)."""
+def test_an_unwritable_model_dir_is_one_line_and_exit_1_before_tensorflow_loads(tmp_path):
+    """A model_dir that cannot be made (under a file; a name longer than the OS allows; a
+    folder the user cannot write) is said at once, before TensorFlow's seconds of loading; a
+    failure the file system shows only later (the same OSError from the run's own writes) is
+    the same line."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    done = _cli(blocker / "run", "train.train_steps = 2")
+    run_as_module = (
+        "import atexit, runpy, sys;"
+        "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules));"
+        f"sys.argv = ['blayers.train', '--gin_file=digits_mlp_smoke', '--model_dir={blocker}/run'];"
+        "runpy.run_module('blayers.train', run_name='__main__', alter_sys=True)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", run_as_module], cwd=ROOT, capture_output=True, text=True
+    )
     assert done.returncode == 1, done.stderr[-2000:]
-    assert "Could not write the run folder" in done.stderr
+    assert "Could not write the run folder" in done.stderr and "is a file" in done.stderr
     assert "Traceback" not in done.stderr
-    _digits()  # the same OSError, which the command line turns into that line
+    assert "tensorflow loaded: False" in done.stdout
+    assert "is a file" in runs.unwritable(str(blocker / "run" / "deeper"))
+    assert "too long" in runs.unwritable(str(tmp_path / ("x" * 300)))
+    assert runs.unwritable(str(tmp_path / "new" / "run")) is None
+    assert runs.unwritable(str(tmp_path)) is None
+    _digits()  # the same OSError from the run's own writes, which the command line words alike
     with pytest.raises(OSError, match="File name too long"):
         loop.fit(str(tmp_path / ("x" * 300)))
 

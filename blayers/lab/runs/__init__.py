@@ -13,6 +13,7 @@ from blayers.lab.runs.files import (
     RunLockedError,
     checkpoint_prefixes,
     first_line,
+    unwritable,
 )
 from blayers.lab.runs.rundir import ChangedBindingsError, RunDir, set_command, train_seconds
 
@@ -31,6 +32,7 @@ __all__ = [
     "first_line",
     "set_command",
     "train_seconds",
+    "unwritable",
 ]
 
 _CHECKPOINTER = (

@@ -27,6 +27,7 @@ __all__ = [
     "checkpoint_prefixes",
     "first_line",
     "read_json",
+    "unwritable",
     "write_json",
 ]
 
@@ -243,3 +244,26 @@ def checkpoint_prefixes(directory):
     copied or moved)."""
     prefixes = {path[: -len(".index")] for path in glob.glob(os.path.join(directory, "*.index"))}
     return sorted(prefixes, key=checkpoint_number, reverse=True)
+
+
+def unwritable(model_dir):
+    """Why the run folder `model_dir` cannot be made or written, as far as the file system
+    tells before anything loads: a file where a folder must be, a folder this user cannot write, a name
+    longer than the OS allows. None when it looks writable (the run's own writes still report
+    what this cannot foresee: a full disk, a folder removed meanwhile)."""
+    path = os.path.abspath(model_dir)
+    existing = path
+    while not os.path.exists(existing) and os.path.dirname(existing) != existing:
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        return f"{existing} is a file, not a folder"
+    if not os.access(existing, os.W_OK | os.X_OK):
+        return f"{existing} is not writable by this user"
+    try:
+        longest = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        longest = 255
+    for name in os.path.relpath(path, existing).split(os.sep):
+        if len(os.fsencode(name)) > longest:
+            return f"File name too long ({len(os.fsencode(name))} bytes, at most {longest})"
+    return None
