@@ -296,7 +296,7 @@ def test_an_unwritable_model_dir_is_one_line_and_exit_1_before_tensorflow_loads(
         f"sys.argv = ['blayers.train', '--gin_file=digits_mlp_smoke', '--model_dir={blocker}/run'];"
         "runpy.run_module('blayers.train', run_name='__main__', alter_sys=True)"
     )
-    done = subprocess.run(
+    done = subprocess.run(  # noqa: PLW1510 - the return code is asserted
         [sys.executable, "-c", run_as_module], cwd=ROOT, capture_output=True, text=True
     )
     assert done.returncode == 1, done.stderr[-2000:]
