@@ -15,6 +15,8 @@ import numpy as np
 import tensorflow as tf
 from scipy.special import logsumexp
 
+from blayers import pipelines
+
 __all__ = ["FeatureDensity", "MahalanobisScore", "feature_ood_scores", "penultimate_features"]
 
 
@@ -195,7 +197,7 @@ def penultimate_features(model, x, batch_size=500):
         )
         _EXTRACTORS[model] = extractor
     if hasattr(x, "element_spec"):  # a dataset: already batched
-        batches = (b[0] if isinstance(b, tuple) else b for b in x)
+        batches = (b[0] if isinstance(b, tuple) else b for b in pipelines.untuned(x))
         spec = x.element_spec[0] if isinstance(x.element_spec, tuple) else x.element_spec
     else:
         batches = (x[i : i + batch_size] for i in range(0, len(x), batch_size))
