@@ -236,13 +236,11 @@ _CELL = (4.2, 3.2)
 _MARGINS = {"left": 0.85, "right": 0.15, "top": 0.5, "bottom": 0.55}
 
 
-def _panel_grid(rows, columns, fixed_margins=True):
-    """`rows x columns` panels with fixed margins (else left to `tight_layout`, which finds
-    about the same ones by drawing the whole figure an extra time: with two dozen panels that
-    doubled the seconds every run spent on its plot)."""
+def _panel_grid(rows, columns):
+    """`rows x columns` panels with fixed margins (`tight_layout` finds about the same ones by
+    drawing the whole figure an extra time: with two dozen panels that doubled the seconds
+    every run spent on its plot)."""
     width, height = columns * _CELL[0], rows * _CELL[1]
-    if not fixed_margins:
-        return plt.subplots(rows, columns, figsize=(width, height), squeeze=False)
     m = _MARGINS
     axes_width = _CELL[0] - m["left"] - m["right"]
     axes_height = _CELL[1] - m["top"] - m["bottom"]

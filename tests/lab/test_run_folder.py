@@ -319,8 +319,8 @@ def test_a_checkpoint_of_another_model_is_one_error_without_tensorflow_s_warning
 
     import tensorflow as tf
 
-    # The worker's older objects out of the collection: a full collection of a long-lived test
-    # process's heap takes 20 s; the objects made below are still collected.
+    # The worker's older objects out of the collection (a full one walks a long-lived test
+    # process's whole heap); the objects made below are still collected.
     gc.freeze()
     try:
         saved = tf.train.Checkpoint(**{f"v{i}": tf.Variable(tf.zeros(3)) for i in range(8)})
