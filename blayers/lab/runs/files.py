@@ -248,9 +248,9 @@ def checkpoint_prefixes(directory):
 
 def unwritable(model_dir):
     """Why the run folder `model_dir` cannot be made or written, as far as the file system
-    tells before anything loads: a file where a folder must be, a folder this user cannot write, a name
-    longer than the OS allows. None when it looks writable (the run's own writes still report
-    what this cannot foresee: a full disk, a folder removed meanwhile)."""
+    tells before anything loads: a file where a folder must be, a folder this user cannot
+    write, a name longer than the OS allows. None when it looks writable (the run's own writes
+    still report what this cannot foresee: a full disk, a folder removed meanwhile)."""
     path = os.path.abspath(model_dir)
     existing = path
     while not os.path.exists(existing) and os.path.dirname(existing) != existing:
