@@ -21,8 +21,9 @@ _UNTUNED.autotune.enabled = False
 
 def untuned(dataset):
     """`dataset` with `tf.data`'s autotuning off (this module's docstring says why); its options
-    pass to every pipeline built on it (`batch`, `shuffle`, `concatenate`, ...). Options the
-    dataset already has are kept, except an autotuning the caller turned on explicitly."""
+    pass to every pipeline built on it (`batch`, `shuffle`, `concatenate`, ...). The dataset's
+    other options are kept, and so is an autotuning setting its maker chose: a pipeline with
+    `options.autotune.enabled = True` keeps its tuner. Anything else passes through."""
     if dataset is None or not isinstance(dataset, tf.data.Dataset):
         return dataset
     if dataset.options().autotune.enabled is not None:

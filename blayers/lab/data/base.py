@@ -45,7 +45,8 @@ class Data:
         likelihood, the metrics and the plots.
       train, test: unbatched `tf.data.Dataset`s of `(features, target)` pairs. The record
         turns tf.data's autotuning off on them (and on `ood` and `corrupted`), for every
-        pipeline built on them: `blayers.pipelines.untuned` says why.
+        pipeline built on them, unless a dataset's options set it: `blayers.pipelines`
+        says why.
       num_train, num_test: their sizes (the ELBO divides the KL by `num_train`).
       input_shape: shape of one example's features.
       num_classes: classes (classification) or None.
