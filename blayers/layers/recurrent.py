@@ -224,6 +224,10 @@ class _CellBase(BayesianLayer):
         current = self._current_sequence()
         return own + list(current[2]) if current is not None else own
 
+    # Called in a user's `tf.function` (the paper's Figure 1), autograph would convert it and
+    # everything it calls (the build, the draw) on each trace: seconds, for Python-only control
+    # flow.
+    @tf.autograph.experimental.do_not_convert
     def get_initial_state(self, inputs=None, batch_size=None):
         """Zero states for a batch, drawing the sequence's weights. `inputs` (a tensor whose
         first axis is the batch, as in the paper's Figure 1) or `batch_size`. An unbuilt cell
