@@ -88,6 +88,26 @@ def epochs_of(x, y, epochs, batch_size=32, seed=0):
     return data.batch(batch_size).repeat(epochs)
 
 
+def run_module_noting_tensorflow(module, *args, cwd=None, timeout=120):
+    """`python -m module *args` in a new process, printing at exit whether TensorFlow was
+    loaded (`tensorflow loaded: False`): the command lines load it with stderr silenced, so an
+    import log would not show it."""
+    import subprocess
+    import sys
+
+    argv = [module, *args]
+    code = (
+        "import atexit, runpy, sys;"
+        "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules));"
+        f"sys.argv = {argv!r};"
+        f"sys.orig_argv = {[sys.executable, '-m', *argv]!r};"
+        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
+    )
+    return subprocess.run(  # noqa: PLW1510 - callers assert the return code
+        [sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def write_uci_folder(root, name="toy", rows=60, splits=2, seed=0):
     """A data set in the 20-split format (`data.txt`, index files) under `root/name`: y = sin of
     the first of 3 features plus noise, 90/10 random splits."""

@@ -272,19 +272,13 @@ def _metrics_table(ax, record, keys, optima):
         if key in optima:
             line += f"   (optimum {record[optima[key]]:.4g})"
         lines.append(line)
-    # Points: a line is about 1.45 font sizes high (1.2 line spacing of the font's ascent and
-    # descent), a monospace character 0.6 wide; then measured (one text laid out, not the
-    # figure drawn) and shrunk to fit where small sizes round up.
-    height = 72 * (_CELL[1] - _MARGINS["top"])
-    width = 72 * (_CELL[0] - _MARGINS["left"])
-    longest = max((len(line) for line in lines), default=1)
-    size = min(7.0, height / (1.45 * max(len(lines), 1)), width / (0.6 * longest))
-    text = ax.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=size)
-    renderer = ax.figure.canvas.get_renderer()
-    for _ in range(3):
+    # Measured (one text laid out, not the figure drawn) and shrunk until it fits; a few
+    # rounds, as small sizes round their line heights up.
+    text = ax.text(0.0, 1.0, "\n".join(lines), va="top", family="monospace", fontsize=7.0)
+    renderer, frame = ax.figure.canvas.get_renderer(), ax.figure.bbox
+    for _ in range(4):
         box = text.get_window_extent(renderer)
-        scale = min(1.0, (box.y1 - ax.figure.bbox.y0) / box.height)
-        scale = min(scale, (ax.figure.bbox.x1 - box.x0) / box.width)
+        scale = min((box.y1 - frame.y0) / box.height, (frame.x1 - box.x0) / box.width)
         if scale >= 1.0:
             break
         text.set_fontsize(text.get_fontsize() * scale * 0.98)

@@ -10,6 +10,8 @@ import time
 
 import pytest
 
+from tests.conftest import run_module_noting_tensorflow
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 SMOKE = ["--gin_file=digits_mlp_smoke", "--gin_param=train.progress = False"]
 
@@ -413,22 +415,7 @@ _HELP = {
 def test_help_lists_every_flag_of_the_command_and_exits_0(module):
     """`--help` lists the command's own flags with their defaults on stdout, not absl's
     (`--helpfull` has those), and exits 0, without loading TensorFlow (which takes seconds)."""
-    # `python -m module --help`, with a note at exit of whether TensorFlow was loaded (the
-    # command lines load it with stderr silenced, so an import log would not show it).
-    run_as_module = (
-        "import atexit, runpy, sys;"
-        "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules));"
-        f"sys.argv = [{module!r}, '--help'];"
-        f"sys.orig_argv = [sys.executable, '-m', {module!r}, '--help'];"
-        f"runpy.run_module({module!r}, run_name='__main__', alter_sys=True)"
-    )
-    done = subprocess.run(  # noqa: PLW1510 - the return code is asserted
-        [sys.executable, "-c", run_as_module],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_module_noting_tensorflow(module, "--help", cwd=ROOT)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "tensorflow loaded: False" in done.stdout, module
     for flag in _HELP[module]:

@@ -17,6 +17,7 @@ import pytest
 
 from blayers.lab import config, loop, runs
 from blayers.lab import models as models_lib
+from tests.conftest import run_module_noting_tensorflow
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -290,14 +291,8 @@ def test_an_unwritable_model_dir_is_one_line_and_exit_1_before_tensorflow_loads(
     the same line."""
     blocker = tmp_path / "a_file"
     blocker.write_text("")
-    run_as_module = (
-        "import atexit, runpy, sys;"
-        "atexit.register(lambda: print('tensorflow loaded:', 'tensorflow' in sys.modules));"
-        f"sys.argv = ['blayers.train', '--gin_file=digits_mlp_smoke', '--model_dir={blocker}/run'];"
-        "runpy.run_module('blayers.train', run_name='__main__', alter_sys=True)"
-    )
-    done = subprocess.run(  # noqa: PLW1510 - the return code is asserted
-        [sys.executable, "-c", run_as_module], cwd=ROOT, capture_output=True, text=True
+    done = run_module_noting_tensorflow(
+        "blayers.train", "--gin_file=digits_mlp_smoke", f"--model_dir={blocker}/run", cwd=ROOT
     )
     assert done.returncode == 1, done.stderr[-2000:]
     assert "Could not write the run folder" in done.stderr and "is a file" in done.stderr
