@@ -94,15 +94,22 @@ def slope(points):
     return float(np.polyfit(depths, mbs, 1)[0])
 
 
+# Each stack's `reversible` argument of `peak_megabytes`.
+KINDS = {"revnet_stack": "stack", "revnet_blocks": True, "plain": False}
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16, 32])
     parser.add_argument("--out", default="benchmarks/results/revnet_memory.json")
+    parser.add_argument(
+        "--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), help="stacks to measure"
+    )
     args = parser.parse_args(argv)
     blayers.set_seed(0)
-    kinds = {"revnet_stack": "stack", "revnet_blocks": True, "plain": False}
+    kinds = {kind: KINDS[kind] for kind in args.kinds}
     results = {
         "config": vars(args),
         "peak_mb": {kind: {} for kind in kinds},

@@ -222,6 +222,10 @@ def _block_covariance(ops, parts, inverse):
     return ops.einsum("nkio,nlio,io->nkl", parts[0], parts[0], inverse)
 
 
+# Posterior draws the network runs on in one graph call of `predict(pred_type='nn')`.
+_DRAWS_A_CALL = 256
+
+
 class AllWeightsLaplace(_LaplaceBase):
     """A Laplace approximation over the weights of every dense and convolutional layer.
 
@@ -289,6 +293,7 @@ class AllWeightsLaplace(_LaplaceBase):
     def _forward(self, x):
         """`f [n, K]` (the logits or means) and, per block, `a [n, T, P]` and the output
         Jacobian `g [n, K, T, C]` (calls of a shared layer stacked along `T`), as NumPy."""
+        x = tf.nest.map_structure(tf.convert_to_tensor, x)
         if getattr(self, "_traced", None) is None:
             # One traced pass for every batch: eager batch_jacobian would retrace each call.
             self._traced = tf.function(
@@ -296,7 +301,12 @@ class AllWeightsLaplace(_LaplaceBase):
                 reduce_retracing=True,
                 autograph=False,
             )
-        output, logits, parts = self._traced(tf.nest.map_structure(tf.convert_to_tensor, x))
+            # Traced once for any batch size: a last, smaller batch (or the predictive's
+            # inputs) takes the same graph instead of a second trace.
+            self._traced.get_concrete_function(
+                tf.nest.map_structure(lambda t: tf.TensorSpec([None, *t.shape[1:]], t.dtype), x)
+            )
+        output, logits, parts = self._traced(x)
         if not self._output_checked:
             if (
                 len(logits.shape) != 2
@@ -478,19 +488,29 @@ class AllWeightsLaplace(_LaplaceBase):
         batches_of_x = list(input_batches(x, 256))
         outputs = []
         try:
-            for s in range(num_samples):
-                values = [
-                    value
-                    for block, theta in zip(self.blocks, draws, strict=True)
-                    for value in block.values(theta[s])
+            for start in range(0, num_samples, _DRAWS_A_CALL):
+                chunk = range(start, min(start + _DRAWS_A_CALL, num_samples))
+                stacked = [
+                    np.stack(column)
+                    for column in zip(
+                        *(
+                            [
+                                value
+                                for block, theta in zip(self.blocks, draws, strict=True)
+                                for value in block.values(theta[s])
+                            ]
+                            for s in chunk
+                        ),
+                        strict=True,
+                    )
                 ]
                 outputs.append(
-                    np.concatenate([forward(values, batch).numpy() for batch in batches_of_x])
+                    np.concatenate([forward(stacked, batch).numpy() for batch in batches_of_x], 1)
                 )
         finally:
             for block, theta in zip(self.blocks, self.thetas, strict=True):
                 block.assign(theta)
-        outputs = np.stack(outputs).astype(np.float64)
+        outputs = np.concatenate(outputs).astype(np.float64)
         if self.likelihood == "regression":
             mean = outputs.mean(0)
             return mean, np.sqrt(outputs.var(0) + self.sigma_noise**2)
@@ -498,18 +518,29 @@ class AllWeightsLaplace(_LaplaceBase):
         return (outputs if softmax_output else softmax(outputs, -1)).mean(0)
 
     def _draw_forward(self):
-        """`forward(values, batch)`: the blocks' weights set to `values` (kernels and biases,
-        in order) and the network run on `batch`, one graph call (the eager ops of both made
-        thousands of draws of a small network take many seconds); traced once an instance."""
+        """`forward(stacked, batch) -> [S, n, K]`: for each of `S` draws (`stacked`: the blocks'
+        kernels and biases, in order, each `[S, ...]`) the blocks' weights set to it and the
+        network run on `batch`, all in one graph call (a call a draw spent milliseconds of
+        eager overhead each on thousands of draws); traced once an instance."""
         if getattr(self, "_nn_forward", None) is None:
             variables = [v for block in self.blocks for v in block.variables()]
             model = self.model
+            dtype = tf.as_dtype(self.last.compute_dtype)
+
+            def one_draw(batch, values):
+                assigned = [v.assign(value) for v, value in zip(variables, values, strict=True)]
+                with tf.control_dependencies(assigned):
+                    return tf.cast(model(batch, training=False), dtype)
 
             @tf.function(autograph=False, reduce_retracing=True)
-            def forward(values, batch):
-                for variable, value in zip(variables, values, strict=True):
-                    variable.assign(value)
-                return model(batch, training=False)
+            def forward(stacked, batch):
+                # One draw at a time: each sets the shared variables the next one overwrites.
+                return tf.map_fn(
+                    lambda values: one_draw(batch, values),
+                    stacked,
+                    parallel_iterations=1,
+                    fn_output_signature=dtype,
+                )
 
             self._nn_forward = forward
         return self._nn_forward

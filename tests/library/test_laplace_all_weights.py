@@ -91,22 +91,19 @@ def _blocks(laplace):
 
 
 def _jacobians(laplace, x):
-    """Per-example Jacobians of the logits in every block's `vec([W; b])`, `[n, K, P_total]`."""
-    out = []
-    for i in range(len(x)):
-        parts = []
-        for variables in _blocks(laplace):
-            with tf.GradientTape() as tape:
-                f = laplace.model(x[i : i + 1], training=False)[0]
-            jacs = tape.jacobian(f, variables)
-            k = f.shape[0]
-            channels = variables[0].shape[-1]
-            matrix = [tf.reshape(jacs[0], [k, -1, channels])]
-            if len(jacs) == 2:
-                matrix.append(tf.reshape(jacs[1], [k, 1, channels]))
-            parts.append(tf.reshape(tf.concat(matrix, 1), [k, -1]).numpy())
-        out.append(np.concatenate(parts, 1))
-    return np.asarray(out, np.float64)
+    """Per-example Jacobians of the logits in every block's `vec([W; b])`, `[n, K, P_total]`:
+    one tape over the batch, as each example's logits depend on its own input only."""
+    variables = [v for block in _blocks(laplace) for v in block]
+    with tf.GradientTape() as tape:
+        f = laplace.model(x, training=False)
+    jacs = iter(tape.jacobian(f, variables))
+    n, k = f.shape
+    parts = []
+    for block in _blocks(laplace):
+        channels = block[0].shape[-1]
+        matrix = [tf.reshape(next(jacs), [n, k, -1, channels]) for _ in block]
+        parts.append(tf.reshape(tf.concat(matrix, 2), [n, k, -1]).numpy())
+    return np.concatenate(parts, 2).astype(np.float64)
 
 
 def _exact_ggn(laplace, x):
