@@ -159,22 +159,18 @@ def _cli(model_dir, *params, gin_file="digits_mlp_smoke"):
     )
 
 
-def _recorded_run(model_dir):
-    """The 4-step run made in-process, its command record set as the CLI sets it; returns the
-    record's text."""
-    _digits()
-    runs.set_command({"command": "python -m blayers.train (the first run)"})
-    try:
-        loop.fit(str(model_dir))
-    finally:
-        runs.set_command({})
-    return (model_dir / "command.json").read_text()
+def _recorded_run(model_dir, four_steps):
+    """A copy of the finished 4-step run with the command record a first command line left
+    (`command.json`); returns the record's text."""
+    _copy_of(four_steps, model_dir)
+    record = model_dir / "command.json"
+    record.write_text(json.dumps({"command": "python -m blayers.train (the first run)"}))
+    return record.read_text()
 
 
-def test_a_refused_invocation_leaves_the_command_record(tmp_path):
+def test_a_refused_invocation_leaves_the_command_record(tmp_path, four_steps):
     """The invocation that must change nothing goes through the command line."""
-    command = _recorded_run(tmp_path)
-    assert "the first run" in command
+    command = _recorded_run(tmp_path, four_steps)
     refused = _cli(tmp_path, "train.train_steps = 2", "make_optimizer.learning_rate = 0.5")
     assert refused.returncode == 4 and "make_optimizer.learning_rate" in refused.stderr
     assert (tmp_path / "command.json").read_text() == command
@@ -183,8 +179,8 @@ def test_a_refused_invocation_leaves_the_command_record(tmp_path):
 # The parser's message for a misspelt binding is checked in-process in the fast suite
 # (tests/lab/test_cli.py); its path through the command line, one more trainer process, is slow.
 @pytest.mark.slow
-def test_a_misspelt_binding_on_a_run_is_one_error_exit_2_and_changes_nothing(tmp_path):
-    command = _recorded_run(tmp_path)
+def test_a_misspelt_binding_on_a_run_is_one_error_exit_2_and_changes_nothing(tmp_path, four_steps):
+    command = _recorded_run(tmp_path, four_steps)
     bad = _cli(tmp_path, "train.train_stepz = 3")
     assert bad.returncode == 2 and "train_stepz" in bad.stderr  # the parser's one error
     assert "Traceback" not in bad.stderr, bad.stderr[-2000:]

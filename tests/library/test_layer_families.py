@@ -174,7 +174,17 @@ def test_hand_written_loop_as_in_figure_1(cls):
     assert all(g is not None for g in grads)
 
 
-@pytest.mark.parametrize("cls", CELLS)
+# The fast suite fits and round-trips an LSTM and a GRU cell, one of each estimator; the other
+# two combinations share their code (`_CellBase`, the estimators' mixins) and run in the slow
+# suite.
+FAST_CELLS = [rnn_lib.LSTMCellFlipout, rnn_lib.GRUCellReparameterization]
+
+
+def _fast_or_slow(classes):
+    return [c if c in FAST_CELLS else pytest.param(c, marks=pytest.mark.slow) for c in classes]
+
+
+@pytest.mark.parametrize("cls", _fast_or_slow(CELLS), ids=lambda c: c.__name__)
 def test_cells_fit_and_round_trip(cls, tmp_path):
     x = RNG.randn(64, 5, 2).astype("float32")
     y = x.sum((1, 2))[:, None].astype("float32")
@@ -375,7 +385,9 @@ def test_figure_1_in_a_tf_function_with_the_tape_after_the_state(cls, autograph_
     assert autograph_conversions == []
 
 
-@pytest.mark.parametrize("cls", FIGURE_1_CELLS)
+# Every cell's Figure 1 gradients are checked above; training them by hand, an LSTM and a GRU
+# cell (one of each estimator) in the fast suite, the other three in the slow one.
+@pytest.mark.parametrize("cls", _fast_or_slow(FIGURE_1_CELLS), ids=lambda c: c.__name__)
 def test_figure_1_bayesian_lstm_learns(cls):
     """The loop of Figure 1 trained by hand: the cell's own weights move and the loss falls.
     Its steps compiled (thirty eager steps of five cells took 45 s on a slow machine); the

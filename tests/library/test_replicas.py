@@ -192,7 +192,9 @@ def _flipout_net(noise, seeds):
     ]
 
 
-@pytest.mark.parametrize("net", ["mc_dropout", "flipout"])
+# MC dropout's replicas trained together are checked against each trained alone through the
+# Loop in the fast suite (tests/lab/test_replicated_training.py); here in the slow one.
+@pytest.mark.parametrize("net", [pytest.param("mc_dropout", marks=pytest.mark.slow), "flipout"])
 def test_training_in_a_group_follows_each_replica_s_lone_trajectory(net):
     rng = np.random.default_rng(3)
     xs = rng.normal(size=(3, 32, 4)).astype("float32")
