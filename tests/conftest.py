@@ -23,6 +23,19 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     tf.config.threading.set_intra_op_parallelism_threads(1)
 
 
+# The order test folders run in: their longest tests first, so that with `-n 2` the last tests
+# each worker holds are short ones (pytest-xdist gives each worker a queue of two or more; a
+# long one last left the other worker idle for up to a minute).
+_ORDER = {"tests": 0, "lab": 1, "experiments": 2, "launch": 3, "library": 4, "parity": 5}
+
+
+def pytest_collection_modifyitems(items):
+    """The top-level files (documentation examples, fresh-process and packaging checks, the
+    benchmark harness), then the lab's end-to-end runs, then the library's many short tests;
+    within a folder, pytest's order (stable sort)."""
+    items.sort(key=lambda item: _ORDER.get(item.path.parent.name, 4))
+
+
 @pytest.fixture(autouse=True)
 def _freeze_what_earlier_tests_left():
     """A test worker's heap grows to gigabytes of TensorFlow objects; Python's full collections
