@@ -15,12 +15,15 @@ import blayers
 if os.environ.get("PYTEST_XDIST_WORKER"):
     import tensorflow as tf
 
-    # `-n 2` on two cores: one intra-op thread a worker, as the sweeps run trainers side by side
-    # (TensorFlow's default, a thread per core in each worker, oversubscribes the CPU: the same
-    # tests take up to twice as long). A test process it starts keeps TensorFlow's default.
-    # (The controller of `-n 2` runs no test: it does not load TensorFlow, seconds of a core
-    # while its workers start.)
+    # `-n 2` on two cores: each worker its share of the cores, one intra-op and one inter-op
+    # thread, as the sweeps run trainers side by side (`blayers.launch.local.trainer_env`).
+    # TensorFlow's default, a thread per core in each pool of each worker, oversubscribes the
+    # CPU: the same tests took up to twice as long with two intra-op threads, and about 8%
+    # longer with two inter-op threads (measured interleaved, 4 runs of 2 sets of test files).
+    # A test process it starts keeps TensorFlow's default. (The controller of `-n 2` runs no
+    # test: it does not load TensorFlow, seconds of a core while its workers start.)
     tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
 
 
 # The order test folders run in: their longest tests first, so that with `-n 2` the last tests
