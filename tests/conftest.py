@@ -20,13 +20,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # TensorFlow's default, a thread per core in each pool of each worker, oversubscribes the
     # CPU: the same tests took up to twice as long with two intra-op threads, and about 8%
     # longer with two inter-op threads (measured interleaved, 4 runs of 2 sets of test files).
-    # The processes a test starts (command lines, a sweep's trainers) get the same share unless
-    # the test sets its own. (The controller of `-n 2` runs no test: it does not load
-    # TensorFlow, seconds of a core while its workers start.)
+    # A test process it starts keeps TensorFlow's default. (The controller of `-n 2` runs no
+    # test: it does not load TensorFlow, seconds of a core while its workers start.)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
-    os.environ.setdefault("TF_NUM_INTRAOP_THREADS", "1")
-    os.environ.setdefault("TF_NUM_INTEROP_THREADS", "1")
 
 
 # The order test folders run in: their longest tests first, so that with `-n 2` the last tests
