@@ -486,24 +486,19 @@ class AllWeightsLaplace(_LaplaceBase):
         draws = self.sample(num_samples, seed)
         forward = self._draw_forward()
         batches_of_x = list(input_batches(x, 256))
+
+        def values(s):  # draw s's kernels and biases, in the order of `_draw_forward`
+            return [
+                value
+                for block, theta in zip(self.blocks, draws, strict=True)
+                for value in block.values(theta[s])
+            ]
+
         outputs = []
         try:
             for start in range(0, num_samples, _DRAWS_A_CALL):
                 chunk = range(start, min(start + _DRAWS_A_CALL, num_samples))
-                stacked = [
-                    np.stack(column)
-                    for column in zip(
-                        *(
-                            [
-                                value
-                                for block, theta in zip(self.blocks, draws, strict=True)
-                                for value in block.values(theta[s])
-                            ]
-                            for s in chunk
-                        ),
-                        strict=True,
-                    )
-                ]
+                stacked = [np.stack(column) for column in zip(*map(values, chunk), strict=True)]
                 outputs.append(
                     np.concatenate([forward(stacked, batch).numpy() for batch in batches_of_x], 1)
                 )
