@@ -24,7 +24,7 @@ any checkpoint. Everything lands in the run folder through `blayers.lab.runs.Run
 The gin root: `train.learner = @SupervisedLearner()` (the default), `@VariationalProgramLearner()`,
 `@MeshLearner()` or `@PlanetLearner()`; the schedule is `train.train_steps`, `train.eval_every`,
 `train.log_every`, `train.checkpoint_every`, `train.keep_checkpoints`, `train.progress`,
-`train.steps_per_execution`, and `train.seed` seeds the learner.
+`train.plots`, `train.steps_per_execution`, and `train.seed` seeds the learner.
 """
 
 import dataclasses
@@ -39,6 +39,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from blayers.lab import plots as plots_lib
 from blayers.lab import runs
 from blayers.lab import strategy as strategy_lib
 from blayers.lab.runs import train_seconds  # re-exported: the Loop's metrics report it
@@ -65,6 +66,7 @@ RESUMABLE_BINDINGS = tuple(
         "log_every",
         "keep_checkpoints",
         "progress",
+        "plots",
         "steps_per_execution",
     )
 )
@@ -175,6 +177,9 @@ class Loop:
       keep_checkpoints: checkpoints kept on disk.
       seed: the learner's seed.
       progress: show Keras' progress bar.
+      plots: draw the run's figures (training curves and the task's plots) as PNGs in the run
+        folder and TensorBoard images. False skips them, with the work done only to draw them
+        (a second or more a run): sweeps of many short runs.
       steps_per_execution: steps a learner takes in one call at most (Keras' setting of that
         name): the scalars reach the host once a call. Changing it changes nothing but speed.
     """
@@ -192,6 +197,7 @@ class Loop:
         seed=0,
         progress=True,
         steps_per_execution=STEPS_PER_EXECUTION,
+        plots=True,
     ):
         self.train_steps = _positive_int("train_steps", train_steps)
         self.steps_per_execution = _positive_int("steps_per_execution", steps_per_execution)
@@ -204,6 +210,7 @@ class Loop:
         )
         self.keep_checkpoints = _positive_int("keep_checkpoints", keep_checkpoints)
         self.seed, self.progress, self.learner = int(seed), progress, learner
+        self.plots = bool(plots)
         if isinstance(strategy, str):
             self.strategy_name, self.strategy = strategy, tf.distribute.get_strategy()
         else:
@@ -244,7 +251,8 @@ class Loop:
                 learner.before_save()
                 self.checkpointer.save_unless_current(learner.step)
                 metrics, arrays = self.evaluate()
-                summary, images = learner.outputs(run, self.history.records, metrics, arrays)
+                with plots_lib.skipped(not self.plots):
+                    summary, images = learner.outputs(run, self.history.records, metrics, arrays)
                 run.write_metrics(
                     {
                         "status": "finished",
@@ -255,7 +263,7 @@ class Loop:
                         "final": _jsonable(metrics),
                     }
                 )
-                run.images(learner.step, images)
+                run.images(learner.step, images if self.plots else [])
                 run.write_operative_config()
             finally:
                 learner.close()
@@ -376,6 +384,7 @@ def train(
     seed=0,
     progress=True,
     steps_per_execution=STEPS_PER_EXECUTION,
+    plots=True,
 ):
     """Runs `learner` (default `SupervisedLearner()`, configured by gin) under the Loop in
     `model_dir`; returns the final metrics. The gin root of every config: `train.learner`,
@@ -396,6 +405,7 @@ def train(
         seed=seed,
         progress=progress,
         steps_per_execution=steps_per_execution,
+        plots=plots,
     ).run()
 
 

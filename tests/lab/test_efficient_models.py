@@ -19,6 +19,7 @@ _COMMON = {
     "eval_every": 4,
     "num_eval_samples": 1,
     "progress": False,
+    "plots": False,
 }
 
 

@@ -37,6 +37,7 @@ SCHEDULE = [
     "train.keep_checkpoints = 3",
     "train.eval_every = None",
     "train.progress = False",
+    "train.plots = False",
 ]
 
 LEARNERS = {

@@ -232,3 +232,18 @@ def test_a_plot_draws_with_the_cyclic_collector_paused_and_restores_it(tmp_path,
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_skipped_plots_draw_and_compute_nothing_until_the_block_ends(tmp_path):
+    """`train.plots = False`: under `skipped()` a figure function returns None before any of
+    its work (here a model the density plot would call), also nested, and draws again after."""
+    calls = []
+    with plots.skipped():
+        assert plots.density_2d(calls.append, np.zeros((4, 2)), str(tmp_path / "d.png")) is None
+        with plots.skipped(False):
+            plots.curve([0, 1], [1.0, 0.5], "step", "loss", str(tmp_path / "inner.png"))
+        plots.curve([0, 1], [1.0, 0.5], "step", "loss", str(tmp_path / "skipped.png"))
+    assert calls == [] and not (tmp_path / "skipped.png").exists()
+    assert (tmp_path / "inner.png").exists()
+    plots.curve([0, 1], [1.0, 0.5], "step", "loss", str(tmp_path / "after.png"))
+    assert (tmp_path / "after.png").exists()

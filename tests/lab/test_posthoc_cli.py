@@ -37,6 +37,7 @@ def _train(model_dir, seed):
             "train.checkpoint_every = 50",  # three kept: a snapshot ensemble's
             f"train.seed = {seed}",
             "train.progress = False",
+            "train.plots = False",  # the method draws its own
         ],
     )
     try:
@@ -225,7 +226,10 @@ def test_a_bayesian_run_is_rebuilt_from_its_operative_config(tmp_path):
     from blayers.lab import config, loop
 
     model_dir = tmp_path / "flipout"  # trained in-process: the Loop writes the operative config
-    config.parse(["digits_mlp_smoke"], ["train.progress = False", "train.eval_every = None"])
+    config.parse(
+        ["digits_mlp_smoke"],
+        ["train.progress = False", "train.plots = False", "train.eval_every = None"],
+    )
     loop.train(str(model_dir))
     gin.clear_config()
     assert "DenseFlipout.activation = None" in (model_dir / "operative_config.gin").read_text()

@@ -97,7 +97,7 @@ def _run(
         num_eval_samples=num_eval_samples,
     )
     metrics = loop.train(
-        str(model_dir), learner=learner, train_steps=steps, progress=False, **kwargs
+        str(model_dir), learner=learner, train_steps=steps, progress=False, plots=False, **kwargs
     )
     return learner, metrics
 
@@ -338,6 +338,7 @@ def test_the_replicated_uci_config_trains_every_split_and_grid_point_in_one_run(
             "uci_replicas.name = 'toy'",
             f"uci_replicas.root = '{tmp_path / 'uci'}'",
             "train.progress = False",
+            "train.plots = False",
         ],
     )
     loop.train(str(model_dir))
@@ -474,7 +475,14 @@ def test_a_non_finite_replica_stops_the_run_at_its_step_and_is_named(tmp_path):
         num_eval_samples=5,
     )
     with pytest.raises(loop.NonFiniteLossError, match=r"at step 1 .*replica b \(the first of 3\)"):
-        loop.train(str(tmp_path), learner=learner, train_steps=20, log_every=10, progress=False)
+        loop.train(
+            str(tmp_path),
+            learner=learner,
+            train_steps=20,
+            log_every=10,
+            progress=False,
+            plots=False,
+        )
     assert learner.step == 1
     for before, after in zip(learner.before, learner.model.trainable_variables):
         np.testing.assert_array_equal(before[[0, 2]], after.numpy()[[0, 2]])

@@ -35,7 +35,13 @@ def _digits(*params):
     gin.clear_config()
     config.parse(
         ["digits_mlp_smoke"],
-        ["train.progress = False", "train.train_steps = 4", "train.checkpoint_every = 2", *params],
+        [
+            "train.progress = False",
+            "train.plots = False",
+            "train.train_steps = 4",
+            "train.checkpoint_every = 2",
+            *params,
+        ],
     )
 
 
@@ -129,7 +135,13 @@ def test_a_checkpoint_of_another_model_is_refused_not_taken_for_damage(tmp_path)
     from blayers.lab import data as data_lib
 
     digits = data_lib.digits()
-    quick = {"train_steps": 2, "checkpoint_every": 2, "progress": False, "num_eval_samples": 1}
+    quick = {
+        "train_steps": 2,
+        "checkpoint_every": 2,
+        "progress": False,
+        "plots": False,
+        "num_eval_samples": 1,
+    }
 
     def mlp(units):
         return lambda shape, n: models_lib.mlp(shape, n, hidden_units=(units,))
@@ -150,6 +162,7 @@ def _cli(model_dir, *params, gin_file="digits_mlp_smoke"):
             f"--gin_file={gin_file}",
             f"--model_dir={model_dir}",
             "--gin_param=train.progress = False",
+            "--gin_param=train.plots = False",
             *(f"--gin_param={p}" for p in params),
         ],
         cwd=ROOT,

@@ -12,7 +12,13 @@ from blayers.lab import data as data_lib
 from blayers.lab import loop, models
 from blayers.lab.learners.sgmcmc import SGMCMCLearner
 
-_SCHEDULE = {"log_every": 2, "eval_every": 8, "checkpoint_every": 4, "progress": False}
+_SCHEDULE = {
+    "log_every": 2,
+    "eval_every": 8,
+    "checkpoint_every": 4,
+    "progress": False,
+    "plots": False,
+}
 
 
 def _learner(**kwargs):

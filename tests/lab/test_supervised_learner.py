@@ -109,6 +109,7 @@ def test_kl_is_divided_by_dataset_size_and_annealed(tmp_path):
         log_every=1,
         num_eval_samples=1,
         progress=False,
+        plots=False,
         kl_schedule=lambda step: tf.cast(step, tf.float32) * 0.25,
     )
     records = [json.loads(line) for line in (tmp_path / "history.jsonl").read_text().splitlines()]
@@ -153,6 +154,7 @@ def test_non_finite_loss_names_step_and_layer_and_keeps_checkpoint(tmp_path):
             batch_size=32,
             checkpoint_every=2,
             progress=False,
+            plots=False,
         )
     message = str(error.value)
     assert "step 6" in message and "'blow_up' (output)" in message and "ckpt-4" in message
@@ -233,6 +235,7 @@ def test_trains_on_mocked_tfds(tmp_path):
             batch_size=32,
             num_eval_samples=1,
             progress=False,
+            plots=False,
         )
     assert 0.0 <= metrics["accuracy"] <= 1.0
 
@@ -244,6 +247,7 @@ _QUICK = {
     "log_every": 5,
     "num_eval_samples": 1,
     "progress": False,
+    "plots": False,  # the tests above draw them
     "seed": 3,
 }
 
@@ -364,7 +368,16 @@ def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
         return
     windows = dict(_QUICK, log_every=5, checkpoint_every=3)
     loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=3, **windows)
-    loop.fit(str(tmp_path / "a"), data=digits, model=_mlp, train_steps=5, **windows)
+    # `train.plots = False` drew nothing, and may change on resume: the rerun draws.
+    assert not list((tmp_path / "a").glob("*.png"))
+    assert not list((tmp_path / "twin").glob("*.png"))
+    loop.fit(
+        str(tmp_path / "a"), data=digits, model=_mlp, train_steps=5, **dict(windows, plots=True)
+    )
+    assert {p.name for p in (tmp_path / "a").glob("*.png")} == {
+        "training_curves.png",
+        "reliability.png",
+    }
     records = [
         json.loads(line)
         for line in (tmp_path / "a" / "history.jsonl").read_text().splitlines()
@@ -450,6 +463,7 @@ def test_vae_latent_kl_is_logged_where_it_lives(tmp_path, capsys):
         batch_size=32,
         num_eval_samples=2,
         progress=True,
+        plots=False,
     )
     shown = capsys.readouterr().out
     assert "latent_kl:" in shown and "weights_kl/N:" in shown and " kl:" not in shown

@@ -3,6 +3,7 @@ pools of `cores // N` threads (the variables TensorFlow reads at start-up), and 
 a variable the user set, is left alone."""
 
 import argparse
+import pathlib
 import sys
 
 import pytest
@@ -130,3 +131,62 @@ def test_a_run_name_that_leaves_the_root_is_refused(tmp_path, name):
         local.run_grid([("fine", {}), (name, {})], args)
     assert not (tmp_path / "root" / "fine").exists()
     assert local.run_folder(str(tmp_path), "validation/concrete").endswith("validation/concrete")
+
+
+# A trainer that records its PID, then the signal that ends it.
+_WAITING_TRAINER = (
+    "import os, pathlib, signal, sys, time\n"
+    "folder = pathlib.Path(sys.argv[1])\n"
+    "def stop(signum, frame):\n"
+    "    (folder / 'signal').write_text(signal.Signals(signum).name)\n"
+    "    sys.exit(143)\n"
+    "signal.signal(signal.SIGTERM, stop)\n"
+    "(folder / 'pid').write_text(str(os.getpid()))\n"
+    "time.sleep(120)\n"
+)
+
+
+def test_kill_9_of_the_sweep_sends_its_trainers_sigterm(tmp_path):
+    """A sweep killed outright (`kill -9`: no handler runs) still stops its trainers with the
+    parent-death signal, SIGTERM, on which a trainer checkpoints (`tests/lab/test_cli.py`, the
+    interrupted run). The sweep here is `run_grid` in a process of its own; its trainer records
+    the signal that ended it."""
+    import os
+    import signal
+    import subprocess
+    import time
+
+    sweep = (
+        "import argparse, sys\n"
+        "from blayers.launch import local\n"
+        f"trainer = {_WAITING_TRAINER!r}\n"
+        "local.trainer_command = lambda model_dir, bindings, args: "
+        "[sys.executable, '-c', trainer, model_dir]\n"
+        "local.run_grid([('run0', {})], argparse.Namespace(root=sys.argv[1], parallel=1))\n"
+    )
+    process = subprocess.Popen([sys.executable, "-c", sweep, str(tmp_path)])
+    run = tmp_path / "run0"
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "pid").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        trainer_pid = int((run / "pid").read_text())
+        process.send_signal(signal.SIGKILL)
+        process.wait(timeout=30)
+        while not (run / "signal").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert (run / "signal").read_text() == "SIGTERM", "the trainer outlived its sweep"
+    for _ in range(200):  # it exits (a zombie until init reaps it counts as gone)
+        try:
+            os.kill(trainer_pid, 0)
+        except ProcessLookupError:
+            break
+        status = pathlib.Path(f"/proc/{trainer_pid}/status")
+        if status.exists() and "\nState:\tZ" in status.read_text():
+            break
+        time.sleep(0.05)
+    else:
+        raise AssertionError("the trainer is still running")

@@ -29,22 +29,52 @@ __all__ = ["NoiseSource"]
 _M1, _M2 = 0x7FEB352D, 0x846CA68B
 
 
-def _mix(x):
-    """`lowbias32`: a bijective avalanche on uint32 (multiplication wraps modulo 2^32)."""
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
-    x = x * tf.constant(_M1, tf.uint32)
-    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(15, tf.uint32)))
-    x = x * tf.constant(_M2, tf.uint32)
-    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, tf.constant(16, tf.uint32)))
+class _Constants:
+    """The uint32 constants and slice indices of one graph's noise, each made once: the hash
+    made its five constants afresh at each of its hundreds of rounds, a third of a mesh
+    Transformer's graph, and every layer of one shape recomputed the same slice's indices.
+    Eagerly (the reference) nothing is kept."""
+
+    def __init__(self):
+        self._made = {}
+
+    def _once(self, key, make):
+        if tf.executing_eagerly():
+            return make()
+        if key not in self._made:
+            self._made[key] = make()
+        return self._made[key]
+
+    def u32(self, value):
+        return self._once(("u32", value), lambda: tf.constant(value, tf.uint32))
+
+    def indices(self, full_shape, begin, slice_shape):
+        key = ("indices", tuple(full_shape), tuple(begin), tuple(slice_shape))
+        return self._once(key, lambda: global_indices(full_shape, begin, slice_shape))
+
+
+_EAGER = _Constants()
+
+
+def _mix(x, c=_EAGER):
+    """`lowbias32`: a bijective avalanche on uint32 (multiplication wraps modulo 2^32); `c`
+    holds the graph's constants."""
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c.u32(16)))
+    x = x * c.u32(_M1)
+    x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c.u32(15)))
+    x = x * c.u32(_M2)
+    return tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c.u32(16)))
 
 
 def _u32(value):
     return tf.cast(tf.bitwise.bitwise_and(tf.cast(value, tf.int64), 0xFFFFFFFF), tf.uint32)
 
 
-def hash_bits(indices, key):
+def hash_bits(indices, key, c=_EAGER):
     """32 random bits per uint32 `indices` entry under the uint32 scalar `key`."""
-    return _mix(tf.bitwise.bitwise_xor(_mix(tf.bitwise.bitwise_xor(indices, key)), _mix(~key)))
+    return _mix(
+        tf.bitwise.bitwise_xor(_mix(tf.bitwise.bitwise_xor(indices, key), c), _mix(~key, c)), c
+    )
 
 
 def global_indices(full_shape, begin, slice_shape):
@@ -61,19 +91,19 @@ def global_indices(full_shape, begin, slice_shape):
     return _u32(tf.broadcast_to(index, slice_shape))
 
 
-def uniform_from_bits(bits, dtype):
+def uniform_from_bits(bits, dtype, c=_EAGER):
     """`(k + 1/2) / 2^23` for the top 23 bits `k`: strictly inside (0, 1) in float32 too (with
     24 bits the largest value would round to 1, where `ndtri` is infinite)."""
-    top = tf.cast(tf.bitwise.right_shift(bits, tf.constant(9, tf.uint32)), tf.float64)
+    top = tf.cast(tf.bitwise.right_shift(bits, c.u32(9)), tf.float64)
     return tf.cast((top + 0.5) / 2.0**23, dtype)
 
 
 class _CounterRandom(mtf.Operation):
     """An mtf op whose lowering hashes each slice's global indices (see the module)."""
 
-    def __init__(self, mesh, shape, key, kind, dtype):
+    def __init__(self, mesh, shape, key, kind, dtype, constants):
         super().__init__([], mesh=mesh, name=f"counter_{kind}")
-        self._key, self._kind = key, kind
+        self._key, self._kind, self._constants = key, kind, constants
         self._outputs = [mtf.Tensor(self, shape, dtype)]
         self._splittable_dims, self._unsplittable_dims = (
             self._initialize_all_dimensions_as_splittable()
@@ -92,13 +122,13 @@ class _CounterRandom(mtf.Operation):
         dtype = self.outputs[0].dtype
 
         def draw(pnum):
-            bits = hash_bits(
-                global_indices(full, impl.slice_begin(shape, pnum), slice_shape), self._key
-            )
+            c = self._constants(impl.devices[pnum])  # made on the slice's device
+            indices = c.indices(full, impl.slice_begin(shape, pnum), slice_shape)
+            bits = hash_bits(indices, self._key, c)
             if self._kind == "rademacher":
-                top = tf.bitwise.right_shift(bits, tf.constant(31, tf.uint32))
+                top = tf.bitwise.right_shift(bits, c.u32(31))
                 return 1.0 - 2.0 * tf.cast(top, dtype)
-            uniform = uniform_from_bits(bits, tf.float64 if dtype == tf.float64 else tf.float32)
+            uniform = uniform_from_bits(bits, tf.float64 if dtype == tf.float64 else tf.float32, c)
             return tf.cast(tf.math.ndtri(uniform), dtype)
 
         lowering.set_tensor_lowering(self.outputs[0], impl.slicewise(draw, impl.laid_out_pnum()))
@@ -118,16 +148,23 @@ class NoiseSource:
     """
 
     def __init__(self, seed, step, draw=None):
-        self._base = _mix(_u32(int(seed) & 0xFFFFFFFF) ^ tf.constant(0x9E3779B9, tf.uint32))
+        c = self._keys = _Constants()
+        self._base = _mix(_u32(int(seed) & 0xFFFFFFFF) ^ c.u32(0x9E3779B9), c)
         self._step = _u32(step)
-        self._draw = _u32(draw if draw is not None else 0)
+        draw = _u32(draw if draw is not None else 0)
+        self._draw = _mix(draw + c.u32(0x85EBCA6B), c)
         self._ops = 0
+        self._slices = {}  # device -> _Constants
+
+    def _constants(self, device):
+        return self._slices.setdefault(device, _Constants())
 
     def _key(self):
         self._ops += 1
-        key = _mix(self._base ^ _u32(self._ops))
-        key = _mix(key ^ self._step)
-        return _mix(key ^ _mix(self._draw + tf.constant(0x85EBCA6B, tf.uint32)))
+        c = self._keys
+        key = _mix(self._base ^ _u32(self._ops), c)
+        key = _mix(key ^ self._step, c)
+        return _mix(key ^ self._draw, c)
 
     def _check(self, shape):
         if math.prod(shape.to_integer_list) > 2**32:
@@ -137,13 +174,15 @@ class NoiseSource:
         """Standard normal entries of the mtf `shape`."""
         shape = mtf.convert_to_shape(shape)
         self._check(shape)
-        return _CounterRandom(mesh, shape, self._key(), "normal", dtype).outputs[0]
+        return _CounterRandom(mesh, shape, self._key(), "normal", dtype, self._constants).outputs[0]
 
     def rademacher(self, mesh, shape, dtype=tf.float32):
         """Independent +-1 signs of the mtf `shape`."""
         shape = mtf.convert_to_shape(shape)
         self._check(shape)
-        return _CounterRandom(mesh, shape, self._key(), "rademacher", dtype).outputs[0]
+        return _CounterRandom(
+            mesh, shape, self._key(), "rademacher", dtype, self._constants
+        ).outputs[0]
 
 
 def reference_normal(seed, op, step, draw, shape):
