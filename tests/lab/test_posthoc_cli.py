@@ -254,12 +254,13 @@ def _snapshot(folder, skip="posthoc"):
     }
 
 
-def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
+def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path, monkeypatch):
     """A truncated newest checkpoint is skipped (not renamed, the state file untouched), the
     summary names the checkpoint scored; a run still training is refused; each setting of
-    extra bindings keeps its own output folder. The command line writes the method's metrics
-    and plots beside the run's own, scored on the run's OOD set and shifted copies too; one
-    temperature keeps every argmax."""
+    extra bindings keeps its own output folder. The command line, here with a method of the
+    user's that a gin file imports (its setting a binding like the shipped methods'), writes
+    the method's metrics and plots beside the run's own, scored on the run's OOD set and
+    shifted copies too; one temperature keeps every argmax."""
     import shutil
     import socket
 
@@ -283,32 +284,40 @@ def test_post_hoc_reads_the_run_and_never_changes_it(finished_run, tmp_path):
     assert final["corrupted_nll"] != base["corrupted_nll"]  # the temperature reaches them
     from blayers.lab.posthoc_cli import output_folder
 
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "my_posthoc_methods.py").write_text(_PLUGIN.format(name="sharpen_user"))
+    methods = str(user / "methods.gin")
+    (user / "methods.gin").write_text("import my_posthoc_methods\n")
+    monkeypatch.setenv("PYTHONPATH", str(user))
     done = _run(
         [
             "blayers.posthoc",
             f"--model_dir={run}",
-            "--method=conformal",
-            "--gin_param=Conformal.alpha = 0.05",
+            "--method=sharpen_user",
+            f"--gin_file={methods}",
+            "--gin_param=Sharpen.power = 0.5",
         ]
     )
     assert done.returncode == 0, done.stderr[-2000:]
-    (output,) = (run / "posthoc").iterdir()  # not posthoc/conformal: the defaults' folder
-    assert output.name.startswith("conformal-") and f"Scored {older}" in done.stdout
-    assert str(output) == output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.05"])
+    (output,) = (run / "posthoc").iterdir()  # not posthoc/sharpen_user: the defaults' folder
+    assert output.name.startswith("sharpen_user-") and f"Scored {older}" in done.stdout
+    setting = ([methods], ["Sharpen.power = 0.5"])
+    assert str(output) == output_folder(str(run), "sharpen_user", *setting)
     assert output_folder(str(run), "conformal") == str(run / "posthoc" / "conformal")
-    assert output_folder(str(run), "conformal", (), ["Conformal.alpha = 0.1"]) != str(output)
+    assert output_folder(str(run), "sharpen_user", [methods], ["Sharpen.power = 2"]) != str(output)
     record = json.loads((output / "command.json").read_text())
-    assert record["gin_param"] == ["Conformal.alpha = 0.05"]
+    assert (record["gin_file"], record["gin_param"]) == ([methods], ["Sharpen.power = 0.5"])
     summary = json.loads((output / "metrics.json").read_text())
     final, base = summary["final"], summary["base"]
-    assert final["conformal_target_coverage"] == pytest.approx(0.95)
-    assert summary["status"] == "finished" and summary["method"] == "conformal"
+    assert final["power"] == 0.5 and final["entropy"] > base["entropy"]  # the binding arrived
+    assert summary["status"] == "finished" and summary["method"] == "sharpen_user"
     assert summary["num_calibration"] + summary["num_evaluation"] == 360
-    assert "conformal" in done.stdout and "nll" in done.stdout
+    assert "sharpen_user" in done.stdout and "nll" in done.stdout
     assert (output / "reliability.png").exists() and (output / "corruptions.png").exists()
     # The run's metric names and the method's own, on the run's OOD set and shifted copies.
     run_metrics = json.loads((run / "metrics.json").read_text())
-    assert set(run_metrics["final"]) <= set(base) and set(base) <= set(final)
+    assert set(run_metrics["final"]) <= set(base) and set(base) - logit_scores <= set(final)
     for key in ("ood_auroc_entropy", "corrupted_accuracy", "corrupted_nll", "corrupted_ece"):
         assert key in run_metrics["final"] and key in base and key in final
     table = json.loads((output / "corruptions.json").read_text())
@@ -357,8 +366,8 @@ class Sharpen(Method):
 
 def test_a_method_is_one_new_file(finished_run, tmp_path, monkeypatch):
     """A `Method` subclass in a module of its own is found by name: one dropped into the
-    methods' package path, and one a gin file imports for the command line, whose settings
-    are gin parameters like the shipped methods'."""
+    methods' package path, its settings gin parameters like the shipped methods'. (One a gin
+    file imports runs through the command line: the test above.)"""
     from blayers.lab import posthoc_methods
 
     folder = tmp_path / "package_part"
@@ -373,26 +382,8 @@ def test_a_method_is_one_new_file(finished_run, tmp_path, monkeypatch):
     assert summary["final"]["accuracy"] == summary["base"]["accuracy"]  # argmax kept
     assert summary["final"]["entropy"] < summary["base"]["entropy"]
 
-    user = tmp_path / "user"
-    user.mkdir()
-    (user / "my_posthoc_methods.py").write_text(_PLUGIN.format(name="sharpen_user"))
-    (user / "methods.gin").write_text("import my_posthoc_methods\n")
-    monkeypatch.setenv("PYTHONPATH", str(user))
-    result = _run(
-        [
-            "blayers.posthoc",
-            f"--model_dir={finished_run}",
-            "--method=sharpen_user",
-            f"--gin_file={user / 'methods.gin'}",
-            "--gin_param=Sharpen.power = 0.5",
-        ]
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    (out,) = (finished_run / "posthoc").glob("sharpen_user-*")
-    final = json.loads((out / "metrics.json").read_text())
-    assert final["final"]["power"] == 0.5 and final["final"]["entropy"] > final["base"]["entropy"]
-    # Without that gin file the name is unknown: the command line's exit 2 with this line
-    # (the ValueError path tests/lab/test_replicated_training.py runs through it).
+    # Without the user's gin file the name is unknown: the command line's exit 2 with this
+    # line (the ValueError path tests/lab/test_replicated_training.py runs through it).
     with pytest.raises(ValueError, match="no method 'sharpen_user'"):
         posthoc_methods.get("sharpen_user")
 
