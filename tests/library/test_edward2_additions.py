@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import epochs_of
+from conftest import epochs_of, graph_draws
 from scipy import stats
 
 import blayers
@@ -336,8 +336,7 @@ def test_add_weight_makes_a_keras_layer_bayesian():
     )
     x = np.ones((1, 3), "float32")
     layer(x)
-    draw = tf.function(lambda: layer(x)[0, 0])  # one graph: a new kernel draw per call
-    draws = np.array([draw().numpy() for _ in range(1500)])
+    draws = graph_draws(lambda: layer(x)[0, 0], 1500)  # a new kernel draw each
     init = layer.kernel_initializer
     params = init.parameters()
     mean, stddev = params["mean"].numpy().ravel(), params["stddev"].numpy().ravel()

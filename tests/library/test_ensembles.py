@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
-from conftest import check_moments, epochs_of
+from conftest import check_moments, epochs_of, graph_draws
 
 import blayers
 from blayers.lab import configurables  # noqa: F401 - gin names of the library
@@ -166,8 +166,7 @@ def test_rank1_factors_are_drawn_from_their_posterior():
     alpha = layer.alpha_initializer.parameters()
     gamma = layer.gamma_initializer.parameters()
     kernel = np.asarray(layer.kernel)
-    draw = tf.function(lambda: layer(x))  # one draw of the factors per call, traced once
-    draws = np.stack([draw().numpy() for _ in range(2000)])  # [n, E, 2]
+    draws = graph_draws(lambda: layer(x), 2000)  # one draw of the factors each: [n, E, 2]
     # y_m = a_m W g_m with independent Normal factors: mean and variance in closed form.
     am, av = alpha["mean"].numpy()[:, 0], alpha["stddev"].numpy()[:, 0] ** 2
     gm, gv = gamma["mean"].numpy(), gamma["stddev"].numpy() ** 2

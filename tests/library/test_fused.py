@@ -9,6 +9,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import graph_draws
 from scipy import stats
 
 import blayers
@@ -266,8 +267,7 @@ def test_fused_estimators_match_closed_form_moments(cls):
     if cls is DenseLocalReparameterization:
         draws = layer(np.tile(x, (n, 1))).numpy().reshape(n, 2, 256)
     else:  # a fresh weight draw (and signs) each call: one call a draw
-        call = tf.function(lambda: layer(x))
-        draws = np.stack([call().numpy() for _ in range(n)])
+        draws = graph_draws(lambda: layer(x), n)
     mu = layer.kernel_initializer.mean.numpy()
     mean, var = x @ mu, np.square(x) @ np.square(sigma)
     draws = draws.astype(np.float64)

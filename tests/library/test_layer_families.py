@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import check_moments
+from conftest import check_moments, graph_draws
 
 import blayers
 from blayers import constraints
@@ -21,11 +21,6 @@ SOFTPLUS = constraints.Softplus()
 def _set_posterior(initializer, mean, stddev):
     initializer.mean.assign(mean)
     initializer.stddev.assign(SOFTPLUS.inverse(stddev))
-
-
-def _many_calls(fn, num_draws, per_call=10):  # small graphs: tracing costs more than calls
-    call = tf.function(lambda: tf.stack([tf.convert_to_tensor(fn()) for _ in range(per_call)]))
-    return np.concatenate([call().numpy() for _ in range(num_draws // per_call)])
 
 
 _check_moments = check_moments
@@ -56,7 +51,7 @@ def test_conv_output_moments_match_closed_form(family, shape, kwargs, estimator)
     if estimator == "LocalReparameterization":  # independent per example: one big batch
         draws = layer(np.repeat(x, 3000, axis=0)).numpy()
     else:
-        draws = _many_calls(lambda: layer(x)[0], 3000)
+        draws = graph_draws(lambda: layer(x)[0], 3000)
     _check_moments(draws, closed_mean, closed_var)
 
 
@@ -266,7 +261,7 @@ def test_attention_flipout_query_moments():
         layer.call_weights()
         return layer.project("query", tf.constant(q))[0, 0]
 
-    draws = _many_calls(query_projection, 3000)
+    draws = graph_draws(query_projection, 3000)
     _check_moments(draws, q[0, 0] @ mean, q[0, 0] ** 2 @ stddev**2)
 
 
@@ -277,7 +272,7 @@ def test_embedding_rows_have_posterior_moments(tmp_path):
     mean = RNG.randn(5, 3).astype("float32")
     stddev = RNG.uniform(0.1, 0.5, (5, 3)).astype("float32")
     _set_posterior(layer.embeddings_initializer, mean, stddev)
-    draws = _many_calls(lambda: layer(ids)[0], 3000)
+    draws = graph_draws(lambda: layer(ids)[0], 3000)
     _check_moments(draws, mean[ids[0]], stddev[ids[0]] ** 2)
     np.testing.assert_array_equal(draws[:, 1], draws[:, 2])  # one table per call
     assert layer.compute_mask(ids).numpy().tolist() == [[False, True, True, True]]

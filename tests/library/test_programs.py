@@ -6,6 +6,7 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import graph_draws
 from scipy import stats
 
 import blayers
@@ -80,8 +81,7 @@ def test_function_prior_from_a_bayesian_layer():
     x = tf.constant([[1.0, -2.0, 0.5, 1.0]])
     layer(x)
     assert layer.losses == [] and layer.trainable_weights == []
-    draw = tf.function(lambda: layer(x)[0])  # traced once; a new draw per call
-    draws = np.stack([draw().numpy() for _ in range(2000)])
+    draws = graph_draws(lambda: layer(x)[0], 2000)  # a new draw each
     variance = 0.25 * float(tf.reduce_sum(x**2))  # Var[x w] = |x|^2 stddev^2
     se = variance * np.sqrt(2 / len(draws))
     np.testing.assert_allclose(draws.var(0), variance, atol=5 * se)
@@ -100,9 +100,9 @@ def test_elbo_estimate_is_unbiased():
     def posterior():
         return blayers.Normal(loc, scale, name="z")
 
-    # Traced once; each call draws anew.
-    estimate = tf.function(lambda: programs.elbo(normal_normal, posterior, observed={"x": X}).elbo)
-    estimates = [float(estimate()) for _ in range(1000)]
+    # One graph loop: each estimate draws anew.
+    estimate = lambda: programs.elbo(normal_normal, posterior, observed={"x": X}).elbo
+    estimates = graph_draws(estimate, 1000).tolist()
     assert len(set(estimates)) > 0.99 * len(estimates)  # float32 values may coincide
     # E_q[log p(x | z)] + E_q[log p(z)] + H[q], each in closed form.
     second = scale**2 + loc**2

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
+from conftest import graph_draws
 
 from blayers import sampling
 from blayers.initializers import TrainableMultivariateNormal, TrainableNormal
@@ -223,9 +224,8 @@ def test_flipout_outputs_have_each_replica_s_posterior_mean_and_variance():
     # each row is a valid draw (Flipout's signs), so rows of one call and calls both sample it.
     layer = DenseFlipout(4, kernel_initializer=_noisy_posterior(), replicas=2)
     x = np.tile(np.random.default_rng(5).normal(size=(2, 1, 5)).astype("float32"), (1, 20, 1))
-    call = tf.function(layer)
     calls = 1000
-    draws = np.concatenate([call(x).numpy() for _ in range(calls)], axis=1)  # [2, 20,000, 4]
+    draws = np.concatenate(graph_draws(lambda: layer(x), calls), axis=1)  # [2, 20,000, 4]
     mean_w, rho = (v.numpy() for v in layer.kernel_initializer.weights)
     mean = np.einsum("ri,rio->ro", x[:, 0], mean_w) + layer.bias.numpy()
     variance = np.einsum("ri,rio->ro", x[:, 0] ** 2, np.log1p(np.exp(rho)) ** 2)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 import tensorflow_probability as tfp
-from conftest import check_moments
+from conftest import check_moments, graph_draws
 from scipy import integrate
 
 import blayers
@@ -40,8 +40,7 @@ def test_variational_dropout_training_moments_and_sparse_prediction():
     _set_posterior(layer, mean, stddev)
     log_alpha = np.clip(2 * np.log(stddev) - np.log(mean**2 + 1e-8), -8, 8)
     variance = np.exp(log_alpha) * mean**2
-    draw = tf.function(lambda: layer(x, training=True)[0])  # traced once; new noise per call
-    draws = np.stack([draw().numpy() for _ in range(3000)])
+    draws = graph_draws(lambda: layer(x, training=True)[0], 3000)  # new noise each
     check_moments(draws, (x @ mean)[0], (x**2 @ variance)[0])
     kept = (log_alpha < 3.0).astype("float32")
     np.testing.assert_allclose(layer(x, training=False), x @ (mean * kept), rtol=1e-5)
@@ -175,8 +174,7 @@ def test_mixture_of_deltas_draws_its_locations_at_their_weights():
     layer.build((None, 1))
     init.logits.assign(np.log([[[0.2, 0.3, 0.5]]]))
     locations = np.asarray(init.loc)[0, 0]
-    draw = tf.function(lambda: init((1, 1)).value[0, 0])  # traced once; a new draw per call
-    values = np.array([float(draw()) for _ in range(3000)])
+    values = graph_draws(lambda: init((1, 1)).value[0, 0], 3000)  # a new draw each
     assert np.all(np.min(np.abs(values[:, None] - locations[None, :]), axis=1) < 1e-6)
     for k, p in enumerate([0.2, 0.3, 0.5]):
         freq = np.mean(np.isclose(values, locations[k]))
