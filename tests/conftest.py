@@ -93,16 +93,17 @@ def check_moments(draws, mean, var, sigmas=5.0):
     assert np.all(np.abs(draws.var(0, ddof=1) - var) < sigmas * var * math.sqrt(2 / (n - 1)) + 1e-6)
 
 
-def graph_draws(fn, count, dtype="float32"):
+def graph_draws(fn, count, dtype="float32", indexed=False):
     """`count` calls of `fn` (no arguments; TensorFlow's random state gives each call fresh
-    noise) stacked on a new first axis, as one graph loop: `fn` traced once, and no Python
-    call a draw (a `tf.function` called 2,000 times took seconds)."""
+    noise; `indexed`: the call's index, an int32 scalar tensor, e.g. for a stateless seed)
+    stacked on a new first axis, as one graph loop: `fn` traced once, and no Python call a
+    draw (a `tf.function` called 2,000 times took seconds)."""
     import tensorflow as tf
 
     @tf.function(autograph=False)
     def draws():
         return tf.map_fn(
-            lambda _: tf.convert_to_tensor(fn()),
+            lambda i: tf.convert_to_tensor(fn(i) if indexed else fn()),
             tf.range(count),
             fn_output_signature=tf.as_dtype(dtype),
             parallel_iterations=1,  # the draws in order, one after another

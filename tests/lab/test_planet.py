@@ -87,7 +87,8 @@ def test_rssm_loss_falls_on_recorded_episodes(tmp_path):
         )
         return terms["reconstruction"] + terms["reward"]
 
-    losses = [float(step(*buffer.sample(16, 20, 0, i))) for i in range(200)]
+    # 100 steps: the last 20 losses' mean is about 0.13 of the first 20's (0.09 after 200)
+    losses = [float(step(*buffer.sample(16, 20, 0, i))) for i in range(100)]
     first, last = np.mean(losses[:20]), np.mean(losses[-20:])
     assert last < 0.3 * first, (first, last)
 
