@@ -33,13 +33,14 @@ class _Constants:
     """The uint32 constants and slice indices of one graph's noise, each made once: the hash
     made its five constants afresh at each of its hundreds of rounds, a third of a mesh
     Transformer's graph, and every layer of one shape recomputed the same slice's indices.
-    Eagerly (the reference) nothing is kept."""
+    Eagerly (the reference), or with `keep=False` (the functions' default, which may be called
+    in any graph), nothing is kept."""
 
-    def __init__(self):
-        self._made = {}
+    def __init__(self, keep=True):
+        self._made = {} if keep else None
 
     def _once(self, key, make):
-        if tf.executing_eagerly():
+        if self._made is None or tf.executing_eagerly():
             return make()
         if key not in self._made:
             self._made[key] = make()
@@ -53,10 +54,10 @@ class _Constants:
         return self._once(key, lambda: global_indices(full_shape, begin, slice_shape))
 
 
-_EAGER = _Constants()
+_UNKEPT = _Constants(keep=False)
 
 
-def _mix(x, c=_EAGER):
+def _mix(x, c=_UNKEPT):
     """`lowbias32`: a bijective avalanche on uint32 (multiplication wraps modulo 2^32); `c`
     holds the graph's constants."""
     x = tf.bitwise.bitwise_xor(x, tf.bitwise.right_shift(x, c.u32(16)))
@@ -70,7 +71,7 @@ def _u32(value):
     return tf.cast(tf.bitwise.bitwise_and(tf.cast(value, tf.int64), 0xFFFFFFFF), tf.uint32)
 
 
-def hash_bits(indices, key, c=_EAGER):
+def hash_bits(indices, key, c=_UNKEPT):
     """32 random bits per uint32 `indices` entry under the uint32 scalar `key`."""
     return _mix(
         tf.bitwise.bitwise_xor(_mix(tf.bitwise.bitwise_xor(indices, key), c), _mix(~key, c)), c
@@ -91,7 +92,7 @@ def global_indices(full_shape, begin, slice_shape):
     return _u32(tf.broadcast_to(index, slice_shape))
 
 
-def uniform_from_bits(bits, dtype, c=_EAGER):
+def uniform_from_bits(bits, dtype, c=_UNKEPT):
     """`(k + 1/2) / 2^23` for the top 23 bits `k`: strictly inside (0, 1) in float32 too (with
     24 bits the largest value would round to 1, where `ndtri` is infinite)."""
     top = tf.cast(tf.bitwise.right_shift(bits, c.u32(9)), tf.float64)
