@@ -361,8 +361,9 @@ def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_
         assert not xla_cpu.prefer_wide_vectors(environ) and environ == {}
         return
     root = pathlib.Path(__file__).resolve().parents[2]
-    probe = (
-        "import sys; from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
+    probe = (  # tests/ on the path as pytest puts it there: this module imports its conftest
+        "import sys; sys.path.insert(0, 'tests'); "
+        "from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
     )
     out = {}
     for width in (256, 512):
