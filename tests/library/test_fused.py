@@ -9,12 +9,12 @@ import keras
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import graph_draws
 from scipy import stats
 
 import blayers
 from blayers import constraints, fused, regularizers, sampling
 from blayers.layers import DenseFlipout, DenseLocalReparameterization, DenseReparameterization
+from tests.conftest import graph_draws
 
 BIG = 1 << 16  # entries: above fused.MIN_SIZE
 
@@ -361,9 +361,8 @@ def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_
         assert not xla_cpu.prefer_wide_vectors(environ) and environ == {}
         return
     root = pathlib.Path(__file__).resolve().parents[2]
-    probe = (  # tests/ on the path as pytest puts it there: this module imports its conftest
-        "import sys; sys.path.insert(0, 'tests'); "
-        "from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
+    probe = (
+        "import sys; from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
     )
     out = {}
     for width in (256, 512):
