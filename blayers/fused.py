@@ -10,6 +10,12 @@ sines and cosines, which XLA's CPU backend vectorizes where it does not vectoriz
 softplus in 0.7 ms instead of 1.7 (its `log1p` a polynomial), the sign flips without forming
 the signs (`benchmarks/dense_estimators.py` prints the step's breakdown).
 
+A trainable Normal weight whose layer adds the default Normal KL forms its standard deviation
+(or variance), and that KL, in one pass (`normal_posterior_and_kl`), and its backward pass adds
+the KL's closed-form gradient to the layer's while it forms both parameters' gradients: no
+separate KL-gradient arrays and no sums of them (local reparameterization's step 2.23x -> 2.15x
+`Dense` here, Flipout's 2.31x -> 2.29x, measured interleaved).
+
 The words come from Threefry-2x32-20 written in XLA's integer ops (`threefry2x32`), about half
 the time of TF's Philox kernel (XLA's own CPU random-number kernels are slow, and a Philox
 written in XLA, with its 32 x 32 -> 64-bit multiplies, ran 3x slower than TF's). Fusing more
@@ -34,6 +40,7 @@ __all__ = [
     "box_muller_words",
     "flip",
     "normal_kl",
+    "normal_posterior_and_kl",
     "random_words",
     "replica_mix",
     "seed_key",
@@ -297,14 +304,23 @@ _LOG1P_RATIO = (
 
 
 def _softplus(x):
+    return _softplus_and_exp(x)[0]
+
+
+def _softplus_and_exp(x):
     # max(x, 0) + log1p(e), e = exp(-|x|) in (0, 1], with log1p by a polynomial: one
     # transcendental, where XLA's CPU log1p costs three times the exp (relative error 1.6e-7
-    # against float64, TF's own softplus 4.6e-7).
+    # against float64, TF's own softplus 4.6e-7). `e` also gives the sigmoid (`_sigmoid_of`).
     e = tf.exp(-tf.abs(x))
     ratio = tf.constant(_LOG1P_RATIO[-1], x.dtype)
     for coefficient in _LOG1P_RATIO[-2::-1]:
         ratio = ratio * e + coefficient
-    return tf.maximum(x, 0.0) + e * ratio
+    return tf.maximum(x, 0.0) + e * ratio, e
+
+
+def _sigmoid_of(x, e):
+    # sigmoid(x) from `e = exp(-|x|)`: `1 / (1 + e)` for x >= 0, `e / (1 + e)` below.
+    return tf.where(x >= 0.0, tf.ones_like(e), e) / (1.0 + e)
 
 
 _softplus_xla = tf.function(_softplus, jit_compile=True, reduce_retracing=True, autograph=False)
@@ -376,6 +392,10 @@ def softplus_and_square(x):
 # -- KL[N(m, s^2) || N(m_p, s_p^2)] ---------------------------------------------------------------
 @tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
 def _normal_kl_terms(loc, scale, prior_mean, inv_var):
+    return _normal_kl_sum(loc, scale, prior_mean, inv_var)
+
+
+def _normal_kl_sum(loc, scale, prior_mean, inv_var):
     centred = loc - prior_mean
     ratio = scale * tf.sqrt(inv_var)  # s / s_p
     # Each entry's KL, `(r^2 - 1) / 2 - log r + c^2 / (2 s_p^2) >= 0`, summed: no cancellation
@@ -409,6 +429,50 @@ def normal_kl(loc, scale, prior_mean, prior_stddev):
         return value, grad
 
     return kl(loc, scale)
+
+
+# -- a Normal posterior's parameters and its KL, together ------------------------------------------
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
+def _posterior_and_kl(loc, rho, prior_mean, inv_var, square):
+    scale = _softplus(rho)
+    return scale * scale if square else scale, _normal_kl_sum(loc, scale, prior_mean, inv_var)
+
+
+@tf.function(jit_compile=True, reduce_retracing=True, autograph=False)
+def _posterior_and_kl_grads(d_loc, d_out, d_kl, loc, rho, prior_mean, inv_var, square):
+    # The softplus again from `rho` (one exp, shared with the sigmoid): cheaper than reading a
+    # stored copy back.
+    scale, e = _softplus_and_exp(rho)
+    d_scale = 2.0 * scale * d_out if square else d_out
+    d_scale += d_kl * (inv_var * scale - 1.0 / scale)
+    return d_loc + d_kl * inv_var * (loc - prior_mean), d_scale * _sigmoid_of(rho, e)
+
+
+def normal_posterior_and_kl(loc, rho, prior_mean, prior_stddev, square=False):
+    """`(loc, s, KL)` of a mean-field Normal `q = N(loc, s^2)`, `s = softplus(rho)`, with
+    `KL = sum KL[q || N(prior_mean, prior_stddev^2)]` (`normal_kl`), or `(loc, s^2, KL)` with
+    `square`: one fused pass forward, and one backward pass forming both parameters' whole
+    gradients (the KL's, `normal_kl`'s closed form, added to what reaches `loc` and `s` from
+    the layer) where the separate kernels take four passes and two sums. `loc` comes back as
+    itself (no copy), so that every use of the mean sends its gradient through that one pass.
+    Large float32 tensors of one shape (`should_fuse`)."""
+    dtype = loc.dtype
+    inv_var = tf.constant(1.0 / prior_stddev**2, dtype)
+    mean = tf.constant(prior_mean, dtype)
+    zero = tf.zeros([], dtype)
+
+    @tf.custom_gradient
+    def joint(loc, rho):
+        out, kl = _posterior_and_kl(loc, rho, mean, inv_var, square)
+
+        def grad(d_loc, d_out, d_kl):
+            # An output nothing used sends no gradient (None in graphs): it counts as zero.
+            d_loc, d_out, d_kl = (zero if d is None else d for d in (d_loc, d_out, d_kl))
+            return _posterior_and_kl_grads(d_loc, d_out, d_kl, loc, rho, mean, inv_var, square)
+
+        return (tf.identity(loc), out, kl), grad
+
+    return joint(loc, rho)
 
 
 def _reference_normal(words):

@@ -25,7 +25,7 @@ import tensorflow_probability as tfp
 
 from blayers import constraints as constraints_lib
 from blayers import distributions as rv_lib
-from blayers import regularizers, sampling, seeds
+from blayers import fused, regularizers, sampling, seeds
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry
 from blayers.replicas import ReplicaInitializer
@@ -172,8 +172,17 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
             out[name] = param.constraint(value) if param.constraint else tf.identity(value)
         return out
 
+    def _draw_parameters(self):
+        """The parameters a draw's distribution is formed from (with the variance where the
+        layer reads it)."""
+        return self.parameters(with_variance=True)
+
     # Set by a layer whose estimator reads the weight's variance (`add_bayesian_weight`).
     variance_wanted = False
+    # `(mean, stddev)` of the Normal prior whose KL the layer adds for this weight, set by the
+    # layer before each draw (`BayesianLayer.call_weights`): a trainable Normal then forms its
+    # parameters and that KL together. None: each on its own.
+    kl_prior = None
 
     @property
     def replica_keys(self):
@@ -186,7 +195,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
 
     def random_variable(self):
         """A fresh `RandomVariable` over the weight (value drawn lazily, on first use)."""
-        distribution = self._distribution(self.parameters(with_variance=True), self.weight_shape)
+        distribution = self._distribution(self._draw_parameters(), self.weight_shape)
         return rv_lib.Independent(
             distribution,
             reinterpreted_batch_ndims=len(self.weight_shape),
@@ -202,7 +211,7 @@ class TrainableInitializer(ArgsDoc, keras.layers.Layer):
         cell draws at `get_initial_state` and forms its weights at every step). Interceptors
         saw the first construction and are not consulted again."""
         distribution = tfd.Independent(
-            self._distribution(self.parameters(with_variance=True), self.weight_shape),
+            self._distribution(self._draw_parameters(), self.weight_shape),
             reinterpreted_batch_ndims=len(self.weight_shape),
             name=rv.distribution.name,
         )
@@ -273,10 +282,43 @@ class TrainableNormal(TrainableInitializer):
 
     _stddev_shape = None
 
+    def _draw_parameters(self):
+        params = self._parameters_with_kl()
+        return params if params is not None else super()._draw_parameters()
+
+    def _parameters_with_kl(self):
+        """The parameters and their KL against `kl_prior` in one fused pass each way
+        (`fused.normal_posterior_and_kl`), or None where that does not apply: no prior set, a
+        constrained mean, a stddev map other than softplus, a subclass's own distribution, or
+        parameters that are not large float32 tensors of the weight's shape."""
+        prior = self.kl_prior
+        mean_param, stddev_param = self._parameters["mean"], self._parameters["stddev"]
+        if (
+            prior is None
+            or mean_param.constraint is not None
+            or type(stddev_param.constraint) is not constraints_lib.Softplus
+            or type(self)._distribution is not TrainableNormal._distribution
+        ):
+            return None
+        loc, rho = tf.convert_to_tensor(self.mean), tf.convert_to_tensor(self.stddev)
+        if loc.shape != rho.shape or not fused.should_fuse(loc.shape, loc.dtype):
+            return None
+        square = self.variance_wanted
+        loc, out, kl = fused.normal_posterior_and_kl(loc, rho, *prior, square=square)
+        if square:
+            # The stddev apart: a traced step that reads only the variance prunes it.
+            params = {"mean": loc, "stddev": fused.softplus(rho), "variance": out}
+        else:
+            params = {"mean": loc, "stddev": out}
+        params["kl"] = (prior, kl)
+        return params
+
     def _distribution(self, params, shape):
         distribution = tfd.Normal(loc=params["mean"], scale=params["stddev"])
         if "variance" in params:  # `sampling.normal_variance` reads it
             distribution.blayers_variance = params["variance"]
+        if "kl" in params:  # `sampling.attached_normal_kl` reads it
+            distribution.blayers_kl = params["kl"]
         return distribution
 
 

@@ -21,7 +21,7 @@ from blayers import constraints as constraints_lib
 from blayers import fused
 from blayers.random_variable import RandomVariable
 from blayers.registry import ArgsDoc, Registry, configurable_function
-from blayers.sampling import flat_multivariate_normal, normal_parameters
+from blayers.sampling import attached_normal_kl, flat_multivariate_normal, normal_parameters
 
 tfd = tfp.distributions
 
@@ -92,6 +92,15 @@ def _normal_kl_sum(loc, scale, prior_mean, prior_stddev):
 _traced_normal_kl_sum = tf.function(_normal_kl_sum, autograph=False)
 
 
+def normal_kl_prior(regularizer):
+    """`(mean, stddev)` where `regularizer` is the analytic KL against a fixed Normal prior
+    (`NormalKLDivergence`, not a subclass), else None: a trainable Normal weight then forms its
+    parameters and that KL in one fused pass (`blayers.initializers.TrainableNormal`)."""
+    if type(regularizer) is NormalKLDivergence:
+        return (regularizer.mean, regularizer.stddev)
+    return None
+
+
 class DistributionRegularizer(ArgsDoc, keras.regularizers.Regularizer):
     """Base: `scale_factor * divergence(rv)` for a weight random variable `rv`.
 
@@ -147,6 +156,10 @@ class NormalKLDivergence(DistributionRegularizer):
         self.stddev = float(stddev)
 
     def divergence(self, rv):
+        # Formed by a trainable Normal q with its parameters (`normal_kl_prior`), if it was.
+        attached = attached_normal_kl(rv.distribution, (self.mean, self.stddev))
+        if attached is not None:
+            return attached
         params = normal_parameters(rv.distribution)
         if params is None:
             mean, stddev = tf.cast(self.mean, rv.dtype), tf.cast(self.stddev, rv.dtype)

@@ -362,6 +362,17 @@ def normal_variance(distribution):
     return getattr(distribution, "blayers_variance", None)
 
 
+def attached_normal_kl(distribution, prior):
+    """`sum KL[q || N(prior)]`, `prior = (mean, stddev)`, where a trainable Normal formed it
+    with its parameters (`TrainableNormal` with a `kl_prior`, the same prior), or None."""
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    attached = getattr(distribution, "blayers_kl", None)
+    if attached is None or tuple(attached[0]) != tuple(prior):
+        return None
+    return attached[1]
+
+
 def flat_multivariate_normal(distribution, diagonal=False):
     """The multivariate Normal over a weight's flattened entries: the full-covariance q of
     `trainable_multivariate_normal` (a `MultivariateNormalTriL` reshaped to the weight), and with

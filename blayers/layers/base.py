@@ -296,12 +296,23 @@ class BayesianLayer(SeededLayer):
     def call_weights(self, add_losses=True):
         """Draws every random weight anew and adds its regularizer (KL) to `self.losses`
         (not with `add_losses=False`: a draw outside a Keras call, such as a planner's)."""
+        self.set_kl_priors(add_losses)
         for name in self._random_weight_names:
             rv = getattr(self, f"{name}_initializer")(self._bayesian_weights[name], self.dtype)
             setattr(self, name, rv)
         if add_losses:
             for loss in self.weight_kl_terms():
                 self.add_loss(loss)
+
+    def set_kl_priors(self, enabled=True):
+        """Tells each random weight's initializer the Normal prior of its KL term (`enabled`,
+        and the regularizer is `normal_kl_divergence`), so that a trainable Normal forms its
+        parameters and their KL in one fused pass; else None (no KL wanted: not computed)."""
+        for name in self._random_weight_names:
+            init = getattr(self, f"{name}_initializer")
+            if isinstance(init, initializers.TrainableInitializer):
+                regularizer = getattr(self, f"{name}_regularizer")
+                init.kl_prior = regularizers.normal_kl_prior(regularizer) if enabled else None
 
     def weight_kl_terms(self):
         """The regularizers (KL terms) of the current draw of every random weight."""

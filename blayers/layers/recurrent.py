@@ -187,6 +187,7 @@ class _CellBase(BayesianLayer):
         """`(projections, bias, kl_terms)`: the sequence's weights from the variables' values
         now; the step maps only with `steps`, the KL terms only with `losses` (else None)."""
         with sampling.reuse_draws(sequence.noise):
+            self.set_kl_priors(losses)
             for name, rv in sequence.draws.items():
                 setattr(self, name, getattr(self, f"{name}_initializer").redraw(rv))
             projections, bias = self._projections(sequence) if steps else (None, None)

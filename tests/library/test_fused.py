@@ -209,6 +209,90 @@ def test_normal_kl_value_and_gradient(shape, traced):
     np.testing.assert_allclose(grads[1], s / 4.0 - 1.0 / s, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("square", [False, True], ids=["stddev", "variance"])
+@pytest.mark.parametrize("used", ["all", "kl", "parameters"])
+def test_posterior_and_kl_value_and_gradient(square, used):
+    """`normal_posterior_and_kl`: the mean itself, `softplus(rho)` (or its square) and the KL,
+    and the whole gradient against float64 (the chain rule by hand), also where only the KL or
+    only the parameters reach the loss (the other upstreams are absent)."""
+    rng = np.random.RandomState(3)
+    shape = (256, 256)
+    loc = tf.Variable(rng.randn(*shape).astype("float32"))
+    rho = tf.Variable(rng.uniform(-9.0, 4.0, size=shape).astype("float32"))
+    g_loc, g_out = (tf.constant(rng.randn(*shape).astype("float32")) for _ in range(2))
+
+    @tf.function
+    def value_and_grads():
+        with tf.GradientTape() as tape:
+            mean, out, kl = fused.normal_posterior_and_kl(loc, rho, 0.5, 2.0, square=square)
+            loss = 0.0
+            if used != "kl":
+                loss += tf.reduce_sum(g_loc * mean) + tf.reduce_sum(g_out * out)
+            if used != "parameters":
+                loss += 3.0 * kl
+        return mean, out, kl, tape.gradient(loss, [loc, rho])
+
+    mean, out, kl, (d_loc, d_rho) = value_and_grads()
+    m, r = loc.numpy().astype(np.float64), rho.numpy().astype(np.float64)
+    s = np.logaddexp(0.0, r)
+    np.testing.assert_array_equal(mean, loc)
+    np.testing.assert_allclose(out, s**2 if square else s, rtol=2e-6)
+    expected_kl = np.sum(np.log(2.0 / s) + (s**2 + (m - 0.5) ** 2) / 8.0 - 0.5)
+    assert float(kl) == pytest.approx(expected_kl, rel=2e-6)
+    w_kl = 0.0 if used == "parameters" else 3.0
+    w_par = 0.0 if used == "kl" else 1.0
+    expected_loc = w_par * g_loc.numpy() + w_kl * (m - 0.5) / 4.0
+    d_s = w_par * g_out.numpy() * (2.0 * s if square else 1.0) + w_kl * (s / 4.0 - 1.0 / s)
+    expected_rho = d_s / (1.0 + np.exp(-r))
+    np.testing.assert_allclose(d_loc, expected_loc, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(
+        d_rho, expected_rho, rtol=2e-5, atol=1e-6 * np.abs(expected_rho).max()
+    )
+
+
+@pytest.mark.parametrize(
+    "estimator", [DenseReparameterization, DenseFlipout, DenseLocalReparameterization]
+)
+def test_layer_forms_its_kl_with_its_parameters_to_the_same_step(estimator):
+    """A layer whose kernel's KL is the default Normal one forms the two together
+    (`TrainableNormal.kl_prior`); the loss and every gradient of a training step are those of
+    the separate kernels (the same draws), to float32 rounding. A prior of another family, or
+    none, takes the separate kernels."""
+    x = tf.constant(np.random.RandomState(4).randn(8, 256).astype("float32"))
+
+    def step(layer, fused_kl):
+        layer.set_kl_priors = lambda enabled=True: type(layer).set_kl_priors(
+            layer, enabled and fused_kl
+        )
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(layer(x))) + tf.add_n(layer.losses)
+        return loss, tape.gradient(loss, layer.trainable_variables)
+
+    layer, twin = (
+        estimator(256, kernel_initializer=blayers.initializers.TrainableNormal(seed=7), seed=5)
+        for _ in range(2)
+    )
+    for each in (layer, twin):
+        each.build((None, 256))
+    twin.set_weights(layer.get_weights())  # the same parameters and seeds: the same draws
+    assert layer.kernel_initializer.kl_prior is None  # set at each draw, not at build
+    loss, grads = tf.function(lambda: step(layer, True))()
+    plain_loss, plain_grads = tf.function(lambda: step(twin, False))()
+    assert twin.kernel_initializer.kl_prior is None
+    assert float(loss) == pytest.approx(float(plain_loss), rel=1e-6)
+    for grad, plain in zip(grads, plain_grads):
+        np.testing.assert_allclose(grad, plain, rtol=1e-4, atol=1e-6 * np.abs(plain).max())
+    layer(x)
+    assert layer.kernel_initializer.kl_prior == (0.0, 1.0)
+    assert sampling.attached_normal_kl(layer.kernel.distribution, (0.0, 1.0)) is not None
+    assert sampling.attached_normal_kl(layer.kernel.distribution, (0.0, 2.0)) is None
+    for regularizer in ("normal_kl_divergence_with_tied_mean", None):
+        other = estimator(256, kernel_regularizer=regularizer)
+        other(x)
+        assert other.kernel_initializer.kl_prior is None
+        assert not hasattr(other.kernel.distribution.distribution, "blayers_kl")
+
+
 @pytest.mark.parametrize("traced", [False, True], ids=["eager", "traced"])
 @pytest.mark.parametrize(
     "shape,axes,replicas",
