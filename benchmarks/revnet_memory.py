@@ -5,7 +5,8 @@ RevNet's custom gradient rebuilds each block's input from its output, so the bac
 no per-block activations: its peak should stay flat with depth where the plain stack's grows. The
 parameter gradients themselves (`grad_mb`, 4 bytes a weight) must grow with depth whatever the
 backward pass does, so `activation_mb = peak_mb - grad_mb` is the figure that should stay flat.
-The slope (MB per block, least squares over depths) summarizes each.
+The slope (MB per block, least squares over depths) summarizes each. Each point is the least
+peak of `--repeats` steps (3).
 
     python benchmarks/revnet_memory.py --out benchmarks/results/revnet_memory.json
 
@@ -40,7 +41,10 @@ def _halves(width):
     )
 
 
-def peak_megabytes(depth, reversible, batch, width):
+def peak_megabytes(depth, reversible, batch, width, repeats=3):
+    """`(peak MB, parameter-gradient MB)` of one gradient step: the least peak over `repeats`
+    steps, as the executor's two threads sometimes run a later op early and hold its buffers
+    longer (up to about 0.7 MB more on a loaded machine)."""
     blocks = [RevNetBlock(*_halves(width)) if reversible else _halves(width) for _ in range(depth)]
     x = tf.random.normal([batch, 2 * width])
     stack = RevNetStack(blocks) if reversible == "stack" else None
@@ -80,12 +84,14 @@ def peak_megabytes(depth, reversible, batch, width):
 
     grad_mb = sum(v.shape.num_elements() for v in variables) * 4 / 2**20
     gradient_step.get_concrete_function(x)  # trace outside the measurement
-    tf.config.experimental.reset_memory_stats("CPU:0")
-    base = tf.config.experimental.get_memory_info("CPU:0")["current"]
-    grads = gradient_step(x)
-    del grads
-    peak = tf.config.experimental.get_memory_info("CPU:0")["peak"]
-    return (peak - base) / 2**20, grad_mb
+    peaks = []
+    for _ in range(repeats):
+        tf.config.experimental.reset_memory_stats("CPU:0")
+        base = tf.config.experimental.get_memory_info("CPU:0")["current"]
+        grads = gradient_step(x)
+        del grads
+        peaks.append(tf.config.experimental.get_memory_info("CPU:0")["peak"] - base)
+    return min(peaks) / 2**20, grad_mb
 
 
 def slope(points):
@@ -103,6 +109,9 @@ def main(argv=None):
     parser.add_argument("--batch", type=int, default=1024)
     parser.add_argument("--width", type=int, default=256)
     parser.add_argument("--depths", type=int, nargs="+", default=[2, 4, 8, 16, 32])
+    parser.add_argument(
+        "--repeats", type=int, default=3, help="steps a point; the least peak is kept"
+    )
     parser.add_argument("--out", default="benchmarks/results/revnet_memory.json")
     parser.add_argument(
         "--kinds", nargs="+", default=list(KINDS), choices=list(KINDS), help="stacks to measure"
@@ -118,7 +127,9 @@ def main(argv=None):
     }
     for depth in args.depths:
         for kind, reversible in kinds.items():
-            mb, grad_mb = peak_megabytes(depth, reversible, args.batch, args.width)
+            mb, grad_mb = peak_megabytes(
+                depth, reversible, args.batch, args.width, args.repeats
+            )
             results["peak_mb"][kind][depth] = round(mb, 2)
             results["activation_mb"][kind][depth] = round(mb - grad_mb, 2)
             results["grad_mb"][depth] = round(grad_mb, 2)
