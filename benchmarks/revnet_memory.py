@@ -127,9 +127,7 @@ def main(argv=None):
     }
     for depth in args.depths:
         for kind, reversible in kinds.items():
-            mb, grad_mb = peak_megabytes(
-                depth, reversible, args.batch, args.width, args.repeats
-            )
+            mb, grad_mb = peak_megabytes(depth, reversible, args.batch, args.width, args.repeats)
             results["peak_mb"][kind][depth] = round(mb, 2)
             results["activation_mb"][kind][depth] = round(mb - grad_mb, 2)
             results["grad_mb"][depth] = round(grad_mb, 2)
