@@ -347,27 +347,29 @@ def normal_parameters(distribution):
     call, shared by the sample and the KL) instead of TFP's generic `mean()`/`stddev()`, which
     broadcast and copy.
     """
-    while isinstance(distribution, tfd.Independent):
-        distribution = distribution.distribution
+    distribution = _elementwise(distribution)
     if type(distribution) is tfd.Normal:
         return distribution.loc, distribution.scale
     return None
 
 
+def _elementwise(distribution):
+    """`distribution` without its `Independent` wrappers."""
+    while isinstance(distribution, tfd.Independent):
+        distribution = distribution.distribution
+    return distribution
+
+
 def normal_variance(distribution):
     """The variance a trainable Normal formed with its standard deviation in one pass
     (`TrainableNormal` for a layer that reads it), or None."""
-    while isinstance(distribution, tfd.Independent):
-        distribution = distribution.distribution
-    return getattr(distribution, "blayers_variance", None)
+    return getattr(_elementwise(distribution), "blayers_variance", None)
 
 
 def attached_normal_kl(distribution, prior):
     """`sum KL[q || N(prior)]`, `prior = (mean, stddev)`, where a trainable Normal formed it
     with its parameters (`TrainableNormal` with a `kl_prior`, the same prior), or None."""
-    while isinstance(distribution, tfd.Independent):
-        distribution = distribution.distribution
-    attached = getattr(distribution, "blayers_kl", None)
+    attached = getattr(_elementwise(distribution), "blayers_kl", None)
     if attached is None or tuple(attached[0]) != tuple(prior):
         return None
     return attached[1]
