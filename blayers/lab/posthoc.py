@@ -237,15 +237,9 @@ def restore(model_dir):
     from blayers.lab.learners.supervised import SupervisedLearner
 
     run = runs.RunDir(model_dir)
-    holder = run.held_elsewhere()
-    if holder:
-        raise ValueError(
-            f"posthoc: {model_dir} is still training (PID {holder.get('pid')} on "
-            f"{holder.get('host')} holds its LOCK); its newest checkpoint is not the run. "
-            "Score it once it finished."
-        )
-    if not run.final():
-        raise ValueError(f"posthoc: {model_dir} holds no finished run (no metrics.json).")
+    refusal = run.unscorable()
+    if refusal:
+        raise ValueError(f"posthoc: {refusal}")
     from blayers.lab.learners.sgmcmc import SGMCMCLearner
 
     reference = gin.query_parameter("train.learner") if _bound("train.learner") else None
@@ -257,11 +251,6 @@ def restore(model_dir):
             "SupervisedLearner (or SGMCMCLearner) run."
         )
     learner = supervised[name]()
-    if learner.replicated:
-        raise ValueError(
-            f"posthoc: {model_dir} trained {len(learner.data)} replicas as one model (its data "
-            "are replicas, SupervisedLearner.data); post-hoc methods take a run of one model."
-        )
     learner.check_bindings = False  # checked when the run trained; see the class attribute
     build(learner, _query("train.seed", 0), _query("train.train_steps", 1), run)
     # Read only: the run's own step (not a longer run's later checkpoint), nothing renamed.

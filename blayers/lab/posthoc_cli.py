@@ -55,6 +55,10 @@ def main(argv):
     operative = run.file(run.OPERATIVE_CONFIG)
     if not os.path.exists(operative):  # said before TensorFlow loads (seconds)
         raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
+    refusal = run.unscorable()  # a run still training, unfinished or of replicas: at once
+    if refusal:
+        logging.error("posthoc: %s", refusal)
+        sys.exit(2)
     if FLAGS.refuse_gin_imports:
         from blayers.lab import gin_files
 

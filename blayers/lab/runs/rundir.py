@@ -144,6 +144,28 @@ class RunDir:
         state, holder = files.RunLock(self.path).state()
         return holder if state == "live" else None
 
+    def unscorable(self):
+        """Why the folder's run cannot be scored as one finished model, from its files alone
+        (the post-hoc command line says it before TensorFlow loads), or None: another live
+        process still trains it (its newest checkpoint is not the run), it never finished (no
+        `metrics.json`), or it trained several replicas as one model (`num_replicas`)."""
+        holder = self.held_elsewhere()
+        if holder:
+            return (
+                f"{self.path} is still training (PID {holder.get('pid')} on "
+                f"{holder.get('host')} holds its LOCK); its newest checkpoint is not the run. "
+                "Score it once it finished."
+            )
+        summary = self.metrics() or {}
+        if not summary.get("final"):
+            return f"{self.path} holds no finished run (no metrics.json)."
+        if summary.get("num_replicas"):
+            return (
+                f"{self.path} trained {summary['num_replicas']} replicas as one model (its data "
+                "are replicas, SupervisedLearner.data); post-hoc methods take a run of one model."
+            )
+        return None
+
     @contextlib.contextmanager
     def lock(self):
         """The run lock (a context manager); makes the folder, and removes it again when the
