@@ -614,6 +614,29 @@ def test_compiled_steps_sum_until_the_data_ends_or_a_step_is_not_finite(autograp
     assert float(total.numpy()) == np.inf
 
 
+def test_several_runs_in_a_process_do_not_warn_of_retracing():
+    """Each run compiles its own steps; TensorFlow counts traces per code object, so every
+    run's counted together and the sixth run in a process (a notebook's, a benchmark's) warned
+    "triggered tf.function retracing" though no run traced more than its own two shapes."""
+    from blayers.lab import cli_env
+    from blayers.lab.learners.base import KerasLearner
+
+    def step_fn(value):
+        return {"value": value, "non_finite": tf.constant(0.0)}
+
+    def next_batch(i, values):
+        return i < tf.shape(values)[0], lambda: values[i]
+
+    warned = []
+    keep = lambda record: warned.append(record.getMessage()) or True
+    with cli_env.dropped_records(tf.get_logger(), keep):
+        for _ in range(8):  # eight runs, each a full call and a shorter last one
+            steps = KerasLearner.compile_steps(step_fn, next_batch, ("value", "non_finite"), False)
+            for n in (3, 1):
+                KerasLearner.read_steps(steps(tf.constant(n), tf.ones([n])))
+    assert not [m for m in warned if "retracing" in m], warned
+
+
 @pytest.mark.parametrize("hook", [False, True], ids=["chained", "begin_epoch_layer"])
 def test_a_phase_chains_short_epochs_batch_for_batch(tmp_path, hook):
     """An epoch of a few batches: a phase's pipeline holds the rest of its epoch and the next

@@ -30,6 +30,7 @@ gin under its class name (`SupervisedLearner.batch_size = 128`) and chosen by
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import math
 
@@ -199,8 +200,11 @@ class KerasLearner(Learner):
             )
             return count, sums, last
 
-        # reduce_retracing: stacked batches, a phase's last call is shorter
-        return tf.function(steps, reduce_retracing=True, autograph=autograph)
+        # reduce_retracing: stacked batches, a phase's last call is shorter. The partial is this
+        # run's own key for TensorFlow's retracing count, which is per code object: without it
+        # the traces of every run in a process (a notebook's or a benchmark's several runs)
+        # counted together, and the sixth run warned "triggered tf.function retracing".
+        return tf.function(functools.partial(steps), reduce_retracing=True, autograph=autograph)
 
     @staticmethod
     def read_steps(result):
