@@ -55,10 +55,6 @@ def main(argv):
     operative = run.file(run.OPERATIVE_CONFIG)
     if not os.path.exists(operative):  # said before TensorFlow loads (seconds)
         raise app.UsageError(f"{FLAGS.model_dir} has no {run.OPERATIVE_CONFIG}: not a run folder.")
-    refusal = run.unscorable()  # a run still training, unfinished or of replicas: at once
-    if refusal:
-        logging.error("posthoc: %s", refusal)
-        sys.exit(2)
     if FLAGS.refuse_gin_imports:
         from blayers.lab import gin_files
 
@@ -67,6 +63,10 @@ def main(argv):
         except ValueError as error:
             logging.error("%s", error)
             sys.exit(2)
+    refusal = run.unscorable()  # a run still training, unfinished or of replicas: at once
+    if refusal:
+        logging.error("posthoc: %s", refusal)
+        sys.exit(2)
     cli_env.prepare(help_loads_tensorflow=False)  # before TensorFlow loads
     from blayers.lab import config, posthoc_methods
     from blayers.lab import posthoc as posthoc_lib
