@@ -635,6 +635,8 @@ def test_several_runs_in_a_process_do_not_warn_of_retracing():
             for n in (3, 1):
                 KerasLearner.read_steps(steps(tf.constant(n), tf.ones([n])))
     assert not [m for m in warned if "retracing" in m], warned
+    name = steps.get_concrete_function(tf.constant(1), tf.ones([1])).name.decode()
+    assert name.startswith("__inference_steps_"), name  # its name in profiles and TensorBoard
 
 
 @pytest.mark.parametrize("hook", [False, True], ids=["chained", "begin_epoch_layer"])

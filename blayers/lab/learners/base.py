@@ -203,8 +203,11 @@ class KerasLearner(Learner):
         # reduce_retracing: stacked batches, a phase's last call is shorter. The partial is this
         # run's own key for TensorFlow's retracing count, which is per code object: without it
         # the traces of every run in a process (a notebook's or a benchmark's several runs)
-        # counted together, and the sixth run warned "triggered tf.function retracing".
-        return tf.function(functools.partial(steps), reduce_retracing=True, autograph=autograph)
+        # counted together, and the sixth run warned "triggered tf.function retracing". Its
+        # name keeps the graph's (`__inference_steps_...` in profiles and TensorBoard).
+        keyed = functools.partial(steps)
+        keyed.__name__ = steps.__name__
+        return tf.function(keyed, reduce_retracing=True, autograph=autograph)
 
     @staticmethod
     def read_steps(result):
