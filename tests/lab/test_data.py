@@ -52,6 +52,38 @@ def test_every_pipeline_of_a_data_record_runs_without_the_autotuner():
     assert record.train.shuffle(8).batch(2).prefetch(-1).options().autotune.enabled is False
 
 
+@pytest.mark.parametrize("global_seed", [None, 0, 7])
+def test_each_epoch_is_tensorflow_s_shuffle_with_the_epoch_s_seed(global_seed):
+    """The training stream's epochs, chained in one pipeline, are batch for batch what
+    `Dataset.shuffle(seed=epoch_seed(seed, epoch))` gives each epoch (the order runs had before
+    the epochs were one pipeline), whatever the global seed (0 is every run's default), with
+    a partial shuffle buffer and with augmentation (each example's draw follows its index);
+    the data's options (no autotuner) hold over the whole pipeline."""
+    from blayers.lab.data.augment import augment_indexed, dequantization
+    from blayers.lab.data.stream import epoch_batches, epoch_seed
+
+    tf.random.set_seed(global_seed)
+    x = np.arange(50, dtype="float32")[:, None] / 50
+    record = data.from_arrays("toy", "regression", x, x, x[:4], x[:4])
+    augmented = data.from_arrays("toy", "density", x, x, x[:4], x[:4])
+    augmented.augment = dequantization(50)
+    for source, seed, buffer in ((record, 0, 50), (record, 3, 7), (augmented, 5, 50)):
+        got = epoch_batches(source, 4, seed, 2, skip=3, shuffle_buffer=buffer, epochs=3)
+        assert got.options().autotune.enabled is False
+        expected = []
+        for epoch in (2, 3, 4):
+            ds = source.train
+            ds = ds.enumerate() if source.augment else ds
+            ds = ds.shuffle(buffer, seed=epoch_seed(seed, epoch), reshuffle_each_iteration=False)
+            if source.augment:
+                ds = augment_indexed(ds, source.augment, epoch_seed(seed, epoch))
+            expected += [b[0].numpy() for b in ds.batch(4, drop_remainder=True)]
+        got = [b[0].numpy() for b in got]
+        assert len(got) == len(expected) - 3 == 33
+        for a, b in zip(got, expected[3:], strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_synthetic_sets():
     toy = data.heteroscedastic_1d(num_train=100)
     assert toy.num_train == 100 and toy.input_shape == (1,)

@@ -642,9 +642,9 @@ def test_several_runs_in_a_process_do_not_warn_of_retracing():
 @pytest.mark.parametrize("hook", [False, True], ids=["chained", "begin_epoch_layer"])
 def test_a_phase_chains_short_epochs_batch_for_batch(tmp_path, hook):
     """An epoch of a few batches: a phase's pipeline holds the rest of its epoch and the next
-    epochs', up to `PHASE_BATCHES` and not past the run's end, batch for batch the per-epoch
-    stream's (one iterator, not one an epoch); a model with a layer that restarts statistics at
-    each epoch (`begin_epoch`) keeps to one epoch a phase."""
+    epochs' to the run's end, batch for batch the per-epoch stream's (one iterator, not one an
+    epoch); a model with a layer that restarts statistics at each epoch (`begin_epoch`) keeps
+    to one epoch a phase."""
     from blayers.lab.data.stream import epoch_batches
     from blayers.lab.loop import Context
 
@@ -666,14 +666,12 @@ def test_a_phase_chains_short_epochs_batch_for_batch(tmp_path, hook):
     got = [b[0].numpy() for b in learner.batches()]
     expected = [
         b[0].numpy()
-        for epoch in range(2, 26)  # 71 batches: more than a phase holds
+        for epoch in range(2, 67)  # epochs 2-66 hold the run's steps 7-200
         for b in epoch_batches(data, 6, 4, epoch, 1 if epoch == 2 else 0)
     ]
-    if hook:
-        assert len(got) == 2  # the rest of epoch 2
-    else:
-        assert supervised.PHASE_BATCHES <= len(got) < supervised.PHASE_BATCHES + 3
+    assert len(expected) == 194
+    assert len(got) == (2 if hook else 194)  # hook: the rest of epoch 2
     for a, b in zip(got, expected, strict=False):
         np.testing.assert_array_equal(a, b)
-    learner.step_variable.assign(195)  # five steps left: two epochs, not 22
+    learner.step_variable.assign(195)  # five steps left: two epochs
     assert len(list(learner.batches())) == (3 if hook else 6)

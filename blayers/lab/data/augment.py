@@ -32,7 +32,7 @@ def augment_indexed(indexed, augment, seed):
     `seed` and its index, wherever a shuffle has moved it."""
 
     def apply(index, example):
-        return augment(*example, seed=tf.stack([tf.constant(seed, tf.int64), index]))
+        return augment(*example, seed=tf.stack([tf.cast(seed, tf.int64), index]))
 
     return indexed.map(apply, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
 

@@ -36,10 +36,6 @@ from blayers.lab.learners.base import KerasLearner, Steps, non_finite, refuse_st
 from blayers.random_variable import RandomVariable
 from blayers.replicas import fold_seed
 
-# The batches a phase's data pipeline holds at least (the rest of an epoch and the next epochs'),
-# where an epoch is shorter: one iterator, built once, then several steps a call.
-PHASE_BATCHES = 64
-
 __all__ = [
     "SupervisedLearner",
     "VariationalProgramLearner",
@@ -257,9 +253,9 @@ class SupervisedLearner(KerasLearner):
     def batches(self):
         """The rest of the current epoch, from the data position the step implies
         (`blayers.lab.data.stream.epoch_batches`; replicas: each one's rows in its own order),
-        and, for an epoch of fewer than `PHASE_BATCHES` batches, the next epochs up to that
-        many; a new epoch starts with `begin_epoch` (a model whose layers restart statistics at
-        each epoch keeps to one epoch a phase)."""
+        and the next epochs' to the run's end, as one pipeline; a new epoch starts with
+        `begin_epoch` (a model whose layers restart statistics at each epoch keeps to one epoch a
+        phase)."""
         epoch, skip = divmod(self.step, self.steps_per_epoch)
         if skip == 0:
             self.begin_epoch(epoch)
@@ -270,9 +266,9 @@ class SupervisedLearner(KerasLearner):
                 for b in range(skip, self.steps_per_epoch)
             )
         epochs = 1
-        if not self._epoch_hooks:
-            wanted = min(PHASE_BATCHES, max(self._train_steps - self.step, 1))
-            epochs = max(1, -(-(wanted + skip) // self.steps_per_epoch))
+        if not self._epoch_hooks:  # the rest of the run: one pipeline, one iterator
+            left = self._train_steps - epoch * self.steps_per_epoch
+            epochs = max(1, -(-left // self.steps_per_epoch))
         return self._epoch_batches(epoch, skip, epochs)
 
     @functools.cached_property
@@ -285,17 +281,11 @@ class SupervisedLearner(KerasLearner):
 
     def _epoch_batches(self, epoch, skip, epochs=1):
         """Epoch `epoch`'s batches less its first `skip`, then the next `epochs - 1` epochs':
-        one pipeline, one iterator (a new one costs about 20 ms: most of a step on a small
+        one pipeline, one iterator (a new one costs milliseconds: most of a step on a small
         data set, whose epoch is a batch or a few)."""
         ds = epoch_batches(
-            self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer, prefetch=False
+            self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer, False, epochs
         )
-        for later in range(epoch + 1, epoch + epochs):
-            ds = ds.concatenate(
-                epoch_batches(
-                    self.data, self.batch_size, self.seed, later, 0, self.shuffle_buffer, False
-                )
-            )
         ds = ds.prefetch(tf.data.AUTOTUNE)
         if self.strategy.num_replicas_in_sync == 1:
             # One replica needs no splitting, and distributing costs ~35 ms an epoch: most of
