@@ -284,9 +284,8 @@ class SupervisedLearner(KerasLearner):
         one pipeline, one iterator (a new one costs milliseconds: most of a step on a small
         data set, whose epoch is a batch or a few)."""
         ds = epoch_batches(
-            self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer, False, epochs
+            self.data, self.batch_size, self.seed, epoch, skip, self.shuffle_buffer, epochs
         )
-        ds = ds.prefetch(tf.data.AUTOTUNE)
         if self.strategy.num_replicas_in_sync == 1:
             # One replica needs no splitting, and distributing costs ~35 ms an epoch: most of
             # the step time on a small data set (UCI's few batches an epoch).
