@@ -355,7 +355,7 @@ def test_resume_is_exact_from_any_checkpoint(tmp_path, stop_at):
     own steps' losses."""
     digits = _small_digits()
     digits.augment = _jitter  # per-example noise: a resumed run must replay its draws
-    common = dict(_QUICK, log_every=1, eval_every=5, checkpoint_every=stop_at)
+    common = dict(_QUICK, log_every=1, eval_every=10, checkpoint_every=stop_at)
     twin = loop.fit(str(tmp_path / "twin"), data=digits, model=_mlp, train_steps=20, **common)
     loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=stop_at, **common)
     resumed = loop.fit(str(tmp_path / "cut"), data=digits, model=_mlp, train_steps=20, **common)

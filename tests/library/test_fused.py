@@ -430,11 +430,12 @@ def _width_probe(path):
 def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_path):
     """The CLIs' 512-bit XLA vectors (`blayers.xla_cpu`) change code generation, not the
     maths: the same words bit for bit, the same normals and softplus to float32 rounding. XLA
-    reads the width once a process: 512 in a process of its own, this one's default (256)
-    here unless the environment set one. A CPU without AVX-512 is never asked for 512-bit
+    reads the width once a process: the width this process's environment names (XLA's
+    default, 256, if none) runs here, the other in a process of its own. A CPU without AVX-512 is never asked for 512-bit
     vectors (the command lines' environment keeps XLA's default): nothing to compare there."""
     import os
     import pathlib
+    import re
     import subprocess
     import sys
 
@@ -448,10 +449,14 @@ def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_
     probe = (
         "import sys; from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
     )
+    # The width this process's XLA read (its environment's, set before any test compiled:
+    # importing the benchmarks' helpers asks for 512 as the command lines do) runs here.
+    named = re.search(rf"{xla_cpu.FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    here = int(named.group(1)) if named else 256
     out = {}
     for width in (256, 512):
         path = tmp_path / f"{width}.npz"
-        if width == 256 and "vector_width" not in os.environ.get("XLA_FLAGS", ""):
+        if width == here:
             _width_probe(path)
         else:
             env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_prefer_vector_width={width}")
