@@ -1,5 +1,6 @@
 """The estimator benchmarks run end to end on tiny sizes: the dense one's independent runs in
-fresh processes and their medians, and the XLA vector-width comparison's two widths."""
+fresh processes and their medians, the XLA vector-width comparison's two widths, and the mesh
+session's two settings of graph rewrites."""
 
 import json
 import os
@@ -57,3 +58,17 @@ def test_vector_width_benchmark_times_both_widths(tmp_path):
     for kernel in ("threefry words", "box-muller", "softplus and square", "KL"):
         assert all(v > 0 for v in result["kernels_ms"][kernel].values())
     assert set(result["ratio_to_dense"]["DenseFlipout"]) == {"256", "512"}
+
+
+@pytest.mark.slow
+def test_mesh_graph_rewrites_benchmark_times_both_sessions(tmp_path):
+    """Both settings of `MeshLearner.graph_rewrites` on the smoke model split over two logical
+    CPUs: each phase timed, and a rerun of the learner's default repeats its losses."""
+    path = tmp_path / "mesh.json"
+    _run("mesh_graph_rewrites.py", "--cases=smoke_model2", "--steps=4", f"--out={path}")
+    row = json.loads(path.read_text())["table"]["smoke_model2"]
+    assert set(row) == {"off", "on"}
+    for setting in row.values():
+        assert all(setting[k] > 0 for k in ("build_s", "first_step_s", "step_ms"))
+    assert row["off"]["reruns_identical"]
+    assert "| smoke_model2 | off |" in (tmp_path / "mesh.md").read_text()

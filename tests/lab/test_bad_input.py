@@ -311,6 +311,14 @@ def test_the_mesh_and_planet_learners_name_the_layer_of_a_non_finite_step(tmp_pa
     learner = MeshLearner(data, hparams=hparams, batch_size=8)
     learner.build(Context(runs.RunDir(tmp_path), tf.distribute.get_strategy(), None, 0, 1))
     try:
+        # Its session: the process's settings (the test workers' thread counts), no grappler.
+        config = learner.session._config
+        assert config.graph_options.rewrite_options.disable_meta_optimizer
+        threading = tf.config.threading
+        assert config.intra_op_parallelism_threads == threading.get_intra_op_parallelism_threads()
+        assert config.inter_op_parallelism_threads == threading.get_inter_op_parallelism_threads()
+        rewriting = MeshLearner(data, hparams=hparams, batch_size=8, graph_rewrites=True)
+        assert not rewriting.session_config().graph_options.rewrite_options.disable_meta_optimizer
         learner.restored()
         assert "every weight is finite" in learner.diagnose_non_finite(None)
         variable = learner.run.graph.trainable_variables[-1]

@@ -249,14 +249,16 @@ def test_model_parallel_transformer_trains_resumes_and_splits_its_parameters(tmp
     summary = json.loads((tmp_path / "a" / "metrics.json").read_text())
     assert summary["step"] == 40 and summary["resumed_from_step"] == 20
     # A resumed run continues exactly where it stopped (the data position and the noise are
-    # functions of the step), and reruns are reproducible; resuming on another layout changes
-    # only the float summation order.
+    # functions of the step), bit for bit: the session runs the graph as lowered (grappler's
+    # rewrites let the split sums' order vary); resuming on another layout changes only the
+    # float summation order.
     train = lambda d: [
         r for r in map(json.loads, (tmp_path / d / "history.jsonl").open()) if r["kind"] == "train"
     ]
-    for a, b in zip(train("a"), train("b")):
-        assert a["step"] == b["step"] and a["loss"] == pytest.approx(b["loss"], rel=1e-6)
-    assert out["resumed"] == pytest.approx(out["straight"], rel=1e-6)
+    assert [(r["step"], r["loss"]) for r in train("a")] == [
+        (r["step"], r["loss"]) for r in train("b")
+    ]
+    assert out["resumed"] == out["straight"]
     assert out["relaid"] == pytest.approx(out["straight"], rel=1e-3)
     # Model and data parallelism change no number: 1, 2, 4 devices and a 2x2 batch-by-model
     # mesh give one loss.

@@ -52,6 +52,11 @@ class MeshLearner(Learner):
       kl_weight: beta of `NLL + beta * KL / N`.
       num_eval_samples: weight draws averaged into the test predictive.
       shuffle_buffer: training examples shuffled at a time.
+      graph_rewrites: run TensorFlow's graph optimizer (grappler) on the lowered graph. Off by
+        default: on CPUs its rewrites of the thousands of slicewise ops cost seconds at the
+        first call of each fetch (a training step, an evaluation, a decode) and made the steps
+        no faster (`benchmarks/mesh_graph_rewrites.py`), and with a mesh's processors on one
+        device reruns differed in the last digits of the loss; the graph runs as lowered.
     """
 
     # The layout splits the same computation (a resume on another mesh continues the run).
@@ -60,6 +65,7 @@ class MeshLearner(Learner):
         "MeshLearner.mesh_shape",
         "MeshLearner.layout",
         "MeshLearner.devices",
+        "MeshLearner.graph_rewrites",
     )
     instant_scalars = ("learning_rate",)
     progress_scalars = (("loss", "loss"), ("nll", "nll"), ("kl_per_example", "weights_kl/N"))
@@ -79,6 +85,7 @@ class MeshLearner(Learner):
         kl_weight=1.0,
         num_eval_samples=4,
         shuffle_buffer=10_000,
+        graph_rewrites=False,
     ):
         if not learning_rate > 0:
             raise ValueError(f"MeshLearner.learning_rate must be positive, got {learning_rate!r}.")
@@ -99,6 +106,7 @@ class MeshLearner(Learner):
         self.learning_rate, self.schedule = learning_rate, schedule
         self.beta_2, self.epsilon, self.kl_weight = beta_2, epsilon, kl_weight
         self.num_eval_samples, self.shuffle_buffer = int(num_eval_samples), shuffle_buffer
+        self.graph_rewrites = bool(graph_rewrites)
         self.steps_per_epoch = self.num_train // self.batch_size
         self.session = None
 
@@ -131,9 +139,20 @@ class MeshLearner(Learner):
             )
         # Not `with Session()`: that would make the graph the default, and the data stream
         # and summaries are eager.
-        self.session = tf.compat.v1.Session(graph=self.graph)
+        self.session = tf.compat.v1.Session(graph=self.graph, config=self.session_config())
         self.session.run(self.run.initializer)
         self._step = 0
+
+    def session_config(self):
+        """The session's `ConfigProto`: the process's (the one a session without a config
+        takes: its logical CPUs, `tf.config.threading`'s thread counts), grappler off unless
+        `graph_rewrites`."""
+        from tensorflow.python.eager import context  # a session's default config lives there
+
+        config = tf.compat.v1.ConfigProto()
+        config.CopyFrom(context.context().config)
+        config.graph_options.rewrite_options.disable_meta_optimizer = not self.graph_rewrites
+        return config
 
     def state(self):
         return SaverState(self.run.saver, self.session, self.graph)
