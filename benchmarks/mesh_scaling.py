@@ -79,7 +79,8 @@ def main(argv=None):
                     1_000_000,
                     0,
                 )
-                with tf.compat.v1.Session() as session:
+                # The learner's session: the graph as lowered (`MeshLearner.graph_rewrites`).
+                with tf.compat.v1.Session(config=mesh_graph.session_config()) as session:
                     session.run(run.initializer)
                     session.run(run.to_slices)
                     feed = run.feed(*batch)

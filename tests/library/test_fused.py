@@ -431,8 +431,9 @@ def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_
     """The CLIs' 512-bit XLA vectors (`blayers.xla_cpu`) change code generation, not the
     maths: the same words bit for bit, the same normals and softplus to float32 rounding. XLA
     reads the width once a process: the width this process's environment names (XLA's
-    default, 256, if none) runs here, the other in a process of its own. A CPU without AVX-512 is never asked for 512-bit
-    vectors (the command lines' environment keeps XLA's default): nothing to compare there."""
+    default, 256, if none) runs here, the other in a process of its own. A CPU without AVX-512
+    is never asked for 512-bit vectors (the command lines' environment keeps XLA's default):
+    nothing to compare there."""
     import os
     import pathlib
     import re

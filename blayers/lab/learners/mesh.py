@@ -144,15 +144,8 @@ class MeshLearner(Learner):
         self._step = 0
 
     def session_config(self):
-        """The session's `ConfigProto`: the process's (the one a session without a config
-        takes: its logical CPUs, `tf.config.threading`'s thread counts), grappler off unless
-        `graph_rewrites`."""
-        from tensorflow.python.eager import context  # a session's default config lives there
-
-        config = tf.compat.v1.ConfigProto()
-        config.CopyFrom(context.context().config)
-        config.graph_options.rewrite_options.disable_meta_optimizer = not self.graph_rewrites
-        return config
+        """The session's `ConfigProto` (`blayers.lab.mesh.graph.session_config`)."""
+        return mesh_graph.session_config(self.graph_rewrites)
 
     def state(self):
         return SaverState(self.run.saver, self.session, self.graph)

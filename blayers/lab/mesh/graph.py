@@ -31,6 +31,7 @@ __all__ = [
     "mesh_devices",
     "padded_lengths",
     "parameter_bytes_per_device",
+    "session_config",
     "split_features",
 ]
 
@@ -155,6 +156,19 @@ class MeshRun:
         if draw is not None:
             feed[self.draw] = draw
         return feed
+
+
+def session_config(graph_rewrites=False):
+    """A `ConfigProto` for a session of a lowered graph: the process's (the one a session
+    without a config takes: its logical CPUs, `tf.config.threading`'s thread counts), with
+    TensorFlow's graph optimizer (grappler) off unless `graph_rewrites` (`MeshLearner`'s
+    argument says why)."""
+    from tensorflow.python.eager import context  # a session's default config lives there
+
+    config = tf.compat.v1.ConfigProto()
+    config.CopyFrom(context.context().config)
+    config.graph_options.rewrite_options.disable_meta_optimizer = not graph_rewrites
+    return config
 
 
 def first_non_finite_variable(session, run):
