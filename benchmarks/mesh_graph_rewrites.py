@@ -25,18 +25,12 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import write_results
 
+# The smoke config's Transformer, heads, d_ff and vocabulary split over two processors.
+_SMOKE = {"d_model": 32, "d_ff": 64, "num_heads": 4, "num_layers": 1, "mesh": "model:2"}
 CASES = {
-    # The smoke config's Transformer, heads, d_ff and vocabulary split over two processors.
-    "smoke_model2": {"d_model": 32, "d_ff": 64, "num_heads": 4, "num_layers": 1, "mesh": "model:2"},
+    "smoke_model2": _SMOKE,
     # The same with both processors on one device (as the tests run the mesh in one process).
-    "smoke_model2_one_device": {
-        "d_model": 32,
-        "d_ff": 64,
-        "num_heads": 4,
-        "num_layers": 1,
-        "mesh": "model:2",
-        "devices": ["/cpu:0", "/cpu:0"],
-    },
+    "smoke_model2_one_device": {**_SMOKE, "devices": ["/cpu:0", "/cpu:0"]},
     "d512_model1": {
         "d_model": 512,
         "d_ff": 2048,
