@@ -24,6 +24,14 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     # test: it does not load TensorFlow, seconds of a core while its workers start.)
     tf.config.threading.set_intra_op_parallelism_threads(1)
     tf.config.threading.set_inter_op_parallelism_threads(1)
+    # The same share for NumPy's and SciPy's OpenBLAS and scikit-learn's OpenMP (loaded with
+    # TensorFlow's Keras): a thread per core each, they ran the Laplace, conformal and
+    # calibration tests beside the other worker's test (more threads than cores, OpenBLAS's
+    # waiting threads spinning) in 15-25% more time with the CPU time halved (interleaved runs
+    # of those files), up to 4x for a scikit-learn cross-validation.
+    import threadpoolctl
+
+    threadpoolctl.threadpool_limits(1)
 
 
 # The order test folders run in: their longest tests first, so that with `-n 2` the last tests
