@@ -3,7 +3,6 @@ of a layer, declared layer contracts, and documented arguments."""
 
 import ast
 import inspect
-import json
 import os
 import pathlib
 import subprocess
@@ -180,68 +179,6 @@ def test_the_loop_knows_no_learner_and_only_runs_touches_a_run_folder():
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{relative}:{node.lineno} {node.value!r}")
     assert found == []
-
-
-_IMPORT_PROBE = """
-import json, logging, os, sys
-before_env, filters = dict(os.environ), list(logging.getLogger().filters)
-
-
-class NoArgv(list):
-    def _read(self, *args):
-        raise AssertionError("sys.argv was read")
-
-    __getitem__ = __iter__ = __len__ = __contains__ = _read
-
-
-import blayers  # a bare import loads nothing heavy
-bare = sorted(m for m in sys.modules if m.split(".")[0] in ("tensorflow", "keras", "gin"))
-import tensorflow, keras, tensorflow_probability  # noqa: E401 - what any user has loaded
-loaded = set(sys.modules)
-argv, sys.argv = sys.argv, NoArgv()
-blayers.layers.DenseFlipout, blayers.Normal, blayers.predict, blayers.metrics  # the library
-from blayers import constraints, initializers, programs, regularizers, tracing  # noqa: F401
-sys.argv = argv
-print(json.dumps({
-    "bare": bare,
-    "new": sorted(m for m in set(sys.modules) - loaded
-                  if m.split(".")[0] in ("gin", "absl", "launch", "experiments")
-                  or m.startswith(("blayers.lab", "blayers.launch", "blayers.experiments"))
-                  or m == "blayers.train"),
-    "env": sorted(set(os.environ.items()) ^ set(before_env.items())),
-    "filters": len(logging.getLogger().filters) - len(filters),
-}))
-"""
-
-
-@pytest.fixture(scope="module")
-def fresh_process(tmp_path_factory):
-    """A user's new Python process (one, for two promises: TensorFlow starts in seconds):
-    `_IMPORT_PROBE`'s report, then a saved model of blayers layers loaded there after
-    `import blayers` (its layers registered when first used)."""
-    path = str(tmp_path_factory.mktemp("saved") / "model.keras")
-    keras.Sequential([keras.Input((3,)), layers.DenseFlipout(2)]).save(path)
-    code = _IMPORT_PROBE + f"keras.saving.load_model({path!r}); print('loaded')\n"
-    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
-    out = subprocess.run(
-        [sys.executable, "-c", code], check=False, capture_output=True, text=True, env=env
-    )
-    return out.stdout.strip().splitlines(), out.stderr
-
-
-def test_importing_the_library_loads_no_lab_and_changes_nothing(fresh_process):
-    """`import blayers` alone loads no TensorFlow; using the library reads no argv, imports
-    neither gin nor absl (beyond what TensorFlow itself loaded) nor any lab module, sets no
-    environment variable and installs no logging filter."""
-    lines, stderr = fresh_process
-    reports = [line for line in lines if line.startswith("{")]
-    assert reports, stderr[-3000:]
-    assert json.loads(reports[-1]) == {"bare": [], "new": [], "env": [], "filters": 0}
-
-
-def test_a_saved_model_loads_after_importing_the_layers(fresh_process):
-    lines, stderr = fresh_process
-    assert lines and lines[-1] == "loaded", stderr[-3000:]
 
 
 def test_one_decorator_registers_a_layer_everywhere():

@@ -413,61 +413,6 @@ def test_wide_vectors_are_asked_for_on_avx512_only_and_a_user_width_wins(tmp_pat
     assert not xla_cpu.prefer_wide_vectors(environ, avx2) and environ == {}
 
 
-def _width_probe(path):
-    """The fused kernels' outputs on fixed inputs, saved to `path` (.npz)."""
-    x = tf.linspace(-30.0, 30.0, 1 << 16)
-    words = fused.random_words(1 << 16, tf.constant([7, 11], tf.int64))
-    value, square = fused.softplus_and_square(x)
-    np.savez(
-        path,
-        words=words.numpy(),
-        normal=fused.box_muller(words, None, tf.constant([1 << 16])).numpy(),
-        softplus=value.numpy(),
-        kl=fused.normal_kl(x, square + 0.1, 0.0, 2.0).numpy(),
-    )
-
-
-def test_the_vector_width_the_command_lines_ask_for_keeps_every_seeded_draw(tmp_path):
-    """The CLIs' 512-bit XLA vectors (`blayers.xla_cpu`) change code generation, not the
-    maths: the same words bit for bit, the same normals and softplus to float32 rounding. XLA
-    reads the width once a process: the width this process's environment names (XLA's
-    default, 256, if none) runs here, the other in a process of its own. A CPU without AVX-512
-    is never asked for 512-bit vectors (the command lines' environment keeps XLA's default):
-    nothing to compare there."""
-    import os
-    import pathlib
-    import re
-    import subprocess
-    import sys
-
-    from blayers import xla_cpu
-
-    if not xla_cpu.has_avx512():
-        environ = {}
-        assert not xla_cpu.prefer_wide_vectors(environ) and environ == {}
-        return
-    root = pathlib.Path(__file__).resolve().parents[2]
-    probe = (
-        "import sys; from tests.library.test_fused import _width_probe; _width_probe(sys.argv[1])"
-    )
-    # The width this process's XLA read (its environment's, set before any test compiled:
-    # importing the benchmarks' helpers asks for 512 as the command lines do) runs here.
-    named = re.search(rf"{xla_cpu.FLAG}=(\d+)", os.environ.get("XLA_FLAGS", ""))
-    here = int(named.group(1)) if named else 256
-    out = {}
-    for width in (256, 512):
-        path = tmp_path / f"{width}.npz"
-        if width == here:
-            _width_probe(path)
-        else:
-            env = dict(os.environ, XLA_FLAGS=f"--xla_cpu_prefer_vector_width={width}")
-            subprocess.run([sys.executable, "-c", probe, str(path)], check=True, env=env, cwd=root)
-        out[width] = np.load(path)
-    np.testing.assert_array_equal(out[256]["words"], out[512]["words"])
-    for name in ("normal", "softplus", "kl"):
-        np.testing.assert_allclose(out[256][name], out[512][name], rtol=2e-6, atol=1e-6)
-
-
 def test_the_fused_passes_and_sampling_trace_without_autograph(autograph_conversions):
     """blayers' compiled passes (and the draws, KL and Box-Muller around them) have no
     tensor-valued Python control flow: traced as written, never converted by autograph, whose
