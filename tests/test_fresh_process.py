@@ -119,7 +119,7 @@ def fresh_process(tmp_path_factory):
     code = _IMPORT_PROBE + _SAVED_MODEL_PROBE + _NEEDY_GP_PROBE
     if xla_cpu.has_avx512():
         other = 512 if _width_here() == 256 else 256
-        env["XLA_FLAGS"] = f"--xla_cpu_prefer_vector_width={other}"
+        env["XLA_FLAGS"] = f"{xla_cpu.FLAG}={other}"
         draws = str(folder / f"{other}.npz")
         code += _WIDTH_PROBE + "width_probe(sys.argv[2])\n"
     out = subprocess.run(
